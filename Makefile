@@ -1,0 +1,40 @@
+# One command sets up and runs the main job; one sets up and runs the tests.
+#   make run     create .venv, install, train the default SRU language model
+#   make test    create .venv, install with test extras, run the whole test suite
+#
+# TORCH_SPEC pins the PyTorch build installed first. The default is the CPU build used on
+# CPU-only machines; on a CUDA machine run e.g. `make test TORCH_SPEC="torch>=2.4"`.
+PYTHON ?= python3
+VENV ?= .venv
+TORCH_SPEC ?= torch==2.13.0
+PIP = $(VENV)/bin/python -m pip
+PY = $(VENV)/bin/python
+
+.PHONY: setup run test build-ext bench clean
+
+$(VENV)/bin/python:
+	$(PYTHON) -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+
+$(VENV)/.installed: $(VENV)/bin/python pyproject.toml
+	$(PIP) install --quiet "$(TORCH_SPEC)"
+	$(PIP) install --quiet -e ".[test,bench,deepspeed]"
+	touch $@
+
+setup: $(VENV)/.installed
+
+build-ext: setup
+	$(PY) -m sru_lightning build
+
+run: setup
+	$(PY) -m sru_lightning fit
+
+test: setup
+	$(PY) -m sru_lightning build
+	$(PY) -m pytest
+
+bench: setup
+	$(PY) -m sru_lightning bench
+
+clean:
+	rm -rf build dist *.egg-info outputs multirun
