@@ -14,7 +14,7 @@ PY = $(VENV)/bin/python
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet --upgrade pip "setuptools>=68" wheel
 
 $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PIP) install --quiet "$(TORCH_SPEC)"

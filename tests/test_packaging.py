@@ -1,0 +1,40 @@
+"""The wheel built from the repository ships the kernel sources and the Hydra configs."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.slow
+def test_wheel_contains_kernel_sources_and_configs(tmp_path):
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+         "--quiet", "-w", str(tmp_path)],
+        check=True,
+    )
+    (wheel,) = tmp_path.glob("sru_lightning-*.whl")
+    names = set(zipfile.ZipFile(wheel).namelist())
+
+    expected_sources = {p.name for p in (REPO / "csrc").iterdir() if p.suffix in {".h", ".cpp", ".cu"}}
+    assert {"sru_step.h", "sru_cuda_kernels.cu", "sru_ops.cpp"} <= expected_sources
+    for name in expected_sources:
+        assert f"sru_lightning/csrc/{name}" in names, f"{name} missing from the wheel"
+
+    expected_configs = {str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")}
+    assert "config.yaml" in expected_configs and len(expected_configs) > 5
+    for rel in expected_configs:
+        assert f"sru_lightning/conf/{rel}" in names, f"conf/{rel} missing from the wheel"
+
+
+def test_resources_resolve_in_checkout():
+    from sru_lightning._resources import conf_dir, csrc_dir
+
+    assert (csrc_dir() / "sru_step.h").is_file()
+    assert (conf_dir() / "config.yaml").is_file()
