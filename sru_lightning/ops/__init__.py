@@ -1,0 +1,23 @@
+"""The SRU elementwise recurrence: entry points, precision policy, reference and extension."""
+
+from . import functional
+from .build import extension_available, load_extension
+from .functional import sru_recurrence, sru_recurrence_inference
+from .policy import POLICIES, accumulation_dtype, resolve_storage_dtype, validate_policy
+from .reference import sru_recurrence_reference
+from .tracing import KernelCall, trace_storage_dtypes
+
+__all__ = [
+    "POLICIES",
+    "KernelCall",
+    "accumulation_dtype",
+    "extension_available",
+    "functional",
+    "load_extension",
+    "resolve_storage_dtype",
+    "sru_recurrence",
+    "sru_recurrence_inference",
+    "sru_recurrence_reference",
+    "trace_storage_dtypes",
+    "validate_policy",
+]

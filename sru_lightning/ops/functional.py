@@ -1,0 +1,141 @@
+"""Public entry points of the SRU recurrence, with the precision policy at the boundary.
+
+The layers call these through the module attribute (``functional.sru_recurrence(...)``), so
+tools that patch functions by name (``apex.amp.register_half_function(functional,
+"sru_recurrence")``) reach every call.
+
+Boundary rule: pick the storage dtype S from the policy and U's dtype A
+(:func:`~sru_lightning.ops.policy.resolve_storage_dtype`), cast every floating input to S
+with autocast disabled, run the kernel (accumulating in float32, float64 for float64), and
+return ``h`` and ``c_last`` in A. Inputs of mixed dtypes therefore never reach the kernel.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from .build import extension_available
+from .policy import accumulation_dtype, resolve_storage_dtype, validate_policy
+from .reference import sru_recurrence_reference
+from .shapes import check_recurrence_inputs
+from .tracing import record_kernel_call, tracing_active
+
+_AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu")
+
+
+def _autocast_disabled(device_type: str):
+    if device_type in _AUTOCAST_DEVICE_TYPES:
+        return torch.autocast(device_type=device_type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def _cpp_backend_ready(device_type: str) -> bool:
+    if device_type not in ("cpu", "cuda"):
+        return False
+    if not extension_available():
+        return False
+    if device_type == "cuda":
+        from .op import cuda_kernels_loaded
+
+        return cuda_kernels_loaded()
+    return True
+
+
+def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, inference):
+    validate_policy(policy)
+    shape = check_recurrence_inputs(
+        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term
+    )
+    device_type = U.device.type
+    out_dtype = U.dtype
+    storage = resolve_storage_dtype(policy, out_dtype, device_type=device_type)
+    needs_x = has_skip_term and shape.k == 3
+
+    def to_storage(t):
+        return None if t is None else t.to(storage)
+
+    with _autocast_disabled(device_type):
+        U_s = to_storage(U)
+        x_s = to_storage(x) if needs_x else None
+        weight_c_s = to_storage(weight_c)
+        bias_s = to_storage(bias)
+        c0_s = to_storage(c0)
+        mask_c_s = to_storage(mask_c)
+        mask_pad_b = None if mask_pad is None else mask_pad.to(torch.bool)
+        if shape.single_step:
+            U_s = U_s.unsqueeze(0)
+            x_s = None if x_s is None else x_s.unsqueeze(0)
+            weight_c_s = weight_c_s.unsqueeze(0) if shape.per_step_weight_c else weight_c_s
+            mask_pad_b = None if mask_pad_b is None else mask_pad_b.unsqueeze(0)
+
+        if _cpp_backend_ready(device_type):
+            from . import op
+
+            entry = op.sru_inference if inference else op.sru_forward
+            h, c_last = entry(
+                U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b,
+                bidirectional, has_skip_term,
+            )
+        else:
+            h, c_last = _run_reference(
+                U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b,
+                bidirectional, has_skip_term, inference,
+            )
+        if shape.single_step:
+            h = h.squeeze(0)
+        return h.to(out_dtype), c_last.to(out_dtype)
+
+
+def _run_reference(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, inference):
+    storage = U.dtype
+    accumulate = accumulation_dtype(storage)
+    grad_context = torch.no_grad() if inference else contextlib.nullcontext()
+    with grad_context:
+        h, c_last = sru_recurrence_reference(
+            U, x, weight_c, bias, c0, scale_x=scale_x, mask_c=mask_c, mask_pad=mask_pad,
+            bidirectional=bidirectional, has_skip_term=has_skip_term, compute_dtype=accumulate,
+        )
+    device_type = U.device.type
+    record_kernel_call(device_type, storage, accumulate, "reference", "inference" if inference else "forward")
+    if not inference and h.requires_grad and tracing_active() and not torch.compiler.is_compiling():
+        def _record_backward(grad):
+            record_kernel_call(device_type, storage, accumulate, "reference", "backward")
+            return grad
+
+        h.register_hook(_record_backward)
+    # Results are stored in S like the kernel's, before the caller casts them to U's dtype.
+    return h.to(storage), c_last.to(storage)
+
+
+def sru_recurrence(
+    U, x, weight_c, bias, c0=None, *, scale_x=None, mask_c=None, mask_pad=None,
+    bidirectional: bool = False, has_skip_term: bool = True, policy: str = "auto",
+):
+    """SRU elementwise recurrence with autograd. Returns ``(h, c_last)`` in ``U``'s dtype.
+
+    Args:
+        U: (L, B, dirs*D*k) output of the input matmul, viewed as (L, B, dirs, D, k), k in
+            {3, 4}; or (B, dirs*D*k) for one step (then h is (B, dirs*D)).
+        x: (L, B, dirs*D) skip source when k == 3 and ``has_skip_term``; else may be None.
+        weight_c: (2*dirs*D,) as (forget, reset) x dirs x D, or per step (L, B, 2*dirs*D).
+        bias: (2*dirs*D,) as (forget, reset) x dirs x D.
+        c0: (B, dirs*D) initial state, zeros when None.
+        scale_x: None, a float or a 1-element tensor multiplying ``x`` in the skip term
+            (a constant: it gets no gradient from the C++ kernel).
+        mask_c: (B, dirs*D) already-scaled dropout mask applied to the gated cell term of h.
+        mask_pad: (L, B) bool, True on padding: c is carried over and h is 0 there.
+        bidirectional: the second half of the columns runs from t = L-1 down to 0.
+        has_skip_term: add the highway skip term to h.
+        policy: "auto", "fp32" or "half" (see :mod:`sru_lightning.ops.policy`).
+    """
+    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, False)
+
+
+def sru_recurrence_inference(
+    U, x, weight_c, bias, c0=None, *, scale_x=None, mask_c=None, mask_pad=None,
+    bidirectional: bool = False, has_skip_term: bool = True, policy: str = "auto",
+):
+    """Same as :func:`sru_recurrence` without autograd; the per-step c is never stored."""
+    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, True)

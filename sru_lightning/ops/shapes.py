@@ -1,0 +1,123 @@
+"""Shape checks shared by the entry points and the reference: one place that knows the layout.
+
+Layout (identical to the ``sru`` package, so its checkpoints load unchanged):
+
+* ``U``: (L, B, dirs*D*k), viewed as (L, B, dirs, D, k); k = 3 (skip from ``x``) or 4
+  (skip from ``U[..., 3]``). A single step may be given as (B, dirs*D*k).
+* ``x``: (L, B, dirs*D), the skip source when k == 3.
+* ``weight_c``: (2*dirs*D,) viewed as (2, dirs, D) = (forget, reset), or per step
+  (L, B, 2*dirs*D) viewed as (L, B, dirs, D, 2).
+* ``bias``: (2*dirs*D,) viewed as (2, dirs, D).
+* ``c0``, ``mask_c``: (B, dirs*D); ``mask_pad``: (L, B) bool, True = padding.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class RecurrenceShape:
+    length: int
+    batch: int
+    directions: int
+    hidden_size: int
+    k: int
+    single_step: bool
+    per_step_weight_c: bool
+
+    @property
+    def columns(self) -> int:
+        """Width of h and c: dirs * D."""
+        return self.directions * self.hidden_size
+
+
+def _shape(t) -> tuple:
+    return tuple(t.shape)
+
+
+def _require_tensor(name: str, value, allow_none: bool = False):
+    if value is None and allow_none:
+        return
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"SRU recurrence: `{name}` must be a torch.Tensor, got {type(value).__name__}")
+
+
+def check_recurrence_inputs(
+    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional: bool, has_skip_term: bool
+) -> RecurrenceShape:
+    """Validate every argument against the layout and return the inferred sizes."""
+    _require_tensor("U", U)
+    _require_tensor("bias", bias)
+    _require_tensor("weight_c", weight_c)
+    for name, value in (("x", x), ("c0", c0), ("mask_c", mask_c), ("mask_pad", mask_pad)):
+        _require_tensor(name, value, allow_none=True)
+    if not U.is_floating_point():
+        raise TypeError(f"SRU recurrence: `U` must be a floating tensor, got dtype {U.dtype}")
+    directions = 2 if bidirectional else 1
+    if bias.dim() != 1 or bias.numel() % (2 * directions) != 0 or bias.numel() == 0:
+        raise ValueError(
+            f"SRU recurrence: `bias` must have shape (2*dirs*D,) with dirs={directions}, "
+            f"got {_shape(bias)}"
+        )
+    hidden = bias.numel() // (2 * directions)
+    columns = directions * hidden
+    if U.dim() not in (2, 3):
+        raise ValueError(
+            f"SRU recurrence: `U` must have shape (L, B, dirs*D*k) or (B, dirs*D*k), got {_shape(U)}"
+        )
+    single_step = U.dim() == 2
+    length = 1 if single_step else U.shape[0]
+    batch = U.shape[-2]
+    if U.shape[-1] not in (3 * columns, 4 * columns):
+        raise ValueError(
+            f"SRU recurrence: `U` last dimension must be dirs*D*k = {3 * columns} (k=3) or "
+            f"{4 * columns} (k=4) for dirs={directions}, D={hidden} (from `bias`), got {_shape(U)}"
+        )
+    k = U.shape[-1] // columns
+    lead = (batch,) if single_step else (length, batch)
+
+    if has_skip_term and k == 3:
+        if x is None:
+            raise ValueError("SRU recurrence: `x` is required when k == 3 and has_skip_term=True, got None")
+        if _shape(x) != lead + (columns,):
+            raise ValueError(f"SRU recurrence: `x` must have shape {lead + (columns,)}, got {_shape(x)}")
+
+    if weight_c.dim() == 1:
+        if weight_c.numel() != 2 * columns:
+            raise ValueError(
+                f"SRU recurrence: `weight_c` must have shape ({2 * columns},) or "
+                f"{lead + (2 * columns,)}, got {_shape(weight_c)}"
+            )
+        per_step = False
+    else:
+        if _shape(weight_c) != lead + (2 * columns,):
+            raise ValueError(
+                f"SRU recurrence: `weight_c` must have shape ({2 * columns},) or "
+                f"{lead + (2 * columns,)}, got {_shape(weight_c)}"
+            )
+        per_step = True
+
+    for name, value in (("c0", c0), ("mask_c", mask_c)):
+        if value is not None and _shape(value) != (batch, columns):
+            raise ValueError(
+                f"SRU recurrence: `{name}` must have shape ({batch}, {columns}) (batch, dirs*D), "
+                f"got {_shape(value)}"
+            )
+    if mask_pad is not None and _shape(mask_pad) != lead:
+        raise ValueError(f"SRU recurrence: `mask_pad` must have shape {lead} (L, B), got {_shape(mask_pad)}")
+    if scale_x is not None:
+        if isinstance(scale_x, torch.Tensor):
+            if scale_x.numel() != 1:
+                raise ValueError(
+                    f"SRU recurrence: `scale_x` must be a float or a 1-element tensor, "
+                    f"got shape {_shape(scale_x)}"
+                )
+        elif not isinstance(scale_x, (int, float)):
+            raise TypeError(
+                f"SRU recurrence: `scale_x` must be None, a float or a 1-element tensor, "
+                f"got {type(scale_x).__name__}"
+            )
+    return RecurrenceShape(length, batch, directions, hidden, k, single_step, per_step)
