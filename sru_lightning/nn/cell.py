@@ -1,0 +1,385 @@
+"""One SRU layer: a matrix product in plain PyTorch followed by the elementwise recurrence.
+
+The matrix product ``U = x @ W`` is ordinary PyTorch, so autocast, DeepSpeed and APEX decide
+its dtype exactly as they do for ``nn.Linear``. The recurrence goes through
+``sru_lightning.ops.functional`` looked up at call time (so ``apex.amp`` can patch the entry
+points), and the op casts its inputs to the storage dtype chosen by ``recurrence_policy``.
+
+Parameter names, shapes and the initialisation recipe are those of ``sru.SRUCell`` 2.6, so
+its state dicts load unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+import warnings
+from typing import Optional, Tuple
+
+import torch
+from torch import Tensor, nn
+
+from sru_lightning.ops import functional
+from sru_lightning.ops.policy import validate_policy
+
+from .checks import (
+    as_padding_mask,
+    check_floating_tensor,
+    check_non_negative_int,
+    check_positive_int,
+    check_probability,
+    check_same_device,
+    check_shape,
+)
+
+
+def checked_policy(owner: str, policy) -> str:
+    """Validate a recurrence policy, naming the layer that received it."""
+    try:
+        return validate_policy(policy, argument="recurrence_policy")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{owner}: {error}") from None
+
+
+def resolve_amp_flag(owner: str, amp_recurrence_fp16: bool, recurrence_policy: str) -> str:
+    """Map the ``sru`` package's ``amp_recurrence_fp16`` onto a recurrence policy.
+
+    ``amp_recurrence_fp16=True`` asks for a half-precision recurrence under autocast, which
+    is the ``"half"`` policy; ``False`` leaves ``recurrence_policy`` in charge.
+    """
+    if not amp_recurrence_fp16:
+        return recurrence_policy
+    if recurrence_policy == "fp32":
+        raise ValueError(
+            f"{owner}: `amp_recurrence_fp16=True` asks for a half recurrence but "
+            f"`recurrence_policy` is 'fp32'; expected recurrence_policy 'auto' or 'half', got 'fp32'"
+        )
+    return "half"
+
+
+class SRUCell(nn.Module):
+    """A single SRU layer (one or two directions).
+
+    Shapes (time-major by default, ``batch_first=True`` swaps the first two axes of
+    ``input``, ``mask_pad`` and the output):
+
+    * ``input``: (L, B, input_size), or (B, input_size) for one time step;
+    * ``c0``: (B, dirs*hidden_size), zeros when omitted;
+    * ``mask_pad``: (L, B) (or (B,) for one step), non-zero/True marks padding: a padded
+      step keeps ``c`` and emits ``h = 0``;
+    * returns ``h`` (L, B, dirs*hidden_size) (or (B, dirs*hidden_size) for one step) and the
+      last ``c`` (B, dirs*hidden_size).
+
+    Keyword names are those of ``sru.SRUCell`` 2.6. Differences, all deliberate:
+
+    * ``use_tanh=True`` (deprecated in ``sru``) is refused: the recurrence has no tanh.
+    * ``rnn_dropout`` (deprecated in ``sru``) works as there -- one mask on the layer input
+      shared over time -- and warns with ``FutureWarning``.
+    * ``v1=True`` fixes ``weight_c`` at zero (not trained), as in ``sru``.
+    * ``amp_recurrence_fp16=True`` selects ``recurrence_policy="half"``.
+    * ``n_proj`` is used only when it is smaller than both ``input_size`` and the output
+      size (otherwise the factorisation would not save anything), as in ``sru``.
+    * One-step (2-D) input returns a 2-D ``h``.
+
+    ``recurrence_policy`` ("auto", "fp32" or "half") picks the dtype the recurrence stores
+    its tensors in; see :func:`sru_lightning.nn.set_recurrence_policy`.
+    """
+
+    scale_x: Tensor
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        dropout: float = 0.0,
+        rnn_dropout: float = 0.0,
+        bidirectional: bool = False,
+        n_proj: int = 0,
+        use_tanh: bool = False,
+        highway_bias: float = 0.0,
+        has_skip_term: bool = True,
+        layer_norm: bool = False,
+        rescale: bool = True,
+        v1: bool = False,
+        custom_m: Optional[nn.Module] = None,
+        amp_recurrence_fp16: bool = False,
+        normalize_after: bool = False,
+        weight_c_init: Optional[float] = None,
+        *,
+        recurrence_policy: str = "auto",
+        batch_first: bool = False,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        self.input_size = check_positive_int(owner, "input_size", input_size)
+        self.hidden_size = check_positive_int(owner, "hidden_size", hidden_size)
+        self.dropout = check_probability(owner, "dropout", dropout)
+        self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
+        n_proj = check_non_negative_int(owner, "n_proj", n_proj)
+        if use_tanh:
+            raise ValueError(
+                f"{owner}: `use_tanh` must be False (the tanh activation, deprecated in the sru "
+                f"package, is not supported by this recurrence), got {use_tanh!r}"
+            )
+        if isinstance(highway_bias, bool) or not isinstance(highway_bias, numbers.Real):
+            raise TypeError(f"{owner}: `highway_bias` must be a float, got {type(highway_bias).__name__}")
+        if weight_c_init is not None and (
+            isinstance(weight_c_init, bool)
+            or not isinstance(weight_c_init, numbers.Real)
+            or weight_c_init <= 0
+        ):
+            raise ValueError(f"{owner}: `weight_c_init` must be None or a positive float, got {weight_c_init!r}")
+        if custom_m is not None and not isinstance(custom_m, nn.Module):
+            raise TypeError(f"{owner}: `custom_m` must be an nn.Module or None, got {type(custom_m).__name__}")
+        if self.rnn_dropout > 0:
+            warnings.warn(
+                f"{owner}: `rnn_dropout` is deprecated (as in the sru package); use `dropout`",
+                FutureWarning,
+                stacklevel=2,
+            )
+
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if self.bidirectional else 1
+        self.output_size = self.hidden_size * self.num_directions
+        self.highway_bias = float(highway_bias)
+        self.has_skip_term = bool(has_skip_term)
+        self.rescale = bool(rescale)
+        self.v1 = bool(v1)
+        self.normalize_after = bool(normalize_after)
+        self.weight_c_init = None if weight_c_init is None else float(weight_c_init)
+        self.amp_recurrence_fp16 = bool(amp_recurrence_fp16)
+        self.batch_first = bool(batch_first)
+        self.recurrence_policy = resolve_amp_flag(
+            owner, self.amp_recurrence_fp16, checked_policy(owner, recurrence_policy)
+        )
+
+        # A factorised U = (x @ P) @ W only pays off when the inner size is the smallest.
+        self.projection_size = n_proj if 0 < n_proj < min(self.input_size, self.output_size) else 0
+        # k = 4 carries its own skip column in U when the input cannot be added to h directly.
+        self.num_matrices = 4 if self.has_skip_term and self.input_size != self.output_size else 3
+
+        self.custom_m = custom_m
+        if custom_m is None:
+            inner = self.projection_size or self.input_size
+            if self.projection_size:
+                self.weight_proj = nn.Parameter(torch.empty(self.input_size, self.projection_size))
+            else:
+                self.register_parameter("weight_proj", None)
+            self.weight = nn.Parameter(torch.empty(inner, self.output_size * self.num_matrices))
+        else:
+            self.register_parameter("weight_proj", None)
+            self.register_parameter("weight", None)
+        self.weight_c = nn.Parameter(torch.empty(2 * self.output_size))
+        self.bias = nn.Parameter(torch.empty(2 * self.output_size))
+        # Multiplier of the skip input (k = 3); a buffer so checkpoints carry it.
+        self.register_buffer("scale_x", torch.zeros(1))
+
+        if layer_norm:
+            self.layer_norm = nn.LayerNorm(self.output_size if self.normalize_after else self.input_size)
+        else:
+            self.layer_norm = None
+        self.reset_parameters()
+
+    # ------------------------------------------------------------------ policy
+    @property
+    def recurrence_policy(self) -> str:
+        return self._recurrence_policy
+
+    @recurrence_policy.setter
+    def recurrence_policy(self, policy: str) -> None:
+        self._recurrence_policy = checked_policy(type(self).__name__, policy)
+
+    # ------------------------------------------------------------------ init
+    @torch.no_grad()
+    def reset_parameters(self) -> None:
+        """Initialise as the ``sru`` package does (same recipe, same random-number order).
+
+        W ~ U(-sqrt(3/fan_in), sqrt(3/fan_in)) so E[w]=0, Var[w]=1/fan_in; the candidate
+        column is shrunk by sqrt(1-dropout) to undo dropout's variance boost, everything by
+        0.1 under layer norm, the gate columns and weight_c by sqrt(0.5) so each gate's
+        pre-activation keeps unit variance, and the k=4 skip column by the highway scale.
+        """
+        skip_scale = (1 + math.exp(self.highway_bias) * 2) ** 0.5
+        self.bias.zero_()
+        self.bias[self.output_size :].fill_(self.highway_bias)
+        self.scale_x.fill_(skip_scale if self.rescale and self.has_skip_term else 1.0)
+
+        blocks = None
+        if self.custom_m is None:
+            fan_in = self.weight.shape[0]
+            self.weight.uniform_(-((3.0 / fan_in) ** 0.5), (3.0 / fan_in) ** 0.5)
+            if self.weight_proj is not None:
+                bound = (3.0 / self.input_size) ** 0.5
+                self.weight_proj.uniform_(-bound, bound)
+            blocks = self.weight.view(fan_in, self.num_directions, self.hidden_size, self.num_matrices)
+            if self.dropout > 0:
+                blocks[..., 0].mul_((1 - self.dropout) ** 0.5)
+            if self.rnn_dropout > 0:
+                blocks.mul_((1 - self.rnn_dropout) ** 0.5)
+            if self.layer_norm is not None:
+                blocks.mul_(0.1)
+            if self.rescale and self.has_skip_term and self.num_matrices == 4:
+                blocks[..., 3].mul_(skip_scale)
+        elif hasattr(self.custom_m, "reset_parameters"):
+            self.custom_m.reset_parameters()
+        else:
+            warnings.warn(
+                f"{type(self).__name__}: custom_m {type(self.custom_m).__name__} has no "
+                "reset_parameters(); its parameters keep their current values",
+                stacklevel=2,
+            )
+
+        if self.v1:
+            self.weight_c.zero_()
+            self.weight_c.requires_grad_(False)
+            return
+        if self.weight_c_init is None:
+            self.weight_c.uniform_(-(3.0**0.5), 3.0**0.5)
+            self.weight_c.mul_(0.5**0.5)
+        else:
+            self.weight_c.uniform_(-self.weight_c_init, self.weight_c_init)
+        if blocks is not None:
+            blocks[..., 1].mul_(0.5**0.5)
+            blocks[..., 2].mul_(0.5**0.5)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self, input: Tensor, c0: Optional[Tensor] = None, mask_pad: Optional[Tensor] = None
+    ) -> Tuple[Tensor, Tensor]:
+        owner = type(self).__name__
+        check_floating_tensor(owner, "input", input)
+        if input.dim() not in (2, 3):
+            layout = "(B, L, input_size)" if self.batch_first else "(L, B, input_size)"
+            raise ValueError(
+                f"{owner}: `input` must be 3-D {layout} or 2-D (B, input_size) for one step, "
+                f"got shape {tuple(input.shape)}"
+            )
+        one_step = input.dim() == 2
+        x = input.unsqueeze(0) if one_step else (input.transpose(0, 1) if self.batch_first else input)
+        length, batch = x.shape[0], x.shape[1]
+        if x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"{owner}: `input` last dimension must be input_size={self.input_size}, "
+                f"got shape {tuple(input.shape)}"
+            )
+        device = self.bias.device
+        check_same_device(owner, "input", input, device, "the parameters'")
+        if c0 is not None:
+            check_floating_tensor(owner, "c0", c0)
+            check_shape(owner, "c0", c0, (batch, self.output_size), "(batch, dirs*hidden_size)")
+            check_same_device(owner, "c0", c0, device, "the input's")
+        if mask_pad is not None:
+            if one_step:
+                expected, meaning = (batch,), "(batch,) for one step"
+            elif self.batch_first:
+                expected, meaning = (batch, length), "(batch, length) with batch_first=True"
+            else:
+                expected, meaning = (length, batch), "(length, batch)"
+            mask_pad = as_padding_mask(owner, mask_pad, expected, meaning, device)
+            mask_pad = mask_pad.unsqueeze(0) if one_step else (mask_pad.t() if self.batch_first else mask_pad)
+
+        h, c = self.forward_time_major(x, c0, mask_pad)
+        if one_step:
+            return h.squeeze(0), c
+        return (h.transpose(0, 1) if self.batch_first else h), c
+
+    def forward_time_major(
+        self, x: Tensor, c0: Optional[Tensor], mask_pad: Optional[Tensor]
+    ) -> Tuple[Tensor, Tensor]:
+        """The layer on already-checked tensors: x (L, B, input_size), mask_pad (L, B) bool."""
+        residual = x
+        if self.layer_norm is not None and not self.normalize_after:
+            x = self.layer_norm(x)
+        batch = x.shape[1]
+        if self.training and self.rnn_dropout > 0:
+            x = x * self.dropout_mask((batch, self.input_size), self.rnn_dropout)
+        mask_c = None
+        if self.training and self.dropout > 0:
+            mask_c = self.dropout_mask((batch, self.output_size), self.dropout)
+
+        U, weight_c = self.compute_uv(x)
+        skip = residual if self.has_skip_term and self.num_matrices == 3 else None
+        scale_x = self.scale_x if self.rescale else None
+        tensors = (U, skip, weight_c, self.bias, c0)
+        needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+        recurrence = functional.sru_recurrence if needs_grad else functional.sru_recurrence_inference
+        h, c = recurrence(
+            U,
+            skip,
+            weight_c,
+            self.bias,
+            c0,
+            scale_x=scale_x,
+            mask_c=mask_c,
+            mask_pad=mask_pad,
+            bidirectional=self.bidirectional,
+            has_skip_term=self.has_skip_term,
+            policy=self.recurrence_policy,
+        )
+        if self.layer_norm is not None and self.normalize_after:
+            h = self.layer_norm(h)
+        return h, c
+
+    def compute_uv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+        """U (L, B, dirs*hidden*k) and the gate weights on c: weight_c, or V + weight_c per step."""
+        length, batch = x.shape[0], x.shape[1]
+        u_width = self.output_size * self.num_matrices
+        if self.custom_m is None:
+            flat = x.reshape(length * batch, self.input_size)
+            if self.weight_proj is not None:
+                flat = flat.mm(self.weight_proj)
+            return flat.mm(self.weight).view(length, batch, u_width), self.weight_c
+
+        owner = type(self).__name__
+        result = self.custom_m(x)
+        if isinstance(result, (tuple, list)):
+            if len(result) not in (1, 2):
+                raise ValueError(f"{owner}: `custom_m` must return U or (U, V), got {len(result)} tensors")
+            U, V = result[0], (result[1] if len(result) == 2 else None)
+        else:
+            U, V = result, None
+        U = self._per_step(owner, "U", U, u_width, length, batch)
+        if V is None:
+            return U, self.weight_c
+        V = self._per_step(owner, "V", V, 2 * self.output_size, length, batch)
+        return U, V + self.weight_c
+
+    @staticmethod
+    def _per_step(owner: str, name: str, value, width: int, length: int, batch: int) -> Tensor:
+        if not isinstance(value, Tensor):
+            raise TypeError(f"{owner}: `custom_m` must return tensors, got {type(value).__name__} for {name}")
+        if value.shape[-1] != width or value.numel() != length * batch * width:
+            raise ValueError(
+                f"{owner}: `custom_m` output {name} must have shape ({length}, {batch}, {width}) "
+                f"or ({length * batch}, {width}), got {tuple(value.shape)}"
+            )
+        return value.reshape(length, batch, width)
+
+    def dropout_mask(self, size: Tuple[int, int], p: float) -> Tensor:
+        """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
+        return self.bias.new_empty(size).bernoulli_(1 - p).div_(1 - p)
+
+    # ------------------------------------------------------------------ repr
+    def extra_repr(self) -> str:
+        parts = [f"{self.input_size}, {self.hidden_size}"]
+        if self.projection_size:
+            parts.append(f"projection_size={self.projection_size}")
+        for name, default in (
+            ("dropout", 0.0),
+            ("rnn_dropout", 0.0),
+            ("bidirectional", False),
+            ("highway_bias", 0.0),
+            ("has_skip_term", True),
+            ("rescale", True),
+            ("v1", False),
+            ("normalize_after", False),
+            ("weight_c_init", None),
+            ("batch_first", False),
+            ("recurrence_policy", "auto"),
+        ):
+            value = getattr(self, name)
+            if value != default:
+                parts.append(f"{name}={value!r}")
+        if self.layer_norm is not None:
+            parts.append("layer_norm=True")
+        return ", ".join(parts)

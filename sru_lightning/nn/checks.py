@@ -1,0 +1,74 @@
+"""Argument checks shared by :class:`SRUCell` and :class:`SRU`.
+
+Every error names the argument, what was expected and what was received, so a wrong call
+fails at the layer that received it rather than deep inside the recurrence kernel.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import torch
+from torch import Tensor
+
+
+def check_positive_int(owner: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: `{name}` must be an int, got {type(value).__name__} {value!r}")
+    if value <= 0:
+        raise ValueError(f"{owner}: `{name}` must be a positive int, got {value}")
+    return int(value)
+
+
+def check_non_negative_int(owner: str, name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        raise TypeError(f"{owner}: `{name}` must be an int, got {type(value).__name__} {value!r}")
+    if value < 0:
+        raise ValueError(f"{owner}: `{name}` must be >= 0, got {value}")
+    return int(value)
+
+
+def check_probability(owner: str, name: str, value) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise TypeError(f"{owner}: `{name}` must be a float in [0, 1), got {type(value).__name__} {value!r}")
+    if not 0.0 <= float(value) < 1.0:
+        raise ValueError(f"{owner}: `{name}` must be in [0, 1), got {value}")
+    return float(value)
+
+
+def check_floating_tensor(owner: str, name: str, value) -> Tensor:
+    if not isinstance(value, Tensor):
+        raise TypeError(f"{owner}: `{name}` must be a torch.Tensor, got {type(value).__name__}")
+    if not value.is_floating_point():
+        raise TypeError(
+            f"{owner}: `{name}` must be a floating-point tensor (float16, bfloat16, float32 or "
+            f"float64), got dtype {value.dtype}"
+        )
+    return value
+
+
+def check_same_device(owner: str, name: str, value: Tensor, expected: torch.device, what: str) -> None:
+    if value.device != expected:
+        raise ValueError(f"{owner}: `{name}` must be on {what} device {expected}, got device {value.device}")
+
+
+def check_shape(owner: str, name: str, value: Tensor, expected: tuple, meaning: str) -> None:
+    if tuple(value.shape) != tuple(expected):
+        raise ValueError(
+            f"{owner}: `{name}` must have shape {tuple(expected)} {meaning}, got {tuple(value.shape)}"
+        )
+
+
+def as_padding_mask(owner: str, mask_pad, expected: tuple, meaning: str, device: torch.device) -> Tensor:
+    """Validate ``mask_pad`` and return it as a bool tensor (True = padding).
+
+    Bool, integer (0/1) and floating (0.0/1.0) masks are accepted, as the ``sru`` package does;
+    any non-zero entry marks a padded position.
+    """
+    if not isinstance(mask_pad, Tensor):
+        raise TypeError(f"{owner}: `mask_pad` must be a torch.Tensor, got {type(mask_pad).__name__}")
+    if mask_pad.is_complex():
+        raise TypeError(f"{owner}: `mask_pad` must be a bool, integer or float tensor, got {mask_pad.dtype}")
+    check_shape(owner, "mask_pad", mask_pad, expected, meaning)
+    check_same_device(owner, "mask_pad", mask_pad, device, "the input's")
+    return mask_pad if mask_pad.dtype == torch.bool else mask_pad != 0

@@ -1,0 +1,276 @@
+"""A stack of SRU layers with the calling convention of ``nn.LSTM`` and ``sru.SRU``."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from typing import List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from .cell import SRUCell, checked_policy, resolve_amp_flag
+from .checks import (
+    as_padding_mask,
+    check_floating_tensor,
+    check_positive_int,
+    check_probability,
+    check_same_device,
+    check_shape,
+)
+
+
+class SRU(nn.Module):
+    """Stacked SRU layers.
+
+    ``SRU(input_size, hidden_size, num_layers=2, ...)`` takes the keyword names of
+    ``sru.SRU`` 2.6 (so existing calls work after swapping the import) plus ``batch_first``
+    as in ``nn.LSTM`` and the keyword-only ``recurrence_policy``.
+
+    forward(input, c0=None, mask_pad=None) -> (output, c_last)
+
+    * ``input``: (L, B, input_size) -- (B, L, input_size) with ``batch_first=True`` -- a
+      ``PackedSequence`` (padding is then masked automatically and the output is packed),
+      or (B, input_size) for a single time step (the output is then (B, dirs*hidden_size));
+    * ``c0``: (num_layers, B, dirs*hidden_size), zeros when omitted (never batch-first,
+      as ``h0`` in ``nn.LSTM``);
+    * ``mask_pad``: (L, B) -- (B, L) with ``batch_first=True`` -- non-zero/True marks padding;
+    * ``output``: (L, B, dirs*hidden_size) in the input's layout;
+    * ``c_last``: (num_layers, B, dirs*hidden_size), or (num_layers*dirs, B, hidden_size)
+      with ``nn_rnn_compatible_return=True``.
+
+    ``dropout`` is applied to the hidden states of every layer but the last (one mask per
+    sequence and column). Deprecated ``sru`` options behave as documented on
+    :class:`SRUCell`. The state dict of an ``sru.SRU`` with the same options loads directly.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+        rnn_dropout: float = 0.0,
+        bidirectional: bool = False,
+        projection_size: int = 0,
+        use_tanh: bool = False,
+        layer_norm: bool = False,
+        highway_bias: float = 0.0,
+        has_skip_term: bool = True,
+        rescale: bool = False,
+        v1: bool = False,
+        nn_rnn_compatible_return: bool = False,
+        custom_m: Optional[Union[nn.Module, Sequence[nn.Module]]] = None,
+        proj_input_to_hidden_first: bool = False,
+        amp_recurrence_fp16: bool = False,
+        normalize_after: bool = False,
+        weight_c_init: Optional[float] = None,
+        batch_first: bool = False,
+        *,
+        recurrence_policy: str = "auto",
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        self.input_size = check_positive_int(owner, "input_size", input_size)
+        self.hidden_size = check_positive_int(owner, "hidden_size", hidden_size)
+        self.num_layers = check_positive_int(owner, "num_layers", num_layers)
+        policy = resolve_amp_flag(owner, bool(amp_recurrence_fp16), checked_policy(owner, recurrence_policy))
+        if isinstance(custom_m, (list, tuple)) and len(custom_m) != self.num_layers:
+            raise ValueError(
+                f"{owner}: `custom_m` as a list must hold one module per layer "
+                f"({self.num_layers}), got {len(custom_m)}"
+            )
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if self.bidirectional else 1
+        self.output_size = self.hidden_size * self.num_directions
+        self.dropout = check_probability(owner, "dropout", dropout)
+        self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
+        self.projection_size = projection_size
+        self.use_layer_norm = bool(layer_norm)
+        self.has_skip_term = bool(has_skip_term)
+        self.rescale = bool(rescale)
+        self.v1 = bool(v1)
+        self.normalize_after = bool(normalize_after)
+        self.weight_c_init = weight_c_init
+        self.highway_bias = highway_bias
+        self.amp_recurrence_fp16 = bool(amp_recurrence_fp16)
+        self.nn_rnn_compatible_return = bool(nn_rnn_compatible_return)
+        self.batch_first = bool(batch_first)
+
+        # Same construction order as sru.SRU, so a seed gives the same initial weights.
+        first_input_size = self.input_size
+        if proj_input_to_hidden_first and self.input_size != self.output_size:
+            self.input_to_hidden = nn.Linear(self.input_size, self.output_size, bias=False)
+            first_input_size = self.output_size
+        else:
+            self.input_to_hidden = None
+
+        with warnings.catch_warnings():
+            # One deprecation warning for the stack, not one per layer.
+            warnings.simplefilter("ignore", FutureWarning)
+            layers = []
+            for index in range(self.num_layers):
+                layer_custom_m = None
+                if isinstance(custom_m, (list, tuple)):
+                    layer_custom_m = custom_m[index]
+                elif custom_m is not None:
+                    layer_custom_m = copy.deepcopy(custom_m)
+                layers.append(
+                    SRUCell(
+                        first_input_size if index == 0 else self.output_size,
+                        self.hidden_size,
+                        dropout=dropout if index + 1 < self.num_layers else 0.0,
+                        rnn_dropout=rnn_dropout,
+                        bidirectional=self.bidirectional,
+                        n_proj=projection_size,
+                        use_tanh=use_tanh,
+                        highway_bias=highway_bias,
+                        has_skip_term=self.has_skip_term,
+                        layer_norm=self.use_layer_norm,
+                        rescale=self.rescale,
+                        v1=self.v1,
+                        custom_m=layer_custom_m,
+                        normalize_after=self.normalize_after,
+                        weight_c_init=weight_c_init,
+                        recurrence_policy=policy,
+                    )
+                )
+                # Keep the deprecated flag visible on the layers without re-resolving the policy.
+                layers[-1].amp_recurrence_fp16 = self.amp_recurrence_fp16
+        self.rnn_lst = nn.ModuleList(layers)
+        if self.rnn_dropout > 0:
+            warnings.warn(
+                f"{owner}: `rnn_dropout` is deprecated (as in the sru package); use `dropout`",
+                FutureWarning,
+                stacklevel=2,
+            )
+
+    # ------------------------------------------------------------------ policy
+    @property
+    def recurrence_policy(self) -> str:
+        """The layers' policy ("mixed" if they were set differently one by one)."""
+        policies = {layer.recurrence_policy for layer in self.rnn_lst}
+        return policies.pop() if len(policies) == 1 else "mixed"
+
+    @recurrence_policy.setter
+    def recurrence_policy(self, policy: str) -> None:
+        policy = checked_policy(type(self).__name__, policy)
+        for layer in self.rnn_lst:
+            layer.recurrence_policy = policy
+
+    def reset_parameters(self) -> None:
+        for layer in self.rnn_lst:
+            layer.reset_parameters()
+        if self.input_to_hidden is not None:
+            self.input_to_hidden.reset_parameters()
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input: Union[Tensor, PackedSequence],
+        c0: Optional[Tensor] = None,
+        mask_pad: Optional[Tensor] = None,
+    ) -> Tuple[Union[Tensor, PackedSequence], Tensor]:
+        owner = type(self).__name__
+        lengths = None
+        if isinstance(input, PackedSequence):
+            if mask_pad is not None:
+                raise ValueError(
+                    f"{owner}: `mask_pad` must be None for a PackedSequence input (padding is "
+                    f"taken from its lengths), got a tensor of shape {tuple(mask_pad.shape)}"
+                )
+            padded, lengths = pad_packed_sequence(input)
+            steps = torch.arange(padded.shape[0]).unsqueeze(1)
+            mask_pad = (steps >= lengths.unsqueeze(0)).to(padded.device)
+            x = padded
+        else:
+            check_floating_tensor(owner, "input", input)
+            if input.dim() not in (2, 3):
+                layout = "(B, L, input_size)" if self.batch_first else "(L, B, input_size)"
+                raise ValueError(
+                    f"{owner}: `input` must be 3-D {layout} or 2-D (B, input_size) for one step, "
+                    f"got shape {tuple(input.shape)}"
+                )
+            x = input
+        check_floating_tensor(owner, "input", x)
+        one_step = x.dim() == 2
+        time_major_input = lengths is not None or not self.batch_first
+        if one_step:
+            x = x.unsqueeze(0)
+        elif not time_major_input:
+            x = x.transpose(0, 1)
+        length, batch = x.shape[0], x.shape[1]
+        if x.shape[-1] != self.input_size:
+            raise ValueError(
+                f"{owner}: `input` last dimension must be input_size={self.input_size}, "
+                f"got shape {tuple(x.shape if lengths is not None else input.shape)}"
+            )
+        device = self.rnn_lst[0].bias.device
+        check_same_device(owner, "input", x, device, "the parameters'")
+
+        layer_c0: List[Optional[Tensor]] = [None] * self.num_layers
+        if c0 is not None:
+            check_floating_tensor(owner, "c0", c0)
+            check_shape(
+                owner, "c0", c0, (self.num_layers, batch, self.output_size),
+                "(num_layers, batch, dirs*hidden_size)",
+            )
+            check_same_device(owner, "c0", c0, device, "the input's")
+            layer_c0 = list(c0.unbind(0))
+        if mask_pad is not None and lengths is None:
+            if one_step:
+                expected, meaning = (batch,), "(batch,) for one step"
+            elif self.batch_first:
+                expected, meaning = (batch, length), "(batch, length) with batch_first=True"
+            else:
+                expected, meaning = (length, batch), "(length, batch)"
+            mask_pad = as_padding_mask(owner, mask_pad, expected, meaning, device)
+            if one_step:
+                mask_pad = mask_pad.unsqueeze(0)
+            elif self.batch_first:
+                mask_pad = mask_pad.t()
+
+        h = x if self.input_to_hidden is None else self.input_to_hidden(x)
+        last_states = []
+        for layer, c_init in zip(self.rnn_lst, layer_c0):
+            h, c_last = layer.forward_time_major(h, c_init, mask_pad)
+            last_states.append(c_last)
+        c_stack = torch.stack(last_states)
+        if self.nn_rnn_compatible_return:
+            c_stack = (
+                c_stack.view(self.num_layers, batch, self.num_directions, self.hidden_size)
+                .transpose(1, 2)
+                .reshape(self.num_layers * self.num_directions, batch, self.hidden_size)
+            )
+
+        if lengths is not None:
+            return pack_padded_sequence(h, lengths, enforce_sorted=False), c_stack
+        if one_step:
+            return h.squeeze(0), c_stack
+        return (h if time_major_input else h.transpose(0, 1)), c_stack
+
+    # ------------------------------------------------------------------ repr
+    def extra_repr(self) -> str:
+        parts = [f"{self.input_size}, {self.hidden_size}"]
+        for name, default in (
+            ("num_layers", 2),
+            ("dropout", 0.0),
+            ("rnn_dropout", 0.0),
+            ("bidirectional", False),
+            ("projection_size", 0),
+            ("layer_norm", False),
+            ("highway_bias", 0.0),
+            ("has_skip_term", True),
+            ("rescale", False),
+            ("v1", False),
+            ("nn_rnn_compatible_return", False),
+            ("normalize_after", False),
+            ("weight_c_init", None),
+            ("batch_first", False),
+            ("recurrence_policy", "auto"),
+        ):
+            value = self.use_layer_norm if name == "layer_norm" else getattr(self, name)
+            if value != default:
+                parts.append(f"{name}={value!r}")
+        return ", ".join(parts)
