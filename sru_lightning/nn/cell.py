@@ -190,7 +190,6 @@ class SRUCell(nn.Module):
         self._recurrence_policy = checked_policy(type(self).__name__, policy)
 
     # ------------------------------------------------------------------ init
-    @torch.no_grad()
     def reset_parameters(self) -> None:
         """Initialise as the ``sru`` package does (same recipe, same random-number order).
 
@@ -199,6 +198,10 @@ class SRUCell(nn.Module):
         0.1 under layer norm, the gate columns and weight_c by sqrt(0.5) so each gate's
         pre-activation keeps unit variance, and the k=4 skip column by the highway scale.
         """
+        with torch.no_grad():
+            self._initialise()
+
+    def _initialise(self) -> None:
         skip_scale = (1 + math.exp(self.highway_bias) * 2) ** 0.5
         self.bias.zero_()
         self.bias[self.output_size :].fill_(self.highway_bias)
@@ -226,7 +229,7 @@ class SRUCell(nn.Module):
             warnings.warn(
                 f"{type(self).__name__}: custom_m {type(self.custom_m).__name__} has no "
                 "reset_parameters(); its parameters keep their current values",
-                stacklevel=2,
+                stacklevel=4,
             )
 
         if self.v1:
