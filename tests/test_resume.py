@@ -1,0 +1,179 @@
+"""Interrupted fits resume exactly: in-process checks of the fault-tolerance pieces.
+
+The end-to-end version (a real `python -m sru_lightning fit` killed with SIGTERM/SIGINT)
+lives in tests/test_signals.py.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from lightning.pytorch.callbacks import OnExceptionCheckpoint
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from sru_lightning.fault_tolerance import (
+    EpochSeededRandomSampler,
+    GracefulInterrupt,
+    ResumableDataLoader,
+    SeedEveryBatch,
+)
+
+NUM_SAMPLES, BATCH_SIZE = 48, 4  # 12 batches per epoch
+MAX_STEPS = 30  # two and a half epochs
+STOP_AT_STEP = 17  # mid-epoch of the second epoch
+
+
+class DropoutRegressor(pl.LightningModule):
+    """Tiny model whose losses depend on data order and on dropout draws."""
+
+    def __init__(self, loader_cls=ResumableDataLoader):
+        super().__init__()
+        self.net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 1))
+        generator = torch.Generator().manual_seed(1)
+        inputs = torch.randn(NUM_SAMPLES, 3, generator=generator)
+        self.dataset = TensorDataset(inputs, inputs.sum(1, keepdim=True).sin())
+        self.loader_cls = loader_cls
+        self.step_losses: dict[int, float] = {}
+
+    def train_dataloader(self):
+        if self.loader_cls is ResumableDataLoader:
+            return ResumableDataLoader(self.dataset, batch_size=BATCH_SIZE, shuffle=True, seed=7)
+        return DataLoader(self.dataset, batch_size=BATCH_SIZE, shuffle=True)
+
+    def training_step(self, batch, batch_idx):
+        inputs, targets = batch
+        loss = nn.functional.mse_loss(self.net(inputs), targets)
+        self.step_losses[self.global_step] = loss.item()
+        return loss
+
+    def configure_optimizers(self):
+        return torch.optim.Adam(self.parameters(), lr=0.01)
+
+
+class SignalAtStep(pl.Callback):
+    """Sends `signum` to this very process once `step` optimizer steps are done."""
+
+    def __init__(self, step: int, signum: int):
+        self.step, self.signum = step, signum
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), self.signum)
+
+
+def make_trainer(root, callbacks):
+    return pl.Trainer(
+        max_steps=MAX_STEPS, accelerator="cpu", devices=1, logger=False,
+        enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=root, callbacks=callbacks,
+    )
+
+
+def losses_of_uninterrupted_run(tmp_path, loader_cls=ResumableDataLoader, seed_callback=True):
+    pl.seed_everything(0)
+    model = DropoutRegressor(loader_cls)
+    callbacks = [SeedEveryBatch()] if seed_callback else []
+    make_trainer(tmp_path / "full", callbacks).fit(model)
+    return model.step_losses
+
+
+def interrupt_and_resume(tmp_path, signum, loader_cls=ResumableDataLoader, seed_callback=True):
+    """Run until a signal at STOP_AT_STEP, then resume the checkpoint in a fresh model."""
+    checkpoint_dir = tmp_path / "ckpt"
+    seeding = [SeedEveryBatch()] if seed_callback else []
+
+    pl.seed_everything(0)
+    interrupted = DropoutRegressor(loader_cls)
+    stop = [OnExceptionCheckpoint(checkpoint_dir), GracefulInterrupt(), SignalAtStep(STOP_AT_STEP, signum)]
+    # Lightning ends a SIGTERM'd fit with SystemExit; the first SIGINT behaves the same.
+    with pytest.raises(SystemExit):
+        make_trainer(tmp_path / "interrupted", seeding + stop).fit(interrupted)
+    checkpoint = checkpoint_dir / "on_exception.ckpt"
+    assert checkpoint.is_file(), "no checkpoint was left by the interrupted fit"
+    assert max(interrupted.step_losses) == STOP_AT_STEP - 1, "training did not stop at the batch boundary"
+
+    pl.seed_everything(0)  # the same seed as the interrupted run, as a rerun of its config has
+    torch.manual_seed(123)  # but a different generator state: nothing may depend on it
+    resumed = DropoutRegressor(loader_cls)
+    make_trainer(tmp_path / "resumed", list(seeding)).fit(resumed, ckpt_path=str(checkpoint))
+    return resumed.step_losses
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_mid_epoch_resume_reproduces_uninterrupted_losses(tmp_path, signum):
+    expected = losses_of_uninterrupted_run(tmp_path)
+    resumed = interrupt_and_resume(tmp_path, signum)
+    assert sorted(resumed) == list(range(STOP_AT_STEP, MAX_STEPS))
+    for step, loss in resumed.items():
+        assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-7), f"step {step}"
+
+
+def test_plain_dataloader_and_global_rng_do_not_reproduce(tmp_path):
+    # The same experiment without the two fault-tolerance pieces diverges after the resume,
+    # which is what makes the test above meaningful.
+    expected = losses_of_uninterrupted_run(tmp_path, DataLoader, seed_callback=False)
+    resumed = interrupt_and_resume(tmp_path, signal.SIGTERM, DataLoader, seed_callback=False)
+    differences = [abs(resumed[step] - expected[step]) for step in resumed]
+    assert max(differences) > 1e-4
+
+
+def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    pl.seed_everything(0)
+    make_trainer(tmp_path, [GracefulInterrupt()]).fit(DropoutRegressor())
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_loader_state_counts_batches_and_skips_them_after_load():
+    dataset = TensorDataset(torch.arange(10.0))
+    loader = ResumableDataLoader(dataset, batch_size=2, shuffle=True, seed=3)
+    full_epoch = [batch[0].tolist() for batch in loader]
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    state = loader.state_dict()
+    assert state == {"batches_yielded": 2, "num_batches": 5}
+
+    fresh = ResumableDataLoader(dataset, batch_size=2, shuffle=True, seed=3)
+    fresh.load_state_dict(state)
+    assert [batch[0].tolist() for batch in fresh] == full_epoch[2:]
+    assert fresh.state_dict()["batches_yielded"] == 5
+    # the skip applies once: the next epoch starts from its first batch
+    assert len(list(fresh)) == 5
+
+
+def test_loader_state_with_a_different_length_warns():
+    loader = ResumableDataLoader(TensorDataset(torch.arange(10.0)), batch_size=5)
+    with pytest.warns(UserWarning, match="5 batches per epoch, this loader has 2"):
+        loader.load_state_dict({"batches_yielded": 3, "num_batches": 5})
+    assert list(loader) == []
+
+
+def test_loader_load_state_dict_names_the_missing_key():
+    loader = ResumableDataLoader(TensorDataset(torch.arange(4.0)), batch_size=2)
+    with pytest.raises(ValueError, match="'batches_yielded'"):
+        loader.load_state_dict({"position": 1})
+
+
+def test_epoch_seeded_sampler_matches_distributed_sampler_permutation():
+    from torch.utils.data import DistributedSampler
+
+    dataset = list(range(20))
+    ours = EpochSeededRandomSampler(dataset, seed=5)
+    theirs = DistributedSampler(dataset, num_replicas=1, rank=0, shuffle=True, seed=5)
+    for epoch in (0, 3):
+        ours.set_epoch(epoch)
+        theirs.set_epoch(epoch)
+        assert list(ours) == list(theirs)
+    assert list(ours) != list(range(20))
+
+
+def test_seed_every_batch_mixes_seed_batch_and_rank():
+    seeds = {SeedEveryBatch.batch_seed(s, b, r) for s in (0, 1) for b in (0, 1, 2) for r in (0, 1)}
+    assert len(seeds) == 12
+    assert all(0 <= value < 2**63 for value in seeds)
+    assert SeedEveryBatch.batch_seed(0, 5, 1) == SeedEveryBatch.batch_seed(0, 5, 1)
