@@ -26,8 +26,8 @@ CUDA_SOURCES = ("sru_cuda.cpp", "sru_cuda_kernels.cu")
 # Set to 0 to skip the extension and run the reference implementation.
 DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
 
-CXX_FLAGS = ("-O3", "-std=c++17", "-fno-math-errno")
-CUDA_FLAGS = ("-O3", "-std=c++17", "--use_fast_math")
+CXX_FLAGS = ("-O3", "-fno-math-errno")
+CUDA_FLAGS = ("-O3",)
 
 
 class ExtensionBuildError(RuntimeError):

@@ -1,0 +1,116 @@
+"""The C++ recurrence as PyTorch custom ops: fake kernels for torch.compile and autograd.
+
+Importing this module loads the extension (building it on first use). The schemas live in
+csrc/sru_ops.cpp; device kernels in csrc/sru_cpu.cpp and csrc/sru_cuda.cpp.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .build import load_extension
+from .policy import accumulation_dtype
+from .tracing import record_kernel_call
+
+load_extension()
+
+_FORWARD = "sru_lightning::recurrence_forward"
+_BACKWARD = "sru_lightning::recurrence_backward"
+
+
+def cuda_kernels_loaded() -> bool:
+    """True when the extension was built with its CUDA kernels."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(_FORWARD, "CUDA")
+
+
+def _width(bias) -> int:
+    return bias.shape[0] // 2
+
+
+@torch.library.register_fake(_FORWARD)
+def _forward_fake(U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad,
+                  bidirectional, has_skip_term, store_c):
+    length, batch, width = U.shape[0], U.shape[1], _width(bias)
+    h = U.new_empty((length, batch, width))
+    c_last = U.new_empty((batch, width))
+    c_all = U.new_empty((length, batch, width)) if store_c else U.new_empty((0,))
+    return h, c_last, c_all
+
+
+@torch.library.register_fake(_BACKWARD)
+def _backward_fake(grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c,
+                   mask_pad, c_all, bidirectional, has_skip_term):
+    width = _width(bias)
+    skip_from_x = has_skip_term and U.shape[-1] == 3 * width
+    grad_x = torch.empty_like(x) if skip_from_x else U.new_empty((0,))
+    return (
+        torch.empty_like(U),
+        grad_x,
+        torch.empty_like(weight_c),
+        torch.empty_like(bias),
+        U.new_empty((U.shape[1], width)),
+    )
+
+
+def _setup_context(ctx, inputs, output):
+    (U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad, bidirectional,
+     has_skip_term, store_c) = inputs
+    _, _, c_all = output
+    ctx.save_for_backward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, c_all)
+    ctx.options = (scale_x_value, bidirectional, has_skip_term)
+    ctx.mark_non_differentiable(c_all)
+
+
+def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
+    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, c_all = ctx.saved_tensors
+    scale_x_value, bidirectional, has_skip_term = ctx.options
+    if grad_h is None:
+        grad_h = torch.zeros_like(c_all)
+    grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 = torch.ops.sru_lightning.recurrence_backward(
+        grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad,
+        c_all, bidirectional, has_skip_term,
+    )
+    record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "cpp", "backward")
+    # scale_x is a constant of the layer (a buffer), and the masks are not differentiable.
+    return (
+        grad_U,
+        grad_x if x is not None else None,
+        grad_weight_c,
+        grad_bias,
+        grad_c0 if c0 is not None else None,
+        None, None, None, None, None, None, None,
+    )
+
+
+torch.library.register_autograd(_FORWARD, _backward, setup_context=_setup_context)
+
+
+def _split_scale(scale_x):
+    if scale_x is None:
+        return None, 1.0
+    if isinstance(scale_x, torch.Tensor):
+        return scale_x, 1.0
+    return None, float(scale_x)
+
+
+def sru_forward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term):
+    """Differentiable recurrence on storage-dtype inputs (L, B, ...). Returns (h, c_last)."""
+    scale_tensor, scale_value = _split_scale(scale_x)
+    h, c_last, _ = torch.ops.sru_lightning.recurrence_forward(
+        U, x, weight_c, bias, c0, scale_tensor, scale_value, mask_c, mask_pad,
+        bidirectional, has_skip_term, True,
+    )
+    record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "cpp", "forward")
+    return h, c_last
+
+
+def sru_inference(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term):
+    """Recurrence without autograd and without storing the per-step states."""
+    scale_tensor, scale_value = _split_scale(scale_x)
+    with torch.no_grad():
+        h, c_last, _ = torch.ops.sru_lightning.recurrence_forward(
+            U, x, weight_c, bias, c0, scale_tensor, scale_value, mask_c, mask_pad,
+            bidirectional, has_skip_term, False,
+        )
+    record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "cpp", "inference")
+    return h, c_last
