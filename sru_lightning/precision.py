@@ -202,7 +202,8 @@ def detect_regime(trainer) -> Regime:
     if isinstance(strategy, DeepSpeedStrategy):
         return _deepspeed_regime(strategy.config, plugin.precision, device_type)
     if isinstance(strategy, FSDPStrategy):
-        return _fsdp_regime(strategy.mixed_precision, plugin, device_type)
+        # Lightning runs FSDP on CUDA only (and FSDPPrecision autocasts "cuda").
+        return _fsdp_regime(strategy.mixed_precision, plugin, "cuda")
 
     regime = _plugin_regime(plugin, device_type)
     apex = initialized_apex_properties()
@@ -233,11 +234,12 @@ def _plugin_regime(plugin, device_type: str) -> Regime:
     precision = str(getattr(plugin, "precision", "32-true"))
 
     if isinstance(plugin, TransformerEnginePrecision):
+        device_type = "cuda"  # Transformer Engine is CUDA-only
         weights = plugin.weights_dtype
         fallback = getattr(plugin, "fallback_compute_dtype", None) or weights
         # TE's forward context adds torch.autocast("cuda", fallback_compute_dtype) around the
         # weights' dtype context: plain matmuls (ours) run in the fallback compute dtype.
-        autocast = fallback if device_type == "cuda" and fallback in HALF_DTYPES else None
+        autocast = fallback if fallback in HALF_DTYPES else None
         return regime_from_dtypes(
             "transformer-engine",
             param_dtype=weights,

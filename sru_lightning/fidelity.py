@@ -1,0 +1,202 @@
+"""Numerical fidelity of the recurrence in each storage dtype: ``python -m sru_lightning fidelity``.
+
+For each storage dtype (float32, float16, bfloat16) the recurrence runs through the public
+entry point (``sru_lightning.ops.functional.sru_recurrence``: tensors stored in that dtype,
+arithmetic accumulated in float32) and, for the half dtypes, once more with every operation
+done in half (``sru_recurrence_reference(..., compute_dtype=half)``, which is how a kernel
+that computes in its storage type behaves). Both are compared with a float64 run on the
+SAME inputs (the half-rounded values, upcast), so the table measures the arithmetic and not
+the rounding of the inputs.
+
+Error measure, per tensor: ``max |value - reference| / max |reference|``; the gradient column
+is the largest of those over the gradients of U, x, weight_c, bias and c0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+
+import torch
+
+from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
+from sru_lightning.precision import dtype_name
+
+__all__ = ["FidelityRow", "fidelity_table", "format_table", "main"]
+
+STORAGE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+_GRAD_NAMES = ("U", "x", "weight_c", "bias", "c0")
+
+
+@dataclasses.dataclass(frozen=True)
+class FidelityRow:
+    """Errors vs float64 for one storage dtype; the ``all_half_*`` fields are None for float32."""
+
+    storage_dtype: torch.dtype
+    backend: str
+    h_error: float
+    grad_error: float
+    all_half_h_error: float | None
+    all_half_grad_error: float | None
+
+    @property
+    def h_ratio(self) -> float | None:
+        return None if self.all_half_h_error is None else self.h_error / self.all_half_h_error
+
+    @property
+    def grad_ratio(self) -> float | None:
+        return None if self.all_half_grad_error is None else self.grad_error / self.all_half_grad_error
+
+
+def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
+    reference = reference.double()
+    scale = reference.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
+    return float((value.double() - reference).abs().max() / scale)
+
+
+def _make_inputs(length, batch, hidden, bidirectional, seed, device):
+    """Float64 inputs of a k = 3 layer with a forget bias that gives the state a long memory."""
+    generator = torch.Generator().manual_seed(seed)
+    dirs = 2 if bidirectional else 1
+    width = dirs * hidden
+
+    def normal(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=generator, dtype=torch.float64) * scale).to(device)
+
+    bias = torch.zeros(2, width, dtype=torch.float64)
+    bias[0] = 2.0  # forget gates near 0.88: c carries information over ~10 steps
+    return {
+        "U": normal(length, batch, width * 3),
+        "x": normal(length, batch, width),
+        "weight_c": normal(2 * width, scale=0.5),
+        "bias": bias.reshape(-1).to(device),
+        "c0": normal(batch, width, scale=0.5),
+        "grad_h": normal(length, batch, width),
+    }
+
+
+def _run(fn, inputs, dtype, bidirectional):
+    """h and the input gradients of ``fn`` on ``inputs`` rounded to ``dtype``."""
+    leaves = {name: inputs[name].to(dtype).requires_grad_(True) for name in _GRAD_NAMES}
+    h, _ = fn(
+        leaves["U"], leaves["x"], leaves["weight_c"], leaves["bias"], leaves["c0"],
+        scale_x=None, bidirectional=bidirectional, has_skip_term=True,
+    )
+    h.backward(inputs["grad_h"].to(h.dtype))
+    return h.detach(), {name: leaf.grad for name, leaf in leaves.items()}
+
+
+def _errors(result, reference):
+    h, grads = result
+    h_ref, grads_ref = reference
+    return _relative_error(h, h_ref), max(_relative_error(grads[n], grads_ref[n]) for n in _GRAD_NAMES)
+
+
+def _rounded(inputs, dtype):
+    """The inputs as ``dtype`` would hold them, back in float64 (same values, exact)."""
+    return {name: value.to(dtype).double() for name, value in inputs.items()}
+
+
+def fidelity_table(
+    length: int = 256,
+    batch: int = 8,
+    hidden: int = 64,
+    *,
+    bidirectional: bool = False,
+    seed: int = 0,
+    device: str = "cpu",
+) -> list[FidelityRow]:
+    """Measure the errors of every storage dtype against float64 (see the module docstring)."""
+    for name, value in (("length", length), ("batch", batch), ("hidden", hidden)):
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise ValueError(f"fidelity_table: `{name}` must be a positive int, got {value!r}")
+    inputs = _make_inputs(length, batch, hidden, bidirectional, seed, device)
+
+    def stored(*args, **kwargs):
+        return functional.sru_recurrence(*args, policy="half", **kwargs)
+
+    def reference64(*args, **kwargs):
+        return sru_recurrence_reference(*args, compute_dtype=torch.float64, **kwargs)
+
+    rows = []
+    for dtype in STORAGE_DTYPES:
+        exact = _run(reference64, _rounded(inputs, dtype), torch.float64, bidirectional)
+        with trace_storage_dtypes() as calls:
+            in_storage = _run(stored, inputs, dtype, bidirectional)
+        ran_in = {call.storage_dtype for call in calls}
+        if ran_in != {dtype}:
+            raise RuntimeError(
+                f"fidelity_table: the recurrence was expected to store tensors in {dtype}, "
+                f"but the kernel ran in {sorted(map(str, ran_in))}"
+            )
+        backend = "/".join(sorted({call.backend for call in calls}))
+        h_error, grad_error = _errors(in_storage, exact)
+        all_half_h = all_half_grad = None
+        if dtype in (torch.float16, torch.bfloat16):
+
+            def all_half(*args, _dtype=dtype, **kwargs):
+                return sru_recurrence_reference(*args, compute_dtype=_dtype, **kwargs)
+
+            all_half_h, all_half_grad = _errors(_run(all_half, inputs, dtype, bidirectional), exact)
+        rows.append(FidelityRow(dtype, backend, h_error, grad_error, all_half_h, all_half_grad))
+    return rows
+
+
+def format_table(rows: list[FidelityRow]) -> str:
+    """Plain-text table of :func:`fidelity_table` rows."""
+
+    def number(value):
+        return "-" if value is None else f"{value:.2e}"
+
+    def ratio(value):
+        return "-" if value is None else f"{value:.2f}"
+
+    header = ("storage", "backend", "h err", "grad err", "all-half h", "all-half grad", "h ratio", "grad ratio")
+    lines = [
+        [dtype_name(r.storage_dtype), r.backend, number(r.h_error), number(r.grad_error),
+         number(r.all_half_h_error), number(r.all_half_grad_error), ratio(r.h_ratio), ratio(r.grad_ratio)]
+        for r in rows
+    ]
+    widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
+    fmt = "  ".join(f"{{:<{w}}}" for w in widths)
+    out = [fmt.format(*header), fmt.format(*("-" * w for w in widths))]
+    out += [fmt.format(*line) for line in lines]
+    return "\n".join(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m sru_lightning fidelity",
+        description=(
+            "Max relative error (max|err| / max|float64|) of h and of the input gradients for "
+            "each storage dtype with float32 accumulation, next to the same recurrence computed "
+            "entirely in half precision. Ratio = storage error / all-half error."
+        ),
+    )
+    parser.add_argument("--length", type=int, default=256, help="sequence length (default 256)")
+    parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
+    parser.add_argument("--hidden", type=int, default=64, help="hidden size per direction (default 64)")
+    parser.add_argument("--bidirectional", action="store_true", help="bidirectional layer")
+    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    args = parser.parse_args(argv)
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        parser.error(f"--device {args.device!r} needs CUDA, but torch.cuda.is_available() is False")
+    try:
+        rows = fidelity_table(
+            args.length, args.batch, args.hidden,
+            bidirectional=args.bidirectional, seed=args.seed, device=args.device,
+        )
+    except ValueError as error:
+        parser.error(str(error).replace("fidelity_table: `", "`--"))
+    print(
+        f"SRU recurrence fidelity vs float64: L={args.length} B={args.batch} D={args.hidden} "
+        f"{'bidirectional' if args.bidirectional else 'unidirectional'}, device {args.device}"
+    )
+    print(format_table(rows))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
