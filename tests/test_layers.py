@@ -355,18 +355,17 @@ def test_inference_entry_point_without_grad():
     assert directions == ["inference", "inference", "forward", "forward"]
 
 
-@pytest.mark.parametrize(
-    "policy, storage",
-    [("auto", torch.bfloat16), ("half", torch.bfloat16), ("fp32", torch.float32)],
-)
-def test_autocast_mixed_dtypes(policy, storage):
-    """fp32 input and weights, bf16 U from autocast: the op gets mixed dtypes and must cope."""
+@pytest.mark.parametrize("half", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("policy", ["auto", "half", "fp32"])
+def test_autocast_mixed_dtypes(policy, half):
+    """fp32 input and weights, half U from autocast: the op gets mixed dtypes and must cope."""
     model = SRU(D_IN, H, num_layers=2, bidirectional=True, recurrence_policy=policy)
     x = torch.randn(L, B, D_IN, requires_grad=True)
     c0 = torch.randn(2, B, 2 * H)
-    with trace_storage_dtypes() as calls, torch.autocast("cpu", dtype=torch.bfloat16):
+    with trace_storage_dtypes() as calls, torch.autocast("cpu", dtype=half):
         h, c = model(x, c0, mask_pad=_padding_mask())
-    assert h.dtype == torch.bfloat16
+    assert h.dtype == half
+    storage = torch.float32 if policy == "fp32" else half
     assert {call.storage_dtype for call in calls} == {storage}
     h.float().sum().backward()
     assert x.grad.dtype == torch.float32 and torch.isfinite(x.grad).all()
