@@ -215,7 +215,7 @@ def detect_regime(trainer) -> Regime:
             f"{regime.name!r}; use one of the two (Lightning's AMP is the supported path)"
         )
         return dataclasses.replace(regime, notes=regime.notes + (note,))
-    return _apex_regime(apex.opt_level, apex.cast_model_type, "cuda", "apex.amp.initialize by the user")
+    return _apex_regime(apex.opt_level, apex.cast_model_type, device_type, "apex.amp.initialize by the user")
 
 
 # --------------------------------------------------------------------------- plugins
