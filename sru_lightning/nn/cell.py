@@ -23,13 +23,14 @@ from sru_lightning.ops import functional
 from sru_lightning.ops.policy import validate_policy
 
 from .checks import (
-    as_padding_mask,
     check_floating_tensor,
     check_non_negative_int,
     check_positive_int,
     check_probability,
     check_same_device,
     check_shape,
+    time_major_padding_mask,
+    to_time_major,
 )
 
 
@@ -250,36 +251,15 @@ class SRUCell(nn.Module):
         self, input: Tensor, c0: Optional[Tensor] = None, mask_pad: Optional[Tensor] = None
     ) -> Tuple[Tensor, Tensor]:
         owner = type(self).__name__
-        check_floating_tensor(owner, "input", input)
-        if input.dim() not in (2, 3):
-            layout = "(B, L, input_size)" if self.batch_first else "(L, B, input_size)"
-            raise ValueError(
-                f"{owner}: `input` must be 3-D {layout} or 2-D (B, input_size) for one step, "
-                f"got shape {tuple(input.shape)}"
-            )
-        one_step = input.dim() == 2
-        x = input.unsqueeze(0) if one_step else (input.transpose(0, 1) if self.batch_first else input)
-        length, batch = x.shape[0], x.shape[1]
-        if x.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{owner}: `input` last dimension must be input_size={self.input_size}, "
-                f"got shape {tuple(input.shape)}"
-            )
         device = self.bias.device
-        check_same_device(owner, "input", input, device, "the parameters'")
+        x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
+        length, batch = x.shape[0], x.shape[1]
         if c0 is not None:
             check_floating_tensor(owner, "c0", c0)
             check_shape(owner, "c0", c0, (batch, self.output_size), "(batch, dirs*hidden_size)")
             check_same_device(owner, "c0", c0, device, "the input's")
         if mask_pad is not None:
-            if one_step:
-                expected, meaning = (batch,), "(batch,) for one step"
-            elif self.batch_first:
-                expected, meaning = (batch, length), "(batch, length) with batch_first=True"
-            else:
-                expected, meaning = (length, batch), "(length, batch)"
-            mask_pad = as_padding_mask(owner, mask_pad, expected, meaning, device)
-            mask_pad = mask_pad.unsqueeze(0) if one_step else (mask_pad.t() if self.batch_first else mask_pad)
+            mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
 
         h, c = self.forward_time_major(x, c0, mask_pad)
         if one_step:

@@ -72,3 +72,42 @@ def as_padding_mask(owner: str, mask_pad, expected: tuple, meaning: str, device:
     check_shape(owner, "mask_pad", mask_pad, expected, meaning)
     check_same_device(owner, "mask_pad", mask_pad, device, "the input's")
     return mask_pad if mask_pad.dtype == torch.bool else mask_pad != 0
+
+
+def to_time_major(owner: str, input, input_size: int, batch_first: bool, device: torch.device):
+    """Check a layer input and return ``(x, one_step)`` with x laid out (L, B, input_size).
+
+    A 2-D input is one time step (B, input_size) and comes back as (1, B, input_size).
+    """
+    check_floating_tensor(owner, "input", input)
+    if input.dim() not in (2, 3):
+        layout = "(B, L, input_size)" if batch_first else "(L, B, input_size)"
+        raise ValueError(
+            f"{owner}: `input` must be 3-D {layout} or 2-D (B, input_size) for one step, "
+            f"got shape {tuple(input.shape)}"
+        )
+    if input.shape[-1] != input_size:
+        raise ValueError(
+            f"{owner}: `input` last dimension must be input_size={input_size}, got shape {tuple(input.shape)}"
+        )
+    check_same_device(owner, "input", input, device, "the parameters'")
+    one_step = input.dim() == 2
+    if one_step:
+        return input.unsqueeze(0), True
+    return (input.transpose(0, 1) if batch_first else input), False
+
+
+def time_major_padding_mask(
+    owner: str, mask_pad, length: int, batch: int, one_step: bool, batch_first: bool, device: torch.device
+) -> Tensor:
+    """Check ``mask_pad`` against the input's layout and return it as (L, B) bool."""
+    if one_step:
+        expected, meaning = (batch,), "(batch,) for one step"
+    elif batch_first:
+        expected, meaning = (batch, length), "(batch, length) with batch_first=True"
+    else:
+        expected, meaning = (length, batch), "(length, batch)"
+    mask = as_padding_mask(owner, mask_pad, expected, meaning, device)
+    if one_step:
+        return mask.unsqueeze(0)
+    return mask.t() if batch_first else mask

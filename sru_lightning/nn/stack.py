@@ -12,12 +12,13 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from .cell import SRUCell, checked_policy, resolve_amp_flag
 from .checks import (
-    as_padding_mask,
     check_floating_tensor,
     check_positive_int,
     check_probability,
     check_same_device,
     check_shape,
+    time_major_padding_mask,
+    to_time_major,
 )
 
 
@@ -173,6 +174,7 @@ class SRU(nn.Module):
         mask_pad: Optional[Tensor] = None,
     ) -> Tuple[Union[Tensor, PackedSequence], Tensor]:
         owner = type(self).__name__
+        device = self.rnn_lst[0].bias.device
         lengths = None
         if isinstance(input, PackedSequence):
             if mask_pad is not None:
@@ -181,33 +183,14 @@ class SRU(nn.Module):
                     f"taken from its lengths), got a tensor of shape {tuple(mask_pad.shape)}"
                 )
             padded, lengths = pad_packed_sequence(input)
+            x, one_step = to_time_major(owner, padded, self.input_size, False, device)
             steps = torch.arange(padded.shape[0]).unsqueeze(1)
-            mask_pad = (steps >= lengths.unsqueeze(0)).to(padded.device)
-            x = padded
+            mask_pad = (steps >= lengths.unsqueeze(0)).to(device)
         else:
-            check_floating_tensor(owner, "input", input)
-            if input.dim() not in (2, 3):
-                layout = "(B, L, input_size)" if self.batch_first else "(L, B, input_size)"
-                raise ValueError(
-                    f"{owner}: `input` must be 3-D {layout} or 2-D (B, input_size) for one step, "
-                    f"got shape {tuple(input.shape)}"
-                )
-            x = input
-        check_floating_tensor(owner, "input", x)
-        one_step = x.dim() == 2
-        time_major_input = lengths is not None or not self.batch_first
-        if one_step:
-            x = x.unsqueeze(0)
-        elif not time_major_input:
-            x = x.transpose(0, 1)
+            x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]
-        if x.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{owner}: `input` last dimension must be input_size={self.input_size}, "
-                f"got shape {tuple(x.shape if lengths is not None else input.shape)}"
-            )
-        device = self.rnn_lst[0].bias.device
-        check_same_device(owner, "input", x, device, "the parameters'")
+        if mask_pad is not None and lengths is None:
+            mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
 
         layer_c0: List[Optional[Tensor]] = [None] * self.num_layers
         if c0 is not None:
@@ -218,18 +201,6 @@ class SRU(nn.Module):
             )
             check_same_device(owner, "c0", c0, device, "the input's")
             layer_c0 = list(c0.unbind(0))
-        if mask_pad is not None and lengths is None:
-            if one_step:
-                expected, meaning = (batch,), "(batch,) for one step"
-            elif self.batch_first:
-                expected, meaning = (batch, length), "(batch, length) with batch_first=True"
-            else:
-                expected, meaning = (length, batch), "(length, batch)"
-            mask_pad = as_padding_mask(owner, mask_pad, expected, meaning, device)
-            if one_step:
-                mask_pad = mask_pad.unsqueeze(0)
-            elif self.batch_first:
-                mask_pad = mask_pad.t()
 
         h = x if self.input_to_hidden is None else self.input_to_hidden(x)
         last_states = []
@@ -248,7 +219,7 @@ class SRU(nn.Module):
             return pack_padded_sequence(h, lengths, enforce_sorted=False), c_stack
         if one_step:
             return h.squeeze(0), c_stack
-        return (h if time_major_input else h.transpose(0, 1)), c_stack
+        return (h.transpose(0, 1) if self.batch_first else h), c_stack
 
     # ------------------------------------------------------------------ repr
     def extra_repr(self) -> str:
