@@ -381,3 +381,21 @@ def test_model_in_storage_dtype(dtype):
     assert h.dtype == dtype and c.dtype == dtype
     assert {call.storage_dtype for call in calls} == {dtype}
     assert torch.isfinite(x.grad).all()
+
+
+def test_gradcheck_float64_through_the_layer():
+    cell = SRUCell(5, 3, bidirectional=True, n_proj=2, layer_norm=True, highway_bias=-1.0).double()
+    x = torch.randn(3, 2, 5, dtype=torch.float64, requires_grad=True)
+    c0 = torch.randn(2, 6, dtype=torch.float64, requires_grad=True)
+    mask = torch.tensor([[False, False], [False, False], [False, True]])
+
+    def run(x, c0, weight, weight_proj, weight_c, bias):
+        parameters = dict(weight=weight, weight_proj=weight_proj, weight_c=weight_c, bias=bias)
+        h, c = torch.func.functional_call(cell, parameters, (x, c0), dict(mask_pad=mask))
+        return h, c
+
+    inputs = (x, c0) + tuple(
+        getattr(cell, name).detach().clone().requires_grad_(True)
+        for name in ("weight", "weight_proj", "weight_c", "bias")
+    )
+    assert torch.autograd.gradcheck(run, inputs, fast_mode=True)
