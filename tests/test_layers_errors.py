@@ -88,7 +88,7 @@ def test_tensors_on_different_devices(layer):
         (dict(num_layers=0), ValueError, r"`num_layers` must be a positive int, got 0"),
         (dict(dropout=1.0), ValueError, r"`dropout` must be in \[0, 1\), got 1.0"),
         (dict(dropout=-0.1), ValueError, r"`dropout` must be in \[0, 1\), got -0.1"),
-        (dict(projection_size=-1), ValueError, r"`n_proj` must be >= 0, got -1"),
+        (dict(projection_size=-1), ValueError, r"SRU: `projection_size` must be >= 0, got -1"),
         (dict(use_tanh=True), ValueError, r"`use_tanh` must be False .* got True"),
         (dict(recurrence_policy="fp16"), ValueError, r"`recurrence_policy` must be one of \('auto', 'fp32', 'half'\), got 'fp16'"),
         (dict(recurrence_policy=None), TypeError, r"`recurrence_policy` must be a str"),
@@ -101,6 +101,15 @@ def test_bad_construction(kwargs, error, pattern):
     arguments.update(kwargs)
     with pytest.raises(error, match=pattern):
         SRU(**arguments)
+
+
+def test_bad_cell_construction():
+    with pytest.raises(ValueError, match=r"SRUCell: `n_proj` must be >= 0, got -2"):
+        SRUCell(D_IN, H, n_proj=-2)
+    with pytest.raises(ValueError, match=r"SRUCell: `weight_c_init` must be None or a positive float, got -1.0"):
+        SRUCell(D_IN, H, weight_c_init=-1.0)
+    with pytest.raises(TypeError, match=r"SRUCell: `custom_m` must be an nn.Module or None, got function"):
+        SRUCell(D_IN, H, custom_m=lambda x: x)
 
 
 def test_bad_policy_assignment():

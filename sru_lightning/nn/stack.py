@@ -13,6 +13,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .cell import SRUCell, checked_policy, resolve_amp_flag
 from .checks import (
     check_floating_tensor,
+    check_non_negative_int,
     check_positive_int,
     check_probability,
     check_same_device,
@@ -87,7 +88,7 @@ class SRU(nn.Module):
         self.output_size = self.hidden_size * self.num_directions
         self.dropout = check_probability(owner, "dropout", dropout)
         self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
-        self.projection_size = projection_size
+        self.projection_size = check_non_negative_int(owner, "projection_size", projection_size)
         self.use_layer_norm = bool(layer_norm)
         self.has_skip_term = bool(has_skip_term)
         self.rescale = bool(rescale)
