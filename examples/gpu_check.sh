@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Every check that needs a CUDA GPU, in one command, with one summary at the end:
+# CUDA vs CPU kernels vs the reference (fp32/fp64/fp16/bf16, every variant), fits under
+# 16-mixed / bf16-mixed / 16-true and DeepSpeed ZeRO-2 fp16/bf16, peak memory of 16-mixed vs
+# 32-true, and SRU vs cuDNN nn.LSTM vs the `sru` package. About 5 minutes on one modern GPU,
+# extension build included. Exit status: 0 all passed, 1 a check failed, 2 no CUDA device.
+#
+#   bash examples/gpu_check.sh                       # everything
+#   bash examples/gpu_check.sh --only kernels fits   # some parts
+#   bash examples/gpu_check.sh --json results.json   # also keep the results
+#
+# Uses $PYTHON, else the repository's .venv, else python3. The environment needs a CUDA
+# build of PyTorch (e.g. `make setup TORCH_SPEC="torch>=2.4"`) and a C++/CUDA toolchain.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${PYTHON:-}" ]; then
+    if [ -x .venv/bin/python ]; then PYTHON=.venv/bin/python; else PYTHON=python3; fi
+fi
+exec "$PYTHON" -m sru_lightning gpu-check "$@"

@@ -1,0 +1,380 @@
+"""`python -m sru_lightning gpu-check`: the end-to-end checks that need a CUDA GPU.
+
+One command, one summary. It builds the extension with its CUDA kernels, compares the CUDA
+kernels with the CPU kernels and the float64 reference in every storage dtype and every
+variant of the recurrence (forward, backward, inference), trains the language model under
+16-mixed, bf16-mixed and 16-true (and DeepSpeed ZeRO-2 fp16/bf16 when deepspeed imports),
+compares peak GPU memory of 16-mixed with 32-true, and times SRU against cuDNN nn.LSTM and
+the `sru` package. Every part is guarded: a failure is reported and the next part runs.
+Exit status: 0 all passed, 1 a check failed, 2 no CUDA device.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+
+import torch
+
+from sru_lightning.kernel_parity import STORAGE_DTYPES, VARIANTS, compare_kernels
+
+PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
+PARTS = ("build", "kernels", "fits", "deepspeed", "memory", "bench")
+RESULT_PREFIX = "GPU_CHECK_RESULT "
+
+
+@dataclass
+class Check:
+    name: str
+    status: str
+    detail: str = ""
+
+
+def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> Check:
+    comparison = compare_kernels(dtype_name, variants, device)
+    detail = comparison.describe()
+    if not comparison.passed:
+        return Check(f"kernels {dtype_name}", FAIL, detail + "; " + "; ".join(comparison.failures[:4]))
+    return Check(f"kernels {dtype_name}", PASS, detail)
+
+
+# -- fits (each in its own process: DeepSpeed and CUDA state never leak between them) ----------
+@dataclass
+class FitSpec:
+    name: str
+    precision: str
+    strategy: str = "auto"
+    expected_storage: str | None = None  # "fp16" / "bf16" / "fp32"
+    steps: int = 40
+    batch: int = 16
+    seq_len: int = 64
+    hidden: int = 256
+    layers: int = 2
+    adam_eps: float = 1e-8
+    peak_memory: bool = False
+    accelerator: str = "gpu"  # "cpu" runs the same worker without a GPU (the worker's own test)
+
+
+FITS = (
+    FitSpec("fit 16-mixed", "16-mixed", expected_storage="fp16"),
+    FitSpec("fit bf16-mixed", "bf16-mixed", expected_storage="bf16"),
+    # fp16 weights need an Adam eps that fp16 can represent
+    FitSpec("fit 16-true", "16-true", expected_storage="fp16", adam_eps=1e-4),
+)
+DEEPSPEED_FITS = (
+    FitSpec("fit DeepSpeed ZeRO-2 fp16", "16-mixed", strategy="deepspeed_stage_2", expected_storage="fp16"),
+    FitSpec("fit DeepSpeed ZeRO-2 bf16", "bf16-mixed", strategy="deepspeed_stage_2", expected_storage="bf16"),
+)
+# Activation-heavy shapes, so the memory comparison measures what 16-mixed saves.
+MEMORY_FITS = (
+    FitSpec("memory 32-true", "32-true", steps=3, batch=64, seq_len=256, hidden=1024, layers=4, peak_memory=True),
+    FitSpec("memory 16-mixed", "16-mixed", steps=3, batch=64, seq_len=256, hidden=1024, layers=4, peak_memory=True),
+)
+
+
+def fit_worker(spec: FitSpec) -> dict:
+    """Train the language model for ``spec.steps`` steps on this process's GPU; report what happened.
+
+    ``storage`` and ``backends`` describe the recurrence calls on the fit's device.
+    """
+    import lightning.pytorch as pl
+
+    from sru_lightning.callbacks import SRUPrecisionCallback
+    from sru_lightning.data import PydocDataModule
+    from sru_lightning.models import SRULanguageModel
+    from sru_lightning.ops import trace_storage_dtypes
+
+    class RecordLoss(pl.Callback):
+        def __init__(self):
+            self.losses = []
+
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            self.losses.append(float(outputs["loss"]))
+
+    pl.seed_everything(0, verbose=False)
+    data = PydocDataModule(batch_size=spec.batch, seq_len=spec.seq_len)
+    model = SRULanguageModel(
+        vocab_size=data.vocab_size, embedding_dim=min(spec.hidden, 256), hidden_size=spec.hidden,
+        num_layers=spec.layers, dropout=0.0,
+        optimizer={"_target_": "torch.optim.AdamW", "lr": 3e-3, "eps": spec.adam_eps},
+    )
+    recorder = RecordLoss()
+    trainer = pl.Trainer(
+        accelerator=spec.accelerator, devices=1, precision=spec.precision, strategy=spec.strategy,
+        max_steps=spec.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        callbacks=[SRUPrecisionCallback(verbose=False), recorder],
+    )
+    on_gpu = spec.accelerator == "gpu"
+    device_type = "cuda" if on_gpu else "cpu"
+    if on_gpu:
+        torch.cuda.reset_peak_memory_stats()
+    started = time.perf_counter()
+    with trace_storage_dtypes() as calls:
+        trainer.fit(model, datamodule=data)
+    if on_gpu:
+        torch.cuda.synchronize()
+    dtype_names = {dtype: name for name, dtype in STORAGE_DTYPES.items()}
+    ours = [call for call in calls if call.device_type == device_type]
+    return {
+        "losses": recorder.losses,
+        "seconds": time.perf_counter() - started,
+        "peak_bytes": torch.cuda.max_memory_allocated() if on_gpu else 0,
+        "storage": sorted({dtype_names.get(c.storage_dtype, str(c.storage_dtype)) for c in ours}),
+        "backends": sorted({c.backend for c in ours}),
+    }
+
+
+def judge_fit(spec: FitSpec, report: dict) -> Check:
+    """PASS when the loss stayed finite and fell, and the recurrence ran in the expected dtype on the GPU."""
+    losses = report.get("losses", [])
+    problems = []
+    if len(losses) < min(spec.steps, 10):
+        problems.append(f"only {len(losses)} of {spec.steps} steps ran")
+    if not all(math.isfinite(loss) for loss in losses):
+        problems.append("non-finite loss")
+    window = max(1, min(5, len(losses) // 4))
+    first, last = (statistics.fmean(losses[:window]), statistics.fmean(losses[-window:])) if losses else (math.nan, math.nan)
+    if not spec.peak_memory and not last < first:
+        problems.append("loss did not fall")
+    if report.get("backends") != ["cpp"]:
+        problems.append(f"recurrence backend on the device {report.get('backends')}, expected ['cpp']")
+    if spec.expected_storage and report.get("storage") != [spec.expected_storage]:
+        problems.append(f"recurrence stored {report.get('storage')}, expected ['{spec.expected_storage}']")
+    detail = (f"loss {first:.3f} -> {last:.3f} in {len(losses)} steps, recurrence {report.get('storage')} "
+              f"on cuda, peak {report.get('peak_bytes', 0) / 2**30:.2f} GiB, {report.get('seconds', 0):.1f} s")
+    return Check(spec.name, FAIL if problems else PASS, detail + ("; " + "; ".join(problems) if problems else ""))
+
+
+def launch_fit(spec: FitSpec) -> subprocess.Popen:
+    command = [sys.executable, "-m", "sru_lightning.gpu_check", "--fit-worker", json.dumps(spec.__dict__)]
+    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+
+def collect_fit(spec: FitSpec, process: subprocess.Popen, timeout_s: float) -> tuple[Check, dict]:
+    try:
+        output, _ = process.communicate(timeout=max(timeout_s, 1.0))
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        return Check(spec.name, FAIL, f"did not finish within {timeout_s:.0f} s"), {}
+    for line in reversed(output.splitlines()):
+        if line.startswith(RESULT_PREFIX):
+            report = json.loads(line[len(RESULT_PREFIX):])
+            return judge_fit(spec, report), report
+    tail = " | ".join(line for line in output.splitlines()[-6:] if line.strip())
+    return Check(spec.name, FAIL, f"worker exited with status {process.returncode}: {tail}"), {}
+
+
+def judge_memory(reports: dict) -> Check:
+    full, mixed = reports.get("memory 32-true", {}), reports.get("memory 16-mixed", {})
+    if not full.get("peak_bytes") or not mixed.get("peak_bytes"):
+        return Check("memory 16-mixed / 32-true", FAIL, "a memory fit did not report its peak")
+    ratio = mixed["peak_bytes"] / full["peak_bytes"]
+    detail = (f"peak {mixed['peak_bytes'] / 2**30:.2f} GiB vs {full['peak_bytes'] / 2**30:.2f} GiB = {ratio:.2f} "
+              "(LM, B=64 L=256 D=1024 x4 layers)")
+    return Check("memory 16-mixed / 32-true", PASS if ratio < 1.0 else FAIL, detail)
+
+
+# -- benchmark -----------------------------------------------------------------------------------
+def cuda_median_ms(step, repeats: int = 20, warmup: int = 5) -> float:
+    """Median wall time of ``step()`` on the GPU, measured with CUDA events."""
+    for _ in range(warmup):
+        step()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        step()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def benchmark_models(dtype: torch.dtype, hidden: int, layers: int) -> tuple[dict, list[str]]:
+    from torch import nn
+
+    from sru_lightning.nn import SRU
+
+    models, notes = {"SRU": SRU(hidden, hidden, num_layers=layers), "cuDNN LSTM": nn.LSTM(hidden, hidden, layers)}
+    try:
+        import sru as sru_package
+
+        models["sru package"] = sru_package.SRU(hidden, hidden, num_layers=layers)
+    except Exception as error:  # not installed, or its own CUDA build failed
+        notes.append(f"sru package left out ({type(error).__name__}: {str(error)[:80]})")
+    return {name: model.to(device="cuda", dtype=dtype) for name, model in models.items()}, notes
+
+
+def check_benchmark(dtype_name: str, length=256, batch=64, hidden=512, layers=2) -> Check:
+    dtype = STORAGE_DTYPES[dtype_name]
+    models, notes = benchmark_models(dtype, hidden, layers)
+    x = torch.randn(length, batch, hidden, device="cuda", dtype=dtype, requires_grad=True)
+    train_ms, inference_ms = {}, {}
+    for name, model in list(models.items()):
+        def train_step(model=model):
+            output = model(x)[0]
+            output.float().sum().backward()
+
+        def inference_step(model=model):
+            with torch.no_grad():
+                model(x)
+
+        try:
+            train_ms[name] = cuda_median_ms(train_step)
+            inference_ms[name] = cuda_median_ms(inference_step)
+        except Exception as error:
+            if name == "SRU":
+                raise
+            notes.append(f"{name} failed ({type(error).__name__}: {str(error)[:80]})")
+    lstm = train_ms["cuDNN LSTM"]
+    rows = [f"{name} {train_ms[name]:.2f}/{inference_ms[name]:.2f} ms ({train_ms[name] / lstm:.2f}x LSTM)"
+            for name in train_ms]
+    detail = f"fwd+bwd/inference, L={length} B={batch} D={hidden} x{layers}: " + ", ".join(rows + notes)
+    faster = train_ms["SRU"] <= lstm
+    return Check(f"bench {dtype_name} SRU vs cuDNN LSTM", PASS if faster else FAIL,
+                 detail + ("" if faster else "; SRU fwd+bwd slower than cuDNN LSTM"))
+
+
+# -- orchestration -------------------------------------------------------------------------------
+def guarded(name: str, part, checks: list[Check]) -> None:
+    """Run one part; an exception becomes a FAIL line instead of ending the check."""
+    try:
+        result = part()
+    except Exception as error:
+        last = traceback.extract_tb(error.__traceback__)[-1]
+        checks.append(Check(name, FAIL, f"{type(error).__name__}: {str(error)[:300]} "
+                                        f"({os.path.basename(last.filename)}:{last.lineno})"))
+        return
+    checks.extend(result if isinstance(result, list) else [result])
+
+
+def format_summary(checks: list[Check], header: str, seconds: float) -> str:
+    width = max([len(check.name) for check in checks] + [5]) + 2
+    lines = [header, f"{'check':<{width}}result  details"]
+    lines += [f"{check.name:<{width}}{check.status:<8}{check.detail}" for check in checks]
+    counts = {status: sum(check.status == status for check in checks) for status in (PASS, FAIL, SKIP)}
+    lines.append(f"{counts[PASS]} passed, {counts[FAIL]} failed, {counts[SKIP]} skipped in {seconds:.0f} s")
+    return "\n".join(lines)
+
+
+def exit_status(checks: list[Check]) -> int:
+    return 1 if any(check.status == FAIL for check in checks) or not checks else 0
+
+
+def no_cuda_message() -> str | None:
+    if torch.cuda.is_available():
+        return None
+    build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
+    return (f"gpu-check: no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__}, "
+            f"{build}). Run it on a machine with an NVIDIA GPU and a CUDA build of PyTorch; nothing was checked.")
+
+
+def run_checks(parts, budget_s: float) -> list[Check]:
+    started = time.monotonic()
+    checks: list[Check] = []
+
+    def remaining() -> float:
+        return budget_s - (time.monotonic() - started)
+
+    def build():
+        from sru_lightning.ops import load_extension
+        from sru_lightning.ops.op import cuda_kernels_loaded
+
+        t0 = time.monotonic()
+        path = load_extension()
+        if not cuda_kernels_loaded():
+            return Check("build CUDA extension", FAIL, f"{path} has no CUDA kernels registered")
+        return Check("build CUDA extension", PASS, f"ready in {time.monotonic() - t0:.0f} s")
+
+    if "build" in parts:
+        guarded("build CUDA extension", build, checks)
+        if checks[-1].status == FAIL:
+            return checks  # nothing else can run on the GPU kernels
+    bf16 = torch.cuda.is_bf16_supported()
+    if "kernels" in parts:
+        for dtype_name in STORAGE_DTYPES:
+            if dtype_name == "bf16" and not bf16:
+                checks.append(Check("kernels bf16", SKIP, "this GPU has no bf16 support"))
+                continue
+            guarded(f"kernels {dtype_name}", lambda d=dtype_name: check_kernels(d), checks)
+
+    specs = list(FITS if "fits" in parts else ()) + list(MEMORY_FITS if "memory" in parts else ())
+    if "deepspeed" in parts:
+        try:
+            import deepspeed  # noqa: F401
+            specs += list(DEEPSPEED_FITS)
+        except Exception as error:
+            checks.append(Check("fit DeepSpeed ZeRO-2", SKIP, f"deepspeed does not import: {str(error)[:120]}"))
+    if not bf16:
+        checks += [Check(spec.name, SKIP, "this GPU has no bf16 support") for spec in specs if "bf16" in spec.precision]
+        specs = [spec for spec in specs if "bf16" not in spec.precision]
+    # The fits are small: they share the GPU, in parallel, each in its own process.
+    processes = {}
+    for spec in specs:
+        try:
+            processes[spec.name] = (spec, launch_fit(spec))
+        except Exception as error:
+            checks.append(Check(spec.name, FAIL, f"could not start: {error}"))
+    reports = {}
+    for name, (spec, process) in processes.items():
+        check, report = collect_fit(spec, process, remaining())
+        reports[name] = report
+        if not spec.peak_memory:
+            checks.append(check)
+        elif check.status == FAIL:
+            checks.append(check)
+    if "memory" in parts:
+        guarded("memory 16-mixed / 32-true", lambda: judge_memory(reports), checks)
+
+    if "bench" in parts:
+        for dtype_name in ("fp32", "fp16"):
+            if remaining() < 30:
+                checks.append(Check(f"bench {dtype_name}", SKIP, "time budget spent"))
+                continue
+            guarded(f"bench {dtype_name}", lambda d=dtype_name: check_benchmark(d), checks)
+    return checks
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sru_lightning gpu-check", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
+    parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole check (default 420)")
+    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument("--fit-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    args = parser.parse_args([] if argv is None else list(argv))
+
+    if args.fit_worker:
+        report = fit_worker(FitSpec(**json.loads(args.fit_worker)))
+        print(RESULT_PREFIX + json.dumps(report), flush=True)
+        return 0
+    message = no_cuda_message()
+    if message:
+        print(message, file=sys.stderr)
+        return 2
+    started = time.monotonic()
+    name = torch.cuda.get_device_name()
+    major, minor = torch.cuda.get_device_capability()
+    header = (f"sru_lightning GPU check: {name} (sm_{major}{minor}), torch {torch.__version__}, "
+              f"CUDA {torch.version.cuda}")
+    print(header + "\n(running; one summary follows)", flush=True)
+    checks = run_checks(set(args.only), args.budget)
+    print(format_summary(checks, header, time.monotonic() - started), flush=True)
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump([check.__dict__ for check in checks], handle, indent=2)
+    return exit_status(checks)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,182 @@
+"""Do a device's recurrence kernels compute what the CPU kernels and the reference compute?
+
+The GPU check (:mod:`sru_lightning.gpu_check`) runs this with the CUDA kernels; on CPU the
+same code compares the CPU kernel with itself and with the float64 reference, which is how
+its own tests run it. Every variant of the call (k = 3/4, bidirectional, masks, per-step
+weight_c, scale_x, one step, ...) in each storage dtype, forward, backward and inference.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+STORAGE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16}
+# Largest allowed error, relative to the largest magnitude of the float64 reference.
+TOLERANCE = {"fp64": 1e-10, "fp32": 2e-5, "fp16": 5e-3, "bf16": 3e-2}
+
+
+@dataclass
+class KernelComparison:
+    dtype_name: str
+    variants: int
+    worst_versus_cpu: float = 0.0
+    worst_versus_reference: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.failures
+
+    def describe(self) -> str:
+        return (f"{self.variants} variants x fwd/bwd/inference; max rel err vs CPU {self.worst_versus_cpu:.1e}, "
+                f"vs fp64 reference {self.worst_versus_reference:.1e} (tol {TOLERANCE[self.dtype_name]:.0e})")
+
+
+@dataclass
+class Variant:
+    """One way of calling the recurrence; the kernels must agree on every one."""
+
+    name: str
+    k: int = 3
+    bidirectional: bool = False
+    has_skip_term: bool = True
+    c0: bool = True
+    mask_c: bool = False
+    mask_pad: bool = False
+    per_step_weight_c: bool = False
+    scale_x: str | None = None  # None, "float" or "tensor"
+    single_step: bool = False
+    shape: tuple = (17, 5, 37)  # L, B, D: odd sizes reach the kernels' edge handling
+
+
+VARIANTS = (
+    Variant("basic"),
+    Variant("k4 (skip from U)", k=4),
+    Variant("no skip term", has_skip_term=False),
+    Variant("no c0", c0=False),
+    Variant("bidirectional", bidirectional=True),
+    Variant("bidirectional k4 + mask_pad", k=4, bidirectional=True, mask_pad=True),
+    Variant("mask_pad", mask_pad=True),
+    Variant("mask_c (dropout)", mask_c=True),
+    Variant("per-step weight_c", per_step_weight_c=True),
+    Variant("scale_x float", scale_x="float"),
+    Variant("scale_x tensor", scale_x="tensor"),
+    Variant("single step", single_step=True),
+    Variant("large", shape=(64, 32, 256)),
+)
+
+
+def make_inputs(variant: Variant, dtype: torch.dtype, seed: int = 0) -> dict:
+    """CPU inputs for one variant, rounded to ``dtype`` (the storage dtype under test)."""
+    generator = torch.Generator().manual_seed(seed)
+    length, batch, hidden = variant.shape
+    columns = (2 if variant.bidirectional else 1) * hidden
+    lead = (batch,) if variant.single_step else (length, batch)
+
+    def randn(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, generator=generator)).to(dtype)
+
+    inputs = {
+        "U": randn(*lead, variant.k * columns),
+        "x": randn(*lead, columns) if variant.k == 3 and variant.has_skip_term else None,
+        "weight_c": randn(*lead, 2 * columns, scale=0.5) if variant.per_step_weight_c else randn(2 * columns, scale=0.5),
+        "bias": randn(2 * columns, scale=0.1),
+        "c0": randn(batch, columns) if variant.c0 else None,
+        "mask_c": None,
+        "mask_pad": None,
+        "scale_x": None,
+    }
+    if variant.mask_c:
+        keep = torch.rand(batch, columns, generator=generator) > 0.2
+        inputs["mask_c"] = (keep / 0.8).to(dtype)
+    if variant.mask_pad:
+        lengths = torch.randint(1, length + 1, (batch,), generator=generator)
+        inputs["mask_pad"] = torch.arange(length)[:, None] >= lengths[None, :]
+    if variant.scale_x == "float":
+        inputs["scale_x"] = 0.7
+    elif variant.scale_x == "tensor":
+        inputs["scale_x"] = torch.tensor([0.7], dtype=dtype)
+    return inputs
+
+
+def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int = 1, reference: bool = False) -> dict:
+    """Forward, backward and inference outputs of one call, as float64 CPU tensors."""
+    from sru_lightning.ops import functional, sru_recurrence_reference
+
+    moved = {name: (value.to(device) if isinstance(value, torch.Tensor) else value) for name, value in inputs.items()}
+    if reference:
+        moved = {name: (value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
+                 for name, value in moved.items()}
+    differentiable = [name for name in ("U", "x", "weight_c", "bias", "c0") if moved[name] is not None]
+    for name in differentiable:
+        moved[name] = moved[name].detach().requires_grad_(True)
+    options = dict(scale_x=moved["scale_x"], mask_c=moved["mask_c"], mask_pad=moved["mask_pad"],
+                   bidirectional=variant.bidirectional, has_skip_term=variant.has_skip_term)
+    positional = [moved[name] for name in ("U", "x", "weight_c", "bias", "c0")]
+    if reference:
+        h, c_last = sru_recurrence_reference(*positional, compute_dtype=torch.float64, **options)
+    else:
+        h, c_last = functional.sru_recurrence(*positional, **options)
+    generator = torch.Generator().manual_seed(grad_seed)
+    grad_h = torch.randn(h.shape, generator=generator).to(device=h.device, dtype=h.dtype)
+    grad_c = torch.randn(c_last.shape, generator=generator).to(device=h.device, dtype=h.dtype)
+    torch.autograd.backward([h, c_last], [grad_h, grad_c])
+    outputs = {"h": h, "c_last": c_last}
+    outputs.update({f"grad_{name}": moved[name].grad for name in differentiable})
+    if not reference:
+        with torch.no_grad():
+            h_inference, c_inference = functional.sru_recurrence_inference(
+                *[None if t is None else t.detach() for t in positional], **options)
+        outputs.update(h_inference=h_inference, c_last_inference=c_inference)
+    return {name: value.detach().double().cpu() for name, value in outputs.items() if value is not None}
+
+
+def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """max |actual - expected| / max |expected|; NaN anywhere counts as infinitely wrong."""
+    if actual.shape != expected.shape:
+        return math.inf
+    difference = (actual - expected).abs().max().item() if actual.numel() else 0.0
+    if math.isnan(difference):
+        return math.inf
+    return difference / max(expected.abs().max().item() if expected.numel() else 0.0, 1e-6)
+
+
+def compare_outputs(actual: dict, expected: dict) -> dict[str, float]:
+    """Relative error per output present in ``expected`` (inference outputs against the forward)."""
+    errors = {}
+    for name, value in actual.items():
+        reference_name = name.replace("_inference", "")
+        if reference_name in expected:
+            errors[name] = relative_error(value, expected[reference_name])
+    return errors
+
+
+def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> KernelComparison:
+    """``device`` kernel vs the CPU kernel and vs the float64 reference, every variant, one dtype."""
+    from sru_lightning.ops import trace_storage_dtypes
+
+    dtype = STORAGE_DTYPES[dtype_name]
+    result = KernelComparison(dtype_name, len(variants))
+    with trace_storage_dtypes() as calls:
+        for index, variant in enumerate(variants):
+            inputs = make_inputs(variant, dtype, seed=index)
+            on_device = run_recurrence(inputs, variant, device)
+            versus_cpu = compare_outputs(on_device, run_recurrence(inputs, variant, "cpu"))
+            versus_reference = compare_outputs(on_device, run_recurrence(inputs, variant, "cpu", reference=True))
+            result.worst_versus_cpu = max(result.worst_versus_cpu, *versus_cpu.values())
+            result.worst_versus_reference = max(result.worst_versus_reference, *versus_reference.values())
+            for against, errors in (("CPU", versus_cpu), ("reference", versus_reference)):
+                bad = {name: error for name, error in errors.items() if not error <= TOLERANCE[dtype_name]}
+                if bad:
+                    result.failures.append(
+                        f"{variant.name} vs {against}: " + ", ".join(f"{n} {e:.1e}" for n, e in bad.items()))
+    backends = {call.backend for call in calls if call.device_type == device}
+    stored = {call.storage_dtype for call in calls if call.device_type == device}
+    if backends != {"cpp"}:
+        result.failures.append(f"{device} calls ran on backend(s) {sorted(backends)}, expected the C++ kernels")
+    if stored != {dtype}:
+        result.failures.append(f"{device} calls stored {sorted(map(str, stored))}, expected {dtype}")
+    return result
