@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from sru_lightning.ops import functional
-from sru_lightning.ops.policy import validate_policy
+from sru_lightning.ops.policy import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype, validate_policy
 
 from .checks import (
     check_floating_tensor,
@@ -270,6 +270,7 @@ class SRUCell(nn.Module):
         self, x: Tensor, c0: Optional[Tensor], mask_pad: Optional[Tensor]
     ) -> Tuple[Tensor, Tensor]:
         """The layer on already-checked tensors: x (L, B, input_size), mask_pad (L, B) bool."""
+        x = self._one_half_copy_of_input(x)
         residual = x
         if self.layer_norm is not None and not self.normalize_after:
             x = self.layer_norm(x)
@@ -302,6 +303,23 @@ class SRUCell(nn.Module):
         if self.layer_norm is not None and self.normalize_after:
             h = self.layer_norm(h)
         return h, c
+
+    def _one_half_copy_of_input(self, x: Tensor) -> Tensor:
+        """Under autocast, cast a float32 input once to the half dtype the recurrence stores.
+
+        Otherwise the matmul (autocast) and the skip term (the op boundary) each make their own
+        half copy of x and autograd saves both. The values are the ones both casts produce.
+        """
+        autocast_dtype = active_autocast_dtype(x.device.type)
+        if autocast_dtype not in HALF_DTYPES or x.dtype != torch.float32:
+            return x
+        if self.custom_m is not None or (self.layer_norm is not None and not self.normalize_after):
+            return x  # the matmul input is not x itself: nothing would be shared
+        if self.training and self.rnn_dropout > 0:
+            return x
+        if resolve_storage_dtype(self.recurrence_policy, autocast_dtype) != autocast_dtype:
+            return x
+        return x.to(autocast_dtype)
 
     def compute_uv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
         """U (L, B, dirs*hidden*k) and the gate weights on c: weight_c, or V + weight_c per step."""
