@@ -1,0 +1,311 @@
+"""LightningDataModules for language modelling; every corpus is read from local disk."""
+
+from __future__ import annotations
+
+import sysconfig
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import lightning.pytorch as pl
+import torch
+from torch.utils.data import DataLoader
+
+from .streams import ContiguousStreams, Vocabulary, split_by_fractions, unigram_bits_per_token, word_tokens
+
+SPLITS = ("train", "val", "test")
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """Token ids of the three splits and the vocabulary size they index into."""
+
+    train: torch.Tensor
+    val: torch.Tensor
+    test: torch.Tensor
+    vocab_size: int
+    itos: list[str] | None = None  # id -> token; None for byte level (id == byte value)
+
+
+class LanguageModelDataModule(pl.LightningDataModule):
+    """Shared batching for all corpora: contiguous `(batch_size, seq_len)` windows per split.
+
+    Subclasses implement `load_corpus()`; it runs once, on first use, and is cached, so the
+    vocabulary size is known before the model is built.
+    """
+
+    def __init__(self, batch_size: int = 32, seq_len: int = 128, eval_batch_size: int | None = None) -> None:
+        super().__init__()
+        for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{type(self).__name__}: `data.{name}` must be a positive integer, got {value!r}")
+        if eval_batch_size is not None and (not isinstance(eval_batch_size, int) or eval_batch_size < 1):
+            raise ValueError(
+                f"{type(self).__name__}: `data.eval_batch_size` must be a positive integer or null, "
+                f"got {eval_batch_size!r}"
+            )
+        self.batch_size = batch_size
+        self.seq_len = seq_len
+        self.eval_batch_size = eval_batch_size or batch_size
+        self._corpus: Corpus | None = None
+        self._datasets: dict[str, ContiguousStreams] = {}
+
+    # -- corpus -----------------------------------------------------------------------------
+    def load_corpus(self) -> Corpus:
+        raise NotImplementedError
+
+    @property
+    def corpus(self) -> Corpus:
+        if self._corpus is None:
+            self._corpus = self.load_corpus()
+        return self._corpus
+
+    @property
+    def vocab_size(self) -> int:
+        return self.corpus.vocab_size
+
+    def unigram_bpc(self, split: str = "val") -> float:
+        """Bits per token of `split` under a unigram model fitted on the training split."""
+        if split not in SPLITS:
+            raise ValueError(f"unigram_bpc: `split` must be one of {SPLITS}, got {split!r}")
+        return unigram_bits_per_token(self.corpus.train, getattr(self.corpus, split), self.vocab_size)
+
+    def decode(self, ids: torch.Tensor) -> str:
+        itos = self.corpus.itos
+        if itos is None:
+            return bytes(ids.tolist()).decode("utf-8", errors="replace")
+        return "".join(itos[i] for i in ids.tolist())
+
+    # -- Lightning hooks --------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        rank, world_size = 0, 1
+        if self.trainer is not None:
+            rank, world_size = self.trainer.global_rank, self.trainer.world_size
+        for split in SPLITS:
+            batch_size = self.batch_size if split == "train" else self.eval_batch_size
+            self._datasets[split] = ContiguousStreams(
+                getattr(self.corpus, split), batch_size, self.seq_len, rank=rank, world_size=world_size
+            )
+
+    def _loader(self, split: str) -> DataLoader:
+        if split not in self._datasets:
+            self.setup()
+        # Batches are already whole windows; the streams' order must be kept for state carry.
+        return DataLoader(self._datasets[split], batch_size=None)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train")
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("val")
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader("test")
+
+
+def _char_corpus(text: str, val_fraction: float, test_fraction: float) -> Corpus:
+    train, val, test = split_by_fractions(len(text), val_fraction, test_fraction)
+    vocab = Vocabulary(text)
+    ids = vocab.encode(text)
+    return Corpus(ids[train], ids[val], ids[test], len(vocab), vocab.itos)
+
+
+def _readable_path(path, config_key: str, owner: str, what: str) -> Path:
+    if path is None or str(path) == "":
+        raise ValueError(f"{owner}: `{config_key}` is not set; set {config_key}=/path/to/{what}")
+    resolved = Path(str(path)).expanduser()
+    if not resolved.exists():
+        raise ValueError(
+            f"{owner}: `{config_key}` must point to {what}, got {str(path)!r}, which does not exist "
+            f"(relative paths are resolved from {Path.cwd()})"
+        )
+    return resolved
+
+
+class PydocDataModule(LanguageModelDataModule):
+    """English prose shipped with every CPython (`pydoc_data.topics`), character level.
+
+    The topics are joined in sorted-key order, so the split is the same on every machine
+    running the same Python version.
+    """
+
+    def __init__(self, val_fraction: float = 0.05, test_fraction: float = 0.05, **kwargs) -> None:
+        super().__init__(**kwargs)
+        split_by_fractions(1, val_fraction, test_fraction)  # validates the fractions now
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+
+    def load_corpus(self) -> Corpus:
+        from pydoc_data.topics import topics
+
+        text = "\n\n".join(topics[key] for key in sorted(topics))
+        return _char_corpus(text, self.val_fraction, self.test_fraction)
+
+
+class StdlibDataModule(LanguageModelDataModule):
+    """The running interpreter's standard-library Python sources, character level.
+
+    Files are read in sorted path order (site-packages excluded) up to `max_chars`.
+    """
+
+    def __init__(
+        self,
+        max_chars: int = 20_000_000,
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(max_chars, int) or max_chars < 10_000:
+            raise ValueError(f"StdlibDataModule: `data.max_chars` must be an integer >= 10000, got {max_chars!r}")
+        split_by_fractions(1, val_fraction, test_fraction)
+        self.max_chars = max_chars
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+
+    def load_corpus(self) -> Corpus:
+        root = Path(sysconfig.get_paths()["stdlib"])
+        pieces, total = [], 0
+        for file in sorted(root.rglob("*.py")):
+            relative = file.relative_to(root)
+            if "site-packages" in relative.parts or "dist-packages" in relative.parts:
+                continue
+            try:
+                source = file.read_text(encoding="utf-8", errors="replace")
+            except OSError:
+                continue
+            pieces.append(source)
+            total += len(source)
+            if total >= self.max_chars:
+                break
+        text = "\n".join(pieces)[: self.max_chars]
+        if len(text) < 10_000:
+            raise ValueError(f"StdlibDataModule: found only {len(text)} characters of sources under {root}")
+        return _char_corpus(text, self.val_fraction, self.test_fraction)
+
+
+class Enwik8DataModule(LanguageModelDataModule):
+    """The Hutter Prize enwik8 file (or enwik8.zip), byte level, first 90M/5M/5M bytes.
+
+    Byte values are the token ids (vocabulary 256), as in the character-level LM literature.
+    """
+
+    def __init__(
+        self,
+        path: str | None = None,
+        train_bytes: int = 90_000_000,
+        val_bytes: int = 5_000_000,
+        test_bytes: int = 5_000_000,
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.path = _readable_path(path, "data.path", "Enwik8DataModule", "the enwik8 file or enwik8.zip")
+        for name, value in (("train_bytes", train_bytes), ("val_bytes", val_bytes), ("test_bytes", test_bytes)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Enwik8DataModule: `data.{name}` must be a positive integer, got {value!r}")
+        self.sizes = (train_bytes, val_bytes, test_bytes)
+
+    def _read(self) -> bytes:
+        needed = sum(self.sizes)
+        try:
+            if zipfile.is_zipfile(self.path):
+                with zipfile.ZipFile(self.path) as archive:
+                    member = "enwik8" if "enwik8" in archive.namelist() else archive.namelist()[0]
+                    with archive.open(member) as handle:
+                        return handle.read(needed)
+            with open(self.path, "rb") as handle:
+                return handle.read(needed)
+        except (OSError, zipfile.BadZipFile, IndexError) as error:
+            raise ValueError(f"Enwik8DataModule: cannot read `data.path`={str(self.path)!r}: {error}") from error
+
+    def load_corpus(self) -> Corpus:
+        data = self._read()
+        needed = sum(self.sizes)
+        if len(data) < needed:
+            raise ValueError(
+                f"Enwik8DataModule: `data.path`={str(self.path)!r} holds {len(data)} bytes, but the split "
+                f"train_bytes+val_bytes+test_bytes needs {needed}; point data.path at the full enwik8 "
+                "or lower data.train_bytes / data.val_bytes / data.test_bytes"
+            )
+        ids = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        n_train, n_val, _ = self.sizes
+        return Corpus(ids[:n_train], ids[n_train : n_train + n_val], ids[n_train + n_val : needed], 256)
+
+
+class TextDataModule(LanguageModelDataModule):
+    """Any local text: a file, or a folder of files, at character or word level.
+
+    A folder holding files whose names contain `train`, `valid`/`val` and `test` (wikitext's
+    `wiki.train.tokens` ...) uses those splits. Otherwise all text files (sorted by path) are
+    joined and split by `val_fraction` / `test_fraction`. At word level the vocabulary comes
+    from the training split and unseen words map to `<unk>`.
+    """
+
+    LEVELS = ("char", "word")
+
+    def __init__(
+        self,
+        path: str | None = None,
+        level: str = "char",
+        val_fraction: float = 0.05,
+        test_fraction: float = 0.05,
+        encoding: str = "utf-8",
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.path = _readable_path(path, "data.path", "TextDataModule", "a text file or a folder of text files")
+        if level not in self.LEVELS:
+            raise ValueError(f"TextDataModule: `data.level` must be one of {self.LEVELS}, got {level!r}")
+        split_by_fractions(1, val_fraction, test_fraction)
+        self.level = level
+        self.val_fraction = val_fraction
+        self.test_fraction = test_fraction
+        self.encoding = encoding
+
+    def _read_file(self, file: Path) -> str:
+        try:
+            return file.read_text(encoding=self.encoding)
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(
+                f"TextDataModule: cannot read {str(file)!r} under `data.path` as {self.encoding} text "
+                f"(set data.encoding): {error}"
+            ) from error
+
+    def _named_splits(self, files: list[Path]) -> dict[str, Path] | None:
+        found: dict[str, Path] = {}
+        for file in files:
+            name = file.name.lower()
+            for split, keys in (("train", ("train",)), ("val", ("valid", "val")), ("test", ("test",))):
+                if any(key in name for key in keys):
+                    found.setdefault(split, file)
+                    break
+        return found if len(found) == 3 else None
+
+    def _texts(self) -> tuple[str, str, str] | str:
+        if self.path.is_file():
+            return self._read_file(self.path)
+        files = sorted(f for f in self.path.rglob("*") if f.is_file() and not f.name.startswith("."))
+        if not files:
+            raise ValueError(f"TextDataModule: `data.path`={str(self.path)!r} is a folder without files")
+        named = self._named_splits(files)
+        if named is not None:
+            return tuple(self._read_file(named[split]) for split in SPLITS)
+        return "\n".join(self._read_file(file) for file in files)
+
+    def load_corpus(self) -> Corpus:
+        texts = self._texts()
+        if self.level == "char":
+            if isinstance(texts, str):
+                return _char_corpus(texts, self.val_fraction, self.test_fraction)
+            vocab = Vocabulary("".join(texts))
+            train, val, test = (vocab.encode(text) for text in texts)
+            return Corpus(train, val, test, len(vocab), vocab.itos)
+        if isinstance(texts, str):
+            tokens = word_tokens(texts)
+            train_slice, val_slice, test_slice = split_by_fractions(len(tokens), self.val_fraction, self.test_fraction)
+            split_tokens = (tokens[train_slice], tokens[val_slice], tokens[test_slice])
+        else:
+            split_tokens = tuple(word_tokens(text) for text in texts)
+        vocab = Vocabulary(split_tokens[0], unknown="<unk>")
+        train, val, test = (vocab.encode(tokens) for tokens in split_tokens)
+        return Corpus(train, val, test, len(vocab), vocab.itos)

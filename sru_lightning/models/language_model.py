@@ -1,0 +1,206 @@
+"""Character/word language model: embedding -> SRU stack (or LSTM baseline) -> softmax."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torchmetrics import MeanMetric
+
+RNN_TYPES = ("sru", "lstm")
+STAGES = ("train", "val", "test")
+_SCHEDULER_KEYS = ("interval", "frequency", "monitor", "strict", "name")
+_TOTAL_STEP_KEYS = ("total_steps", "T_max")
+
+
+def _build_from_config(config: Any, **bound) -> Any:
+    """Instantiate a `_target_` mapping (Hydra style) or call a factory such as a partial."""
+    if callable(config):
+        return config(**bound)
+    from hydra.utils import instantiate
+
+    return instantiate(config, **bound)
+
+
+class SRULanguageModel(pl.LightningModule):
+    """Next-token language model trained with truncated backpropagation through time.
+
+    Args:
+        vocab_size: number of token ids (the data module's `vocab_size`).
+        rnn: "sru" (sru_lightning.nn.SRU) or "lstm" (torch.nn.LSTM baseline, same harness).
+        embedding_dim, hidden_size, num_layers: model size.
+        dropout: on the embeddings, between layers and before the output layer.
+        rnn_dropout: SRU's variational dropout on the hidden state (ignored by the LSTM).
+        tie_weights: share the embedding matrix with the output layer; when hidden_size
+            differs from embedding_dim a linear projection maps the RNN output down first.
+        carry_hidden: keep the (detached) final state of each batch as the initial state
+            of the next one; the data streams are contiguous. Reset at every epoch start
+            and whenever the batch shape changes.
+        sru_options: extra keyword arguments for `sru_lightning.nn.SRU` (highway_bias,
+            layer_norm, projection_size, recurrence_policy, ...).
+        optimizer: a `_target_` mapping (e.g. {"_target_": "torch.optim.AdamW", "lr": 3e-3})
+            or a callable taking `params`.
+        lr_scheduler: None, or a `_target_` mapping / callable taking `optimizer`; Lightning
+            keys (interval, frequency, monitor) may sit in the mapping. `total_steps` or
+            `T_max` set to null are filled with the trainer's estimated number of steps.
+    """
+
+    def __init__(
+        self,
+        vocab_size: int,
+        rnn: str = "sru",
+        embedding_dim: int = 128,
+        hidden_size: int = 256,
+        num_layers: int = 2,
+        dropout: float = 0.1,
+        rnn_dropout: float = 0.0,
+        tie_weights: bool = False,
+        carry_hidden: bool = True,
+        sru_options: Mapping[str, Any] | None = None,
+        optimizer: Mapping[str, Any] | Callable | None = None,
+        lr_scheduler: Mapping[str, Any] | Callable | None = None,
+    ) -> None:
+        super().__init__()
+        if not isinstance(vocab_size, int) or vocab_size < 2:
+            raise ValueError(f"SRULanguageModel: `vocab_size` must be an integer >= 2, got {vocab_size!r}")
+        if rnn not in RNN_TYPES:
+            raise ValueError(f"SRULanguageModel: `model.rnn` must be one of {RNN_TYPES}, got {rnn!r}")
+        for name, value in (("embedding_dim", embedding_dim), ("hidden_size", hidden_size), ("num_layers", num_layers)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"SRULanguageModel: `model.{name}` must be a positive integer, got {value!r}")
+        if not 0.0 <= dropout < 1.0:
+            raise ValueError(f"SRULanguageModel: `model.dropout` must be in [0, 1), got {dropout!r}")
+        self.save_hyperparameters()
+        self.rnn_type = rnn
+        self.carry_hidden = carry_hidden
+        self.optimizer_config = optimizer if optimizer is not None else {"_target_": "torch.optim.Adam", "lr": 1e-3}
+        self.lr_scheduler_config = lr_scheduler
+
+        self.embedding = nn.Embedding(vocab_size, embedding_dim)
+        self.dropout = nn.Dropout(dropout)
+        if rnn == "sru":
+            from sru_lightning.nn import SRU
+
+            self.rnn = SRU(
+                embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout,
+                rnn_dropout=rnn_dropout, **dict(sru_options or {}),
+            )
+        else:
+            self.rnn = nn.LSTM(embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout if num_layers > 1 else 0.0)
+        self.projection = (
+            nn.Linear(hidden_size, embedding_dim, bias=False) if tie_weights and hidden_size != embedding_dim else None
+        )
+        self.decoder = nn.Linear(embedding_dim if tie_weights else hidden_size, vocab_size)
+        if tie_weights:
+            self.decoder.weight = self.embedding.weight
+        nn.init.uniform_(self.embedding.weight, -0.1, 0.1)
+        nn.init.zeros_(self.decoder.bias)
+
+        # Token-weighted mean cross-entropy (nats); bpc and perplexity derive from it.
+        self.mean_nats = nn.ModuleDict({f"{stage}_nats": MeanMetric() for stage in STAGES})
+        self._carried: dict[str, Any] = {}
+
+    # -- model ------------------------------------------------------------------------------
+    def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+        """tokens (B, L) -> logits (B, L, vocab), final recurrent state."""
+        embedded = self.dropout(self.embedding(tokens.t()))  # time-major (L, B, E)
+        output, state = self.rnn(embedded, state)
+        output = self.dropout(output)
+        if self.projection is not None:
+            output = self.projection(output)
+        return self.decoder(output).transpose(0, 1), state
+
+    # -- state carry ------------------------------------------------------------------------
+    def _initial_state(self, stage: str, batch_size: int) -> Any:
+        state = self._carried.get(stage) if self.carry_hidden else None
+        if state is None:
+            return None
+        first = state[0] if isinstance(state, tuple) else state
+        if first.size(1) != batch_size:  # a new stream layout: start from zeros
+            return None
+        return state
+
+    def _keep_state(self, stage: str, state: Any) -> None:
+        if not self.carry_hidden:
+            return
+        self._carried[stage] = tuple(s.detach() for s in state) if isinstance(state, tuple) else state.detach()
+
+    def reset_state(self, stage: str | None = None) -> None:
+        """Forget the carried state of one stage (or all)."""
+        if stage is None:
+            self._carried.clear()
+        else:
+            self._carried.pop(stage, None)
+
+    def on_train_epoch_start(self) -> None:
+        self.reset_state("train")
+
+    def on_validation_epoch_start(self) -> None:
+        self.reset_state("val")
+
+    def on_test_epoch_start(self) -> None:
+        self.reset_state("test")
+
+    # -- steps ------------------------------------------------------------------------------
+    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
+        inputs, targets = batch
+        logits, state = self(inputs, self._initial_state(stage, inputs.size(0)))
+        self._keep_state(stage, state)
+        # Softmax in float32 whatever the compute dtype: the loss is a sum of many logs.
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+        metric = self.mean_nats[f"{stage}_nats"]
+        metric.update(loss.detach().float(), weight=targets.numel())
+        on_step = stage == "train"
+        self.log(f"{stage}_loss", loss.detach(), on_step=on_step, on_epoch=not on_step, prog_bar=on_step, batch_size=inputs.size(0))
+        if not on_step:
+            return loss
+        self.log("train_bpc", loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
+        return loss
+
+    def _log_epoch_metrics(self, stage: str) -> None:
+        metric = self.mean_nats[f"{stage}_nats"]
+        if metric.update_count == 0:
+            return
+        nats = metric.compute()
+        metric.reset()
+        suffix = "_epoch" if stage == "train" else ""
+        self.log(f"{stage}_bpc{suffix}", nats / math.log(2), prog_bar=stage != "train")
+        self.log(f"{stage}_ppl{suffix}", torch.exp(nats))
+
+    def training_step(self, batch, batch_idx):
+        return self._step(batch, "train")
+
+    def validation_step(self, batch, batch_idx):
+        self._step(batch, "val")
+
+    def test_step(self, batch, batch_idx):
+        self._step(batch, "test")
+
+    def on_train_epoch_end(self) -> None:
+        self._log_epoch_metrics("train")
+
+    def on_validation_epoch_end(self) -> None:
+        self._log_epoch_metrics("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._log_epoch_metrics("test")
+
+    # -- optimisation -----------------------------------------------------------------------
+    def configure_optimizers(self):
+        optimizer = _build_from_config(self.optimizer_config, params=self.parameters())
+        if self.lr_scheduler_config is None:
+            return optimizer
+        if callable(self.lr_scheduler_config):
+            return {"optimizer": optimizer, "lr_scheduler": self.lr_scheduler_config(optimizer=optimizer)}
+        settings = dict(self.lr_scheduler_config)
+        lightning_keys = {key: settings.pop(key) for key in _SCHEDULER_KEYS if key in settings}
+        for key in _TOTAL_STEP_KEYS:
+            if key in settings and settings[key] is None:
+                settings[key] = int(self.trainer.estimated_stepping_batches)
+        scheduler = _build_from_config(settings, optimizer=optimizer)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}

@@ -1,0 +1,134 @@
+"""Per-job result files and the end-of-sweep summary table (markdown + CSV).
+
+Every run writes `result.json` into its own output directory. After a multirun, the
+`SweepSummary` Hydra callback reads the result of each job directory (whatever launcher ran
+it: local, joblib, submitit on SLURM) and writes `summary.md` and `summary.csv` next to them.
+A job that died without writing its result is listed as `missing`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+log = logging.getLogger(__name__)
+
+RESULT_FILE = "result.json"
+SUMMARY_MARKDOWN = "summary.md"
+SUMMARY_CSV = "summary.csv"
+# Metrics shown first when present; any other metric follows in alphabetical order.
+PREFERRED_METRICS = ("val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch")
+
+#: The rows of the most recent summary written in this process (for the CLI's exit status).
+last_summary: list[dict[str, Any]] | None = None
+
+
+def write_result(output_dir: str | Path, record: dict[str, Any]) -> Path:
+    """Write one run's result record (status, command, overrides, metrics, error) as JSON."""
+    path = Path(output_dir) / RESULT_FILE
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+    tmp.replace(path)  # atomic: a reader never sees half a file
+    return path
+
+
+def _job_sort_key(path: Path) -> tuple[int, str]:
+    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+
+
+def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
+    """One row per job directory under `sweep_dir`: job, status, overrides, metrics, error."""
+    rows = []
+    for job_dir in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=_job_sort_key):
+        overrides_file = job_dir / ".hydra" / "overrides.yaml"
+        result_file = job_dir / RESULT_FILE
+        if not overrides_file.exists() and not result_file.exists():
+            continue
+        record: dict[str, Any] = {}
+        if result_file.exists():
+            try:
+                record = json.loads(result_file.read_text())
+            except (OSError, ValueError) as error:
+                record = {"status": "unreadable", "error": f"{result_file}: {error}"}
+        overrides = record.get("overrides")
+        if overrides is None and overrides_file.exists():
+            overrides = list(OmegaConf.load(overrides_file))
+        rows.append(
+            {
+                "job": job_dir.name,
+                "status": record.get("status", "missing"),
+                "overrides": " ".join(overrides or []),
+                "metrics": record.get("metrics", {}),
+                "error": record.get("error", ""),
+                "dir": str(job_dir),
+            }
+        )
+    return rows
+
+
+def _metric_columns(rows: list[dict[str, Any]]) -> list[str]:
+    present = {name for row in rows for name in row["metrics"]}
+    first = [name for name in PREFERRED_METRICS if name in present]
+    return first + sorted(present - set(first))
+
+
+def _format(value: Any) -> str:
+    if isinstance(value, float):
+        return f"{value:.4f}"
+    return "" if value is None else str(value)
+
+
+def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Path, Path]:
+    """Write summary.md and summary.csv for `rows` into `sweep_dir`; return their paths."""
+    sweep_dir = Path(sweep_dir)
+    metrics = _metric_columns(rows)
+    header = ["job", "status", "overrides", *metrics, "error"]
+    table = [
+        [row["job"], row["status"], row["overrides"], *(_format(row["metrics"].get(m)) for m in metrics),
+         row["error"].splitlines()[0] if row["error"] else ""]
+        for row in rows
+    ]
+    csv_path = sweep_dir / SUMMARY_CSV
+    with open(csv_path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(header)
+        writer.writerows(table)
+
+    def cell(text: str) -> str:
+        return text.replace("|", "\\|")
+
+    lines = [
+        f"# Sweep summary: {sweep_dir}",
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+        *("| " + " | ".join(cell(value) for value in line) + " |" for line in table),
+        "",
+    ]
+    done = sum(row["status"] == "completed" for row in rows)
+    lines.append(f"{done} of {len(rows)} jobs completed.")
+    markdown_path = sweep_dir / SUMMARY_MARKDOWN
+    markdown_path.write_text("\n".join(lines) + "\n")
+    return markdown_path, csv_path
+
+
+class SweepSummary(Callback):
+    """Hydra callback: after a multirun, tabulate every job's overrides and final metrics."""
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        global last_summary
+        sweep_dir = Path(config.hydra.sweep.dir)
+        if not sweep_dir.is_dir():
+            return
+        rows = collect_results(sweep_dir)
+        last_summary = rows
+        markdown_path, csv_path = write_summary(sweep_dir, rows)
+        print(markdown_path.read_text(), flush=True)
+        log.info("Sweep summary: %s and %s", markdown_path, csv_path)

@@ -1,0 +1,114 @@
+"""SRULanguageModel: shapes, weight tying, state carry, metrics and optimiser wiring."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from types import SimpleNamespace
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from sru_lightning.data import PydocDataModule
+from sru_lightning.models import SRULanguageModel
+
+
+def tiny(rnn="sru", **kwargs):
+    options = dict(embedding_dim=8, hidden_size=12, num_layers=2, dropout=0.0)
+    options.update(kwargs)
+    return SRULanguageModel(vocab_size=11, rnn=rnn, **options)
+
+
+@pytest.mark.parametrize("rnn", ["sru", "lstm"])
+def test_forward_shapes_and_state(rnn):
+    model = tiny(rnn)
+    logits, state = model(torch.randint(0, 11, (3, 5)))
+    assert logits.shape == (3, 5, 11)
+    first = state[0] if isinstance(state, tuple) else state
+    assert first.shape[:2] == (2, 3)  # (layers, batch, ...)
+
+
+def test_sru_stack_comes_from_sru_lightning_nn():
+    from sru_lightning.nn import SRU
+
+    assert isinstance(tiny().rnn, SRU)
+    assert isinstance(tiny("lstm").rnn, torch.nn.LSTM)
+
+
+def test_tied_weights_share_the_embedding_with_a_projection_when_sizes_differ():
+    model = tiny(tie_weights=True)
+    assert model.decoder.weight is model.embedding.weight
+    assert model.projection is not None and model.projection.in_features == 12
+    assert tiny(tie_weights=True, hidden_size=8).projection is None
+
+
+def test_state_is_carried_detached_and_reset_on_shape_change_and_epoch_start():
+    model = tiny()
+    batch = (torch.randint(0, 11, (3, 5)), torch.randint(0, 11, (3, 5)))
+    model.training_step(batch, 0)
+    carried = model._carried["train"]
+    assert not carried.requires_grad
+    assert model._initial_state("train", 3) is carried
+    assert model._initial_state("train", 4) is None  # different batch size: new streams
+    model.on_train_epoch_start()
+    assert model._initial_state("train", 3) is None
+    stateless = tiny(carry_hidden=False)
+    stateless.training_step(batch, 0)
+    assert stateless._initial_state("train", 3) is None
+
+
+def test_carried_state_changes_the_next_prediction():
+    model = tiny().eval()
+    tokens = torch.randint(0, 11, (2, 6))
+    fresh, state = model(tokens)
+    continued, _ = model(tokens, state)
+    assert not torch.allclose(fresh, continued)
+
+
+def test_bad_arguments_name_the_config_key():
+    with pytest.raises(ValueError, match=r"`model.rnn` must be one of \('sru', 'lstm'\), got 'gru'"):
+        tiny("gru")
+    with pytest.raises(ValueError, match="`model.hidden_size` must be a positive integer, got 0"):
+        tiny(hidden_size=0)
+    with pytest.raises(ValueError, match="vocab_size"):
+        SRULanguageModel(vocab_size=1)
+
+
+def test_optimizer_and_schedule_from_config_fill_total_steps():
+    model = tiny(
+        optimizer={"_target_": "torch.optim.SGD", "lr": 0.5},
+        lr_scheduler={"_target_": "torch.optim.lr_scheduler.OneCycleLR", "max_lr": 0.5,
+                      "total_steps": None, "interval": "step"},
+    )
+    model._trainer = SimpleNamespace(estimated_stepping_batches=7)
+    config = model.configure_optimizers()
+    assert isinstance(config["optimizer"], torch.optim.SGD)
+    scheduler = config["lr_scheduler"]["scheduler"]
+    assert scheduler.total_steps == 7 and config["lr_scheduler"]["interval"] == "step"
+    assert isinstance(tiny(optimizer=partial(torch.optim.Adam, lr=0.1)).configure_optimizers(), torch.optim.Adam)
+
+
+def test_validation_metrics_are_bits_and_perplexity_of_the_token_mean_loss(tmp_path):
+    model = tiny()
+    data = PydocDataModule(batch_size=2, seq_len=8)
+    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=3, default_root_dir=tmp_path)
+    (result,) = trainer.validate(model, datamodule=data, verbose=False)
+    assert result["val_bpc"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-5)
+    assert result["val_ppl"] == pytest.approx(math.exp(result["val_loss"]), rel=1e-5)
+    # an untrained model is near uniform over the vocabulary
+    assert result["val_bpc"] == pytest.approx(math.log2(data.vocab_size), abs=0.5)
+
+
+@pytest.mark.slow
+def test_a_short_fit_beats_the_unigram_baseline(tmp_path):
+    data = PydocDataModule(batch_size=16, seq_len=32)
+    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=32, hidden_size=64, num_layers=2,
+                             dropout=0.0, optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2})
+    trainer = pl.Trainer(max_steps=150, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=10, default_root_dir=tmp_path)
+    trainer.fit(model, datamodule=data)
+    (result,) = trainer.validate(model, datamodule=data, verbose=False)
+    assert result["val_bpc"] < data.unigram_bpc("val") - 0.5
