@@ -100,8 +100,8 @@ def _rounded(inputs, dtype):
 
 def fidelity_table(
     length: int = 256,
-    batch: int = 8,
-    hidden: int = 64,
+    batch: int = 4,
+    hidden: int = 32,
     *,
     bidirectional: bool = False,
     seed: int = 0,
@@ -175,8 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         ),
     )
     parser.add_argument("--length", type=int, default=256, help="sequence length (default 256)")
-    parser.add_argument("--batch", type=int, default=8, help="batch size (default 8)")
-    parser.add_argument("--hidden", type=int, default=64, help="hidden size per direction (default 64)")
+    parser.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
+    parser.add_argument("--hidden", type=int, default=32, help="hidden size per direction (default 32)")
     parser.add_argument("--bidirectional", action="store_true", help="bidirectional layer")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
     parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
