@@ -40,7 +40,8 @@ def test_non_tensor_input(layer):
 
 
 def test_c0_wrong_shape():
-    with pytest.raises(ValueError, match=r"SRU: `c0` must have shape \(2, 2, 8\) \(num_layers, batch, dirs\*hidden_size\), got \(2, 8\)"):
+    expected = r"SRU: `c0` must have shape \(2, 2, 8\) \(num_layers, batch, dirs\*hidden_size\), got \(2, 8\)"
+    with pytest.raises(ValueError, match=expected):
         SRU(D_IN, H, bidirectional=True)(torch.randn(L, B, D_IN), torch.randn(B, 2 * H))
     with pytest.raises(ValueError, match=r"SRUCell: `c0` must have shape \(2, 8\) .* got \(2, 4\)"):
         SRUCell(D_IN, H, bidirectional=True)(torch.randn(L, B, D_IN), torch.randn(B, H))
@@ -61,7 +62,8 @@ def test_mask_pad_wrong_shape(layer):
 
 def test_mask_pad_shape_follows_batch_first():
     model = SRU(D_IN, H, batch_first=True)
-    with pytest.raises(ValueError, match=r"`mask_pad` must have shape \(2, 4\) \(batch, length\) with batch_first=True, got \(4, 2\)"):
+    expected = r"`mask_pad` must have shape \(2, 4\) \(batch, length\) with batch_first=True, got \(4, 2\)"
+    with pytest.raises(ValueError, match=expected):
         model(torch.randn(B, L, D_IN), mask_pad=torch.zeros(L, B, dtype=torch.bool))
     model(torch.randn(B, L, D_IN), mask_pad=torch.zeros(B, L, dtype=torch.uint8))  # 0/1 masks work
 
@@ -90,10 +92,13 @@ def test_tensors_on_different_devices(layer):
         (dict(dropout=-0.1), ValueError, r"`dropout` must be in \[0, 1\), got -0.1"),
         (dict(projection_size=-1), ValueError, r"SRU: `projection_size` must be >= 0, got -1"),
         (dict(use_tanh=True), ValueError, r"`use_tanh` must be False .* got True"),
-        (dict(recurrence_policy="fp16"), ValueError, r"`recurrence_policy` must be one of \('auto', 'fp32', 'half'\), got 'fp16'"),
+        (dict(recurrence_policy="fp16"), ValueError,
+         r"`recurrence_policy` must be one of \('auto', 'fp32', 'half'\), got 'fp16'"),
         (dict(recurrence_policy=None), TypeError, r"`recurrence_policy` must be a str"),
-        (dict(amp_recurrence_fp16=True, recurrence_policy="fp32"), ValueError, r"`amp_recurrence_fp16=True`.*got 'fp32'"),
-        (dict(custom_m=[torch.nn.Linear(2, 2)]), ValueError, r"`custom_m` as a list must hold one module per layer \(2\), got 1"),
+        (dict(amp_recurrence_fp16=True, recurrence_policy="fp32"), ValueError,
+         r"`amp_recurrence_fp16=True`.*got 'fp32'"),
+        (dict(custom_m=[torch.nn.Linear(2, 2)]), ValueError,
+         r"`custom_m` as a list must hold one module per layer \(2\), got 1"),
     ],
 )
 def test_bad_construction(kwargs, error, pattern):
