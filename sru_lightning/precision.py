@@ -30,7 +30,13 @@ from typing import Mapping
 import torch
 
 from sru_lightning.apex_support import initialized_apex_properties
-from sru_lightning.ops.policy import HALF_DTYPES, POLICIES, accumulation_dtype, resolve_storage_dtype
+from sru_lightning.ops.policy import (
+    HALF_DTYPES,
+    POLICIES,
+    accumulation_dtype,
+    resolve_storage_dtype,
+    validate_policy,
+)
 
 __all__ = ["Regime", "detect_regime", "regime_from_dtypes", "dtype_name"]
 
@@ -75,11 +81,11 @@ class Regime:
 
     def storage_dtype(self, policy: str = "auto") -> torch.dtype:
         """Dtype the recurrence kernel stores its tensors in under ``policy``."""
-        return self.storage_dtypes[_checked_policy(policy)]
+        return self.storage_dtypes[validate_policy(policy)]
 
     def accumulation_dtype(self, policy: str = "auto") -> torch.dtype:
         """Dtype the recurrence kernel accumulates in under ``policy``."""
-        return self.accumulation_dtypes[_checked_policy(policy)]
+        return self.accumulation_dtypes[validate_policy(policy)]
 
     def describe(self, policy: str = "auto") -> str:
         """One line: regime, where it came from, dtypes along the way."""
@@ -93,12 +99,6 @@ class Regime:
         if self.apex_opt_level is not None:
             text += f"; APEX AMP {self.apex_opt_level}"
         return text
-
-
-def _checked_policy(policy: str) -> str:
-    from sru_lightning.ops.policy import validate_policy
-
-    return validate_policy(policy)
 
 
 @contextlib.contextmanager
@@ -151,10 +151,6 @@ _PRECISION_STRINGS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
     "bf16-true": (torch.bfloat16, None),
     "16-mixed": (torch.float32, torch.float16),
     "bf16-mixed": (torch.float32, torch.bfloat16),
-    "64": (torch.float64, None),
-    "32": (torch.float32, None),
-    "16": (torch.float32, torch.float16),
-    "bf16": (torch.float32, torch.bfloat16),
 }
 
 
@@ -298,18 +294,11 @@ def _section_enabled(config: Mapping, *keys: str) -> bool | None:
     return None
 
 
+# The spellings DeepSpeed's DtypeEnum accepts for torch_autocast.dtype.
 _DEEPSPEED_AUTOCAST_NAMES = {
-    "torch.float16": torch.float16,
-    "fp16": torch.float16,
-    "float16": torch.float16,
-    "half": torch.float16,
-    "torch.bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "bfloat16": torch.bfloat16,
-    "torch.float32": torch.float32,
-    "fp32": torch.float32,
-    "float32": torch.float32,
-    "float": torch.float32,
+    **dict.fromkeys(("torch.float16", "fp16", "float16", "half"), torch.float16),
+    **dict.fromkeys(("torch.bfloat16", "bf16", "bfloat16"), torch.bfloat16),
+    **dict.fromkeys(("torch.float32", "fp32", "float32", "float"), torch.float32),
 }
 
 
@@ -350,7 +339,9 @@ def _deepspeed_regime(config, precision: str, device_type: str) -> Regime:
 
     if _section_enabled(config, "torch_autocast"):
         section = config["torch_autocast"]
-        raw = section.get("dtype", "bfloat16") if isinstance(section, Mapping) else "bfloat16"
+        # Without a dtype DeepSpeed calls torch.autocast(dtype=None): the device's default.
+        default = "float16" if device_type == "cuda" else "bfloat16"
+        raw = section.get("dtype", default) if isinstance(section, Mapping) else default
         autocast = raw if isinstance(raw, torch.dtype) else _DEEPSPEED_AUTOCAST_NAMES.get(str(raw).lower())
         if autocast is None:
             raise ValueError(

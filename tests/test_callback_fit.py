@@ -169,3 +169,24 @@ def test_callback_arguments_are_checked():
         SRUPrecisionCallback(advise_tensor_cores="yes")
     with pytest.raises(TypeError, match="`register_apex` must be a bool"):
         SRUPrecisionCallback(register_apex=1)
+
+
+@pytest.mark.cuda
+@pytest.mark.slow
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+@pytest.mark.parametrize("precision, storage", [("16-mixed", F16), ("bf16-mixed", BF16), ("16-true", F16)])
+def test_cuda_fit_runs_half_storage_and_advises_on_shapes(precision, storage):
+    from sru_lightning.callbacks import TensorCoreShapeWarning
+
+    callback = SRUPrecisionCallback()
+    model = TinyLM()
+    trainer = Trainer(
+        accelerator="cuda", devices=1, precision=precision, max_steps=12, callbacks=[callback],
+        logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+    )
+    with trace_storage_dtypes() as calls, pytest.warns(TensorCoreShapeWarning, match="input_size=12"):
+        trainer.fit(model, token_data())
+    ours = [call for call in calls if call.device_type == "cuda"]
+    assert ours and {call.storage_dtype for call in ours} == {storage}
+    assert callback.regime.device_type == "cuda" and callback.regime.is_half
+    assert sum(model.losses[-3:]) < sum(model.losses[:3]), model.losses

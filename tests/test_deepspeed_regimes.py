@@ -117,3 +117,8 @@ def test_deepspeed_fit_runs_the_recurrence_in_the_config_dtype(section, dtype):
     assert {call.storage_dtype for call in calls} == {dtype}
     assert {call.device_type for call in calls} == {"cuda"}
     assert model.losses[-1] < model.losses[0]
+
+
+def test_torch_autocast_without_dtype_uses_the_devices_autocast_default():
+    regime = detect_regime(deepspeed_trainer({"torch_autocast": {"enabled": True}}))
+    assert regime.autocast_dtype == torch.get_autocast_dtype("cpu") == torch.bfloat16

@@ -40,3 +40,12 @@ def test_command_rejects_bad_sizes_naming_the_option(capsys):
     with pytest.raises(SystemExit):
         main(["--length", "0"])
     assert "`--length` must be a positive int, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU: torch.cuda.is_available() is False")
+def test_cuda_kernel_meets_the_same_target():
+    rows = {row.storage_dtype: row for row in fidelity_table(length=128, batch=8, hidden=32, device="cuda")}
+    for dtype in (torch.float16, torch.bfloat16):
+        assert rows[dtype].h_error <= 0.5 * rows[dtype].all_half_h_error, format_table(list(rows.values()))
+        assert rows[dtype].grad_error <= 0.5 * rows[dtype].all_half_grad_error, format_table(list(rows.values()))
