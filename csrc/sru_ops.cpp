@@ -86,6 +86,9 @@ RecurrenceDims check_recurrence_args(const at::Tensor& U, const OptionalTensor& 
     TORCH_CHECK_VALUE(scale_x->numel() == 1,
                       "sru_lightning recurrence: `scale_x` must have one element, got shape ",
                       scale_x->sizes());
+    // The kernels read it through a pointer on U's device.
+    TORCH_CHECK_VALUE(scale_x->device() == U.device(), "sru_lightning recurrence: `scale_x` must be on U's device ",
+                      U.device(), ", got ", scale_x->device());
   }
   return dims;
 }

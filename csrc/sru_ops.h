@@ -2,7 +2,10 @@
 // output allocation. The math lives in sru_step.h.
 #pragma once
 
-#include <ATen/ATen.h>
+#include <ATen/Dispatch.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/empty_like.h>
 
 #include <optional>
 #include <tuple>
@@ -41,6 +44,123 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
 template <typename T>
 const T* data_or_null(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.const_data_ptr<T>() : nullptr;
+}
+
+
+// Forward on any device: checks, contiguous inputs, outputs, dtype dispatch; `launch(dims,
+// args)` runs the device kernel on ForwardArgs<T, A> for the storage type T.
+template <typename Launch>
+std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_impl(
+    const at::Tensor& U, const OptionalTensor& x, const at::Tensor& weight_c,
+    const at::Tensor& bias, const OptionalTensor& c0, const OptionalTensor& scale_x,
+    double scale_x_value, const OptionalTensor& mask_c, const OptionalTensor& mask_pad,
+    bool bidirectional, bool has_skip_term, bool store_c, Launch&& launch) {
+  const RecurrenceDims dims = check_recurrence_args(U, x, weight_c, bias, c0, scale_x, mask_c,
+                                                    mask_pad, bidirectional, has_skip_term);
+  const int64_t width = dims.directions * dims.hidden;
+  const at::Tensor U_c = U.contiguous();
+  const at::Tensor x_c = dims.skip_from_x ? x->contiguous() : at::Tensor();
+  const at::Tensor weight_c_c = weight_c.contiguous();
+  const at::Tensor bias_c = bias.contiguous();
+  const at::Tensor c0_c = contiguous_or_undefined(c0);
+  const at::Tensor mask_c_c = contiguous_or_undefined(mask_c);
+  const at::Tensor mask_pad_c = contiguous_or_undefined(mask_pad);
+  const at::Tensor scale = scale_in_accumulate_dtype(scale_x, U.scalar_type());
+  at::Tensor h = at::empty({dims.length, dims.batch, width}, U.options());
+  at::Tensor c_last = at::empty({dims.batch, width}, U.options());
+  at::Tensor c_all = store_c ? at::empty({dims.length, dims.batch, width}, U.options())
+                             : at::empty({0}, U.options());
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, U.scalar_type(), "sru_forward_cpu", [&] {
+    using A = accumulate_t<scalar_t>;
+    ForwardArgs<scalar_t, A> args{};
+    args.U = U_c.const_data_ptr<scalar_t>();
+    args.x = data_or_null<scalar_t>(x_c);
+    args.weight_c = weight_c_c.const_data_ptr<scalar_t>();
+    args.bias = bias_c.const_data_ptr<scalar_t>();
+    args.c0 = data_or_null<scalar_t>(c0_c);
+    args.mask_c = data_or_null<scalar_t>(mask_c_c);
+    args.mask_pad = data_or_null<bool>(mask_pad_c);
+    args.scale_x = data_or_null<A>(scale);
+    args.scale_x_value = static_cast<A>(scale_x_value);
+    args.h = h.mutable_data_ptr<scalar_t>();
+    args.c_last = c_last.mutable_data_ptr<scalar_t>();
+    args.c_all = store_c ? c_all.mutable_data_ptr<scalar_t>() : nullptr;
+    launch(dims, args);
+  });
+  return {h, c_last, c_all};
+}
+
+// Backward on any device; `launch(dims, args)` runs the kernel on BackwardArgs<T, A>.
+// Vector weight_c and bias gradients come back from the kernel as per-batch partial sums
+// in the accumulation dtype and are reduced over the batch here.
+template <typename Launch>
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrence_backward_impl(
+    const at::Tensor& grad_h, const OptionalTensor& grad_c_last, const at::Tensor& U,
+    const OptionalTensor& x, const at::Tensor& weight_c, const at::Tensor& bias,
+    const OptionalTensor& c0, const OptionalTensor& scale_x, double scale_x_value,
+    const OptionalTensor& mask_c, const OptionalTensor& mask_pad, const at::Tensor& c_all,
+    bool bidirectional, bool has_skip_term, Launch&& launch) {
+  const RecurrenceDims dims = check_recurrence_args(U, x, weight_c, bias, c0, scale_x, mask_c,
+                                                    mask_pad, bidirectional, has_skip_term);
+  const int64_t width = dims.directions * dims.hidden;
+  TORCH_CHECK_VALUE(c_all.sizes() == at::IntArrayRef({dims.length, dims.batch, width}),
+                    "sru_lightning recurrence backward: `c_all` must have shape (", dims.length,
+                    ", ", dims.batch, ", ", width, "), got ", c_all.sizes(),
+                    " (the forward ran without storing the states)");
+  TORCH_CHECK_VALUE(grad_h.sizes() == c_all.sizes(), "sru_lightning recurrence backward: `grad_h` must have shape ",
+                    c_all.sizes(), ", got ", grad_h.sizes());
+  const auto options = U.options();
+  const auto accumulate = U.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
+  const at::Tensor U_c = U.contiguous();
+  const at::Tensor x_c = dims.skip_from_x ? x->contiguous() : at::Tensor();
+  const at::Tensor weight_c_c = weight_c.contiguous();
+  const at::Tensor bias_c = bias.contiguous();
+  const at::Tensor c0_c = contiguous_or_undefined(c0);
+  const at::Tensor mask_c_c = contiguous_or_undefined(mask_c);
+  const at::Tensor mask_pad_c = contiguous_or_undefined(mask_pad);
+  const at::Tensor scale = scale_in_accumulate_dtype(scale_x, U.scalar_type());
+  const at::Tensor grad_h_c = grad_h.to(U.scalar_type()).contiguous();
+  const at::Tensor grad_c_last_c =
+      grad_c_last.has_value() && grad_c_last->defined() ? grad_c_last->to(U.scalar_type()).contiguous()
+                                                        : at::Tensor();
+  const at::Tensor c_all_c = c_all.contiguous();
+
+  at::Tensor grad_U = at::empty_like(U_c);
+  at::Tensor grad_x = dims.skip_from_x ? at::empty_like(x_c) : at::empty({0}, options);
+  at::Tensor grad_weight_c_step = dims.per_step_weight_c ? at::empty_like(weight_c_c) : at::Tensor();
+  at::Tensor weight_c_partials = dims.per_step_weight_c
+                                     ? at::Tensor()
+                                     : at::empty({dims.batch, 2 * width}, options.dtype(accumulate));
+  at::Tensor bias_partials = at::empty({dims.batch, 2 * width}, options.dtype(accumulate));
+  at::Tensor grad_c0 = at::empty({dims.batch, width}, options);
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, U.scalar_type(), "sru_backward_cpu", [&] {
+    using A = accumulate_t<scalar_t>;
+    BackwardArgs<scalar_t, A> args{};
+    args.grad_h = grad_h_c.const_data_ptr<scalar_t>();
+    args.grad_c_last = data_or_null<scalar_t>(grad_c_last_c);
+    args.U = U_c.const_data_ptr<scalar_t>();
+    args.x = data_or_null<scalar_t>(x_c);
+    args.weight_c = weight_c_c.const_data_ptr<scalar_t>();
+    args.bias = bias_c.const_data_ptr<scalar_t>();
+    args.c0 = data_or_null<scalar_t>(c0_c);
+    args.mask_c = data_or_null<scalar_t>(mask_c_c);
+    args.mask_pad = data_or_null<bool>(mask_pad_c);
+    args.scale_x = data_or_null<A>(scale);
+    args.scale_x_value = static_cast<A>(scale_x_value);
+    args.c_all = c_all_c.const_data_ptr<scalar_t>();
+    args.grad_U = grad_U.mutable_data_ptr<scalar_t>();
+    args.grad_x = dims.skip_from_x ? grad_x.mutable_data_ptr<scalar_t>() : nullptr;
+    args.grad_weight_c = dims.per_step_weight_c ? grad_weight_c_step.mutable_data_ptr<scalar_t>() : nullptr;
+    args.weight_c_partials = dims.per_step_weight_c ? nullptr : weight_c_partials.mutable_data_ptr<A>();
+    args.bias_partials = bias_partials.mutable_data_ptr<A>();
+    args.grad_c0 = grad_c0.mutable_data_ptr<scalar_t>();
+    launch(dims, args);
+  });
+  at::Tensor grad_weight_c = dims.per_step_weight_c
+                                 ? grad_weight_c_step
+                                 : weight_c_partials.sum(0).to(U.scalar_type()).view(weight_c.sizes());
+  at::Tensor grad_bias = bias_partials.sum(0).to(U.scalar_type());
+  return {grad_U, grad_x, grad_weight_c, grad_bias, grad_c0};
 }
 
 }  // namespace sru_lightning

@@ -26,7 +26,8 @@ CUDA_SOURCES = ("sru_cuda.cpp", "sru_cuda_kernels.cu")
 # Set to 0 to skip the extension and run the reference implementation.
 DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
 
-CXX_FLAGS = ("-O3", "-fno-math-errno")
+# No trapping math: lets the compiler turn the clamps of the step math into vector selects.
+CXX_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math")
 CUDA_FLAGS = ("-O3",)
 
 

@@ -31,6 +31,8 @@ def _autocast_disabled(device_type: str):
     return contextlib.nullcontext()
 
 
+# Under torch.compile the answer is computed once while tracing and baked into the graph.
+@torch.compiler.assume_constant_result
 def _cpp_backend_ready(device_type: str) -> bool:
     if device_type not in ("cpu", "cuda"):
         return False

@@ -59,6 +59,8 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, c_all)
     ctx.options = (scale_x_value, bidirectional, has_skip_term)
     ctx.mark_non_differentiable(c_all)
+    # Unused outputs then get None instead of freshly filled zero tensors.
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_h, grad_c_last, _grad_c_all):

@@ -1,0 +1,279 @@
+"""Benchmark: an SRU stack against nn.LSTM, nn.GRU, the GEMM-only floor and the ``sru``
+package, in one process, so the ratios are meaningful on a shared, noisy machine.
+
+``python -m sru_lightning bench [--length 128 --batch 32 --hidden 256 --layers 2
+--threads 2 --plot chart.png]`` prints the median time of forward+backward and of
+inference for each model, the ratios to nn.LSTM and to the GEMM floor (the same input
+matmuls alone, forward and backward), and the bytes autograd saves for an SRU stack under
+the half policy (bf16 autocast on CPU) relative to float32.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import statistics
+import time
+import warnings
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+@dataclass
+class BenchConfig:
+    length: int = 128
+    batch: int = 32
+    hidden: int = 256
+    layers: int = 2
+    dtype: str = "fp32"
+    threads: int = 2
+    repeats: int = 15
+    warmup: int = 3
+    include_peer: bool = True
+    plot: str | None = None
+
+
+@dataclass
+class BenchResult:
+    config: BenchConfig
+    train_ms: dict[str, float] = field(default_factory=dict)      # forward + backward
+    inference_ms: dict[str, float] = field(default_factory=dict)
+    saved_bytes: dict[str, int] = field(default_factory=dict)     # SRU stack, fp32 / half policy
+    notes: list[str] = field(default_factory=list)
+
+    def ratio(self, table: str, model: str, baseline: str) -> float | None:
+        times = self.train_ms if table == "train" else self.inference_ms
+        if model not in times or baseline not in times:
+            return None
+        return times[model] / times[baseline]
+
+
+def saved_tensor_bytes(fn) -> int:
+    """Bytes of the tensors autograd saves for backward while ``fn()`` runs, each storage once."""
+    storages: dict[tuple, int] = {}
+
+    def pack(tensor):
+        storage = tensor.untyped_storage()
+        storages[(tensor.device.type, storage.data_ptr())] = storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        result = fn()
+    del result
+    return sum(storages.values())
+
+
+class GemmFloor(nn.Module):
+    """Only the input matmuls of an SRU stack (L*B x D times D x 3D per layer)."""
+
+    def __init__(self, hidden: int, layers: int):
+        super().__init__()
+        self.weights = nn.ParameterList(
+            nn.Parameter(torch.randn(hidden, 3 * hidden) / hidden**0.5) for _ in range(layers)
+        )
+
+    def forward(self, x):
+        flat = x.reshape(-1, x.shape[-1])
+        return [flat @ weight for weight in self.weights]
+
+
+def build_sru_stack(hidden: int, layers: int) -> nn.Module:
+    from sru_lightning.nn import SRU
+
+    return SRU(hidden, hidden, num_layers=layers)
+
+
+def build_peer_stack(hidden: int, layers: int) -> nn.Module | None:
+    if importlib.util.find_spec("sru") is None:
+        return None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        import sru
+
+        return sru.SRU(hidden, hidden, num_layers=layers)
+
+
+def _outputs(result):
+    """Tensors to backpropagate from, whatever the model returns."""
+    if isinstance(result, list):
+        return result
+    if isinstance(result, tuple):
+        return [result[0]]
+    return [result]
+
+
+def _timed(fn, repeats: int, warmup: int, order_index: int, timings: list):
+    del order_index
+    for _ in range(warmup):
+        fn()
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        timings.append((time.perf_counter() - start) * 1e3)
+
+
+def _make_train_step(model: nn.Module, x: torch.Tensor):
+    grads = None
+
+    def step():
+        nonlocal grads
+        for parameter in model.parameters():
+            parameter.grad = None
+        x.grad = None
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            outputs = _outputs(model(x))
+        if grads is None:
+            grads = [torch.randn_like(output) for output in outputs]
+        torch.autograd.backward(outputs, grads)
+
+    return step
+
+
+def _make_inference_step(model: nn.Module, x: torch.Tensor):
+    def step():
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model(x)
+
+    return step
+
+
+def run_benchmark(config: BenchConfig) -> BenchResult:
+    """Time every model, interleaved round by round, and return the median times."""
+    torch.set_num_threads(config.threads)
+    dtype = DTYPES[config.dtype]
+    result = BenchResult(config)
+    models: dict[str, nn.Module] = {
+        "SRU (sru_lightning)": build_sru_stack(config.hidden, config.layers),
+        "nn.LSTM": nn.LSTM(config.hidden, config.hidden, config.layers),
+        "nn.GRU": nn.GRU(config.hidden, config.hidden, config.layers),
+        "GEMM floor": GemmFloor(config.hidden, config.layers),
+    }
+    if config.include_peer:
+        peer = build_peer_stack(config.hidden, config.layers)
+        if peer is None:
+            result.notes.append("the `sru` package is not installed: its row is left out")
+        else:
+            models["sru package"] = peer
+    for model in models.values():
+        model.to(dtype)
+    x = torch.randn(config.length, config.batch, config.hidden, dtype=dtype, requires_grad=True)
+
+    train = {name: _make_train_step(model, x) for name, model in models.items()}
+    infer = {name: _make_inference_step(model, x) for name, model in models.items() if name != "GEMM floor"}
+    samples: dict[tuple[str, str], list[float]] = {}
+    for kind, steps in (("train", train), ("inference", infer)):
+        for step in steps.values():
+            for _ in range(config.warmup):
+                step()
+        for _ in range(config.repeats):
+            for name, step in steps.items():
+                start = time.perf_counter()
+                step()
+                samples.setdefault((kind, name), []).append((time.perf_counter() - start) * 1e3)
+    for (kind, name), times in samples.items():
+        target = result.train_ms if kind == "train" else result.inference_ms
+        target[name] = statistics.median(times)
+
+    result.saved_bytes = measure_saved_bytes(config)
+    return result
+
+
+def measure_saved_bytes(config: BenchConfig) -> dict[str, int]:
+    """Saved-for-backward bytes of the SRU stack: float32, and half policy under bf16 autocast."""
+    stack = build_sru_stack(config.hidden, config.layers)
+    x = torch.randn(config.length, config.batch, config.hidden, requires_grad=True)
+    fp32 = saved_tensor_bytes(lambda: stack(x))
+    from sru_lightning.nn import set_recurrence_policy
+
+    set_recurrence_policy(stack, "half")
+
+    def half_forward():
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return stack(x)
+
+    return {"fp32": fp32, "half (bf16 autocast)": saved_tensor_bytes(half_forward)}
+
+
+def format_table(result: BenchResult) -> str:
+    cfg = result.config
+    lines = [
+        f"SRU benchmark: L={cfg.length} B={cfg.batch} D={cfg.hidden} layers={cfg.layers} "
+        f"dtype={cfg.dtype} threads={cfg.threads} (median of {cfg.repeats})",
+        f"{'model':<22}{'fwd+bwd ms':>12}{'x LSTM':>9}{'x GEMM':>9}{'infer ms':>11}{'x LSTM':>9}",
+    ]
+    for name, train_ms in result.train_ms.items():
+        ratio_lstm = result.ratio("train", name, "nn.LSTM")
+        ratio_gemm = result.ratio("train", name, "GEMM floor")
+        infer = result.inference_ms.get(name)
+        infer_ratio = result.ratio("inference", name, "nn.LSTM")
+        lines.append(
+            f"{name:<22}{train_ms:>12.2f}{ratio_lstm:>9.3f}{ratio_gemm:>9.3f}"
+            + (f"{infer:>11.2f}{infer_ratio:>9.3f}" if infer is not None else f"{'-':>11}{'-':>9}")
+        )
+    if result.saved_bytes:
+        fp32 = result.saved_bytes["fp32"]
+        half = result.saved_bytes["half (bf16 autocast)"]
+        lines.append(
+            f"saved for backward, SRU stack: fp32 {fp32 / 2**20:.2f} MiB, half policy (bf16 autocast) "
+            f"{half / 2**20:.2f} MiB, ratio {half / fp32:.3f}"
+        )
+    lines.extend(f"note: {note}" for note in result.notes)
+    return "\n".join(lines)
+
+
+def plot(result: BenchResult, path: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(result.train_ms)
+    positions = range(len(names))
+    figure, axis = plt.subplots(figsize=(8, 4))
+    axis.bar([p - 0.2 for p in positions], [result.train_ms[n] for n in names], width=0.4, label="forward+backward")
+    axis.bar(
+        [p + 0.2 for p in positions],
+        [result.inference_ms.get(n, 0.0) for n in names],
+        width=0.4,
+        label="inference",
+    )
+    axis.set_xticks(list(positions), names, rotation=15)
+    axis.set_ylabel("ms (median)")
+    cfg = result.config
+    axis.set_title(f"L={cfg.length} B={cfg.batch} D={cfg.hidden} layers={cfg.layers} {cfg.dtype}, {cfg.threads} threads")
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m sru_lightning bench", description=__doc__.split("\n\n")[0])
+    defaults = BenchConfig()
+    parser.add_argument("--length", type=int, default=defaults.length)
+    parser.add_argument("--batch", type=int, default=defaults.batch)
+    parser.add_argument("--hidden", type=int, default=defaults.hidden)
+    parser.add_argument("--layers", type=int, default=defaults.layers)
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=defaults.dtype)
+    parser.add_argument("--threads", type=int, default=defaults.threads)
+    parser.add_argument("--repeats", type=int, default=defaults.repeats)
+    parser.add_argument("--warmup", type=int, default=defaults.warmup)
+    parser.add_argument("--no-peer", dest="include_peer", action="store_false", help="leave out the `sru` package")
+    parser.add_argument("--plot", metavar="FILE", help="also draw the times as a bar chart into FILE")
+    args = parser.parse_args([] if argv is None else list(argv))
+    for name in ("length", "batch", "hidden", "layers", "threads", "repeats"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    config = BenchConfig(**vars(args))
+    result = run_benchmark(config)
+    print(format_table(result))
+    if config.plot:
+        plot(result, config.plot)
+        print(f"chart written to {config.plot}")
+    return 0
