@@ -69,8 +69,8 @@ class Regime:
     u_dtype: torch.dtype
     device_type: str
     source: str
-    storage_dtypes: Mapping[str, torch.dtype]
-    accumulation_dtypes: Mapping[str, torch.dtype]
+    storage_dtypes: Mapping[str, torch.dtype] = dataclasses.field(hash=False)
+    accumulation_dtypes: Mapping[str, torch.dtype] = dataclasses.field(hash=False)
     apex_opt_level: str | None = None
     notes: tuple[str, ...] = ()
 
