@@ -17,7 +17,11 @@ the uninterrupted run would have produced:
   :class:`ResumableDataLoader` counts the batches it has handed out and skips them after a
   resume; with ``shuffle=True`` its order depends only on (seed, epoch)
   (:class:`EpochSeededRandomSampler`), the same permutation Lightning's ``DistributedSampler``
-  draws, so a one-process run and a DDP run see the same global batches.
+  draws, so a one-process run and a DDP run see the same global batches. Lightning 2.6 hands
+  the state back only when the dataloader is first set up after the restore; a model whose
+  ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as every
+  OneCycleLR schedule does) sets it up earlier, and the state is silently dropped.
+  :class:`RestoreDataPosition` applies it before the first batch in that case.
 * **The random numbers.** Lightning does not checkpoint RNG states, and the data pipeline
   draws from the global generator at unpredictable moments (every ``iter(DataLoader)`` draws
   a worker seed). :class:`SeedEveryBatch` reseeds the generators before every training batch
@@ -47,6 +51,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "EpochSeededRandomSampler",
     "GracefulInterrupt",
+    "RestoreDataPosition",
     "ResumableDataLoader",
     "SeedEveryBatch",
     "global_seed",
@@ -156,6 +161,24 @@ def _has_len(loader: DataLoader) -> bool:
     except TypeError:
         return False
     return True
+
+
+class RestoreDataPosition(Callback):
+    """Hand the checkpointed dataloader position to the training dataloaders, if Lightning did not.
+
+    Lightning loads the states of stateful training dataloaders while it sets them up, but
+    only when the checkpoint has already been restored. ``trainer.estimated_stepping_batches``
+    (read by ``configure_optimizers`` for step-based schedules) sets the dataloaders up
+    before that, and Lightning then never loads the states. ``on_train_start`` runs after
+    the restore and before the first batch is fetched, so loading them here still takes
+    effect for a :class:`ResumableDataLoader` (it reads its position on the first batch).
+    """
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        fit_loop = trainer.fit_loop
+        # Lightning's own restore consumes (empties) this list; anything left was skipped.
+        if fit_loop.restarting and getattr(fit_loop, "_combined_loader_states_to_load", None):
+            fit_loop._load_combined_loader_states()
 
 
 class GracefulInterrupt(Callback):

@@ -19,6 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from sru_lightning.fault_tolerance import (
     EpochSeededRandomSampler,
     GracefulInterrupt,
+    RestoreDataPosition,
     ResumableDataLoader,
     SeedEveryBatch,
 )
@@ -31,8 +32,9 @@ STOP_AT_STEP = 17  # mid-epoch of the second epoch
 class DropoutRegressor(pl.LightningModule):
     """Tiny model whose losses depend on data order and on dropout draws."""
 
-    def __init__(self, loader_cls=ResumableDataLoader):
+    def __init__(self, loader_cls=ResumableDataLoader, step_schedule=False):
         super().__init__()
+        self.step_schedule = step_schedule
         self.net = nn.Sequential(nn.Linear(3, 16), nn.Tanh(), nn.Dropout(0.3), nn.Linear(16, 1))
         generator = torch.Generator().manual_seed(1)
         inputs = torch.randn(NUM_SAMPLES, 3, generator=generator)
@@ -52,7 +54,13 @@ class DropoutRegressor(pl.LightningModule):
         return loss
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=0.01)
+        optimizer = torch.optim.Adam(self.parameters(), lr=0.01)
+        if not self.step_schedule:
+            return optimizer
+        # Reading estimated_stepping_batches sets the dataloaders up before the restore.
+        schedule = torch.optim.lr_scheduler.OneCycleLR(
+            optimizer, max_lr=0.02, total_steps=self.trainer.estimated_stepping_batches)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
 class SignalAtStep(pl.Callback):
@@ -68,27 +76,31 @@ class SignalAtStep(pl.Callback):
 
 def make_trainer(root, callbacks):
     return pl.Trainer(
-        max_steps=MAX_STEPS, accelerator="cpu", devices=1, logger=False,
+        max_steps=MAX_STEPS, max_epochs=10, accelerator="cpu", devices=1, logger=False,
         enable_progress_bar=False, enable_model_summary=False,
         default_root_dir=root, callbacks=callbacks,
     )
 
 
-def losses_of_uninterrupted_run(tmp_path, loader_cls=ResumableDataLoader, seed_callback=True):
+def resume_callbacks(enabled=True):
+    return [SeedEveryBatch(), RestoreDataPosition()] if enabled else []
+
+
+def losses_of_uninterrupted_run(tmp_path, loader_cls=ResumableDataLoader, seed_callback=True, step_schedule=False):
     pl.seed_everything(0)
-    model = DropoutRegressor(loader_cls)
-    callbacks = [SeedEveryBatch()] if seed_callback else []
+    model = DropoutRegressor(loader_cls, step_schedule)
+    callbacks = resume_callbacks(seed_callback)
     make_trainer(tmp_path / "full", callbacks).fit(model)
     return model.step_losses
 
 
-def interrupt_and_resume(tmp_path, signum, loader_cls=ResumableDataLoader, seed_callback=True):
+def interrupt_and_resume(tmp_path, signum, loader_cls=ResumableDataLoader, seed_callback=True, step_schedule=False):
     """Run until a signal at STOP_AT_STEP, then resume the checkpoint in a fresh model."""
     checkpoint_dir = tmp_path / "ckpt"
-    seeding = [SeedEveryBatch()] if seed_callback else []
+    seeding = resume_callbacks(seed_callback)
 
     pl.seed_everything(0)
-    interrupted = DropoutRegressor(loader_cls)
+    interrupted = DropoutRegressor(loader_cls, step_schedule)
     stop = [OnExceptionCheckpoint(checkpoint_dir), GracefulInterrupt(), SignalAtStep(STOP_AT_STEP, signum)]
     # Lightning ends a SIGTERM'd fit with SystemExit; the first SIGINT behaves the same.
     with pytest.raises(SystemExit):
@@ -99,15 +111,19 @@ def interrupt_and_resume(tmp_path, signum, loader_cls=ResumableDataLoader, seed_
 
     pl.seed_everything(0)  # the same seed as the interrupted run, as a rerun of its config has
     torch.manual_seed(123)  # but a different generator state: nothing may depend on it
-    resumed = DropoutRegressor(loader_cls)
+    resumed = DropoutRegressor(loader_cls, step_schedule)
     make_trainer(tmp_path / "resumed", list(seeding)).fit(resumed, ckpt_path=str(checkpoint))
     return resumed.step_losses
 
 
-@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
-def test_mid_epoch_resume_reproduces_uninterrupted_losses(tmp_path, signum):
-    expected = losses_of_uninterrupted_run(tmp_path)
-    resumed = interrupt_and_resume(tmp_path, signum)
+@pytest.mark.parametrize(
+    "signum, step_schedule",
+    [(signal.SIGTERM, False), (signal.SIGINT, False), (signal.SIGTERM, True)],
+    ids=["SIGTERM", "SIGINT", "SIGTERM-step-schedule"],
+)
+def test_mid_epoch_resume_reproduces_uninterrupted_losses(tmp_path, signum, step_schedule):
+    expected = losses_of_uninterrupted_run(tmp_path, step_schedule=step_schedule)
+    resumed = interrupt_and_resume(tmp_path, signum, step_schedule=step_schedule)
     assert sorted(resumed) == list(range(STOP_AT_STEP, MAX_STEPS))
     for step, loss in resumed.items():
         assert loss == pytest.approx(expected[step], rel=1e-6, abs=1e-7), f"step {step}"
@@ -120,6 +136,31 @@ def test_plain_dataloader_and_global_rng_do_not_reproduce(tmp_path):
     resumed = interrupt_and_resume(tmp_path, signal.SIGTERM, DataLoader, seed_callback=False)
     differences = [abs(resumed[step] - expected[step]) for step in resumed]
     assert max(differences) > 1e-4
+
+
+def test_without_restore_data_position_a_step_schedule_loses_the_data_position(tmp_path):
+    # Lightning alone drops the loader state when configure_optimizers has read
+    # estimated_stepping_batches; RestoreDataPosition is what makes the test above pass.
+    pl.seed_everything(0)
+    model = DropoutRegressor(step_schedule=True)
+    checkpoint_dir = tmp_path / "ckpt"
+    stop = [OnExceptionCheckpoint(checkpoint_dir), SignalAtStep(STOP_AT_STEP, signal.SIGTERM)]
+    with pytest.raises(SystemExit):
+        make_trainer(tmp_path / "a", [SeedEveryBatch(), *stop]).fit(model)
+    positions = {}
+
+    class RecordPosition(pl.Callback):
+        def __init__(self, name):
+            self.name = name
+
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            positions.setdefault(self.name, trainer.train_dataloader._batches_yielded)
+
+    for name, extra in (("lightning only", []), ("with RestoreDataPosition", [RestoreDataPosition()])):
+        make_trainer(tmp_path / name, [RecordPosition(name), *extra]).fit(
+            DropoutRegressor(step_schedule=True), ckpt_path=str(checkpoint_dir / "on_exception.ckpt"))
+    # 12 batches per epoch: step 17 is the 6th batch of the second epoch
+    assert positions == {"lightning only": 1, "with RestoreDataPosition": STOP_AT_STEP % 12 + 1}
 
 
 def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):
