@@ -146,6 +146,9 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         statuses.append(result["status"])
         return result
 
+    problem = _unparsable_override(overrides)
+    if problem:
+        return _fail(problem, 1)
     sweep.last_summary = None
     entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
     sys.argv = [original_argv[0], *overrides]
@@ -162,6 +165,22 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         print(f"{PROG}: {count} of {total} runs did not complete; see the summary above", file=sys.stderr)
         return 1
     return 0
+
+
+def _unparsable_override(overrides: list[str]) -> str | None:
+    """Hydra's parse error names the bad token but not the override; name it here."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        if override.startswith("-") or "=" not in override:
+            continue  # Hydra's own flags and their values
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as error:
+            return f"cannot parse override {override!r}: {error.message.splitlines()[0]}"
+    return None
 
 
 def _is_multirun(hydra_config) -> bool:
@@ -288,18 +307,18 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
         if path.is_dir():
             for candidate in (path / "checkpoints" / CHECKPOINT_NAME, path / CHECKPOINT_NAME):
                 if candidate.is_file():
-                    return str(candidate)
+                    return str(candidate.absolute())
             raise UsageError(
                 f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/{CHECKPOINT_NAME}; "
                 "point ckpt_path at a .ckpt file"
             )
         if not path.is_file():
             raise UsageError(f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist")
-        return str(path)
+        return str(path.absolute())
 
     own = output_dir / "checkpoints" / CHECKPOINT_NAME
     if own.is_file():
-        return str(own)
+        return str(own.absolute())
     found = find_last_checkpoint(
         Path(str(cfg.get("resume_dir") or "outputs")),
         OmegaConf.to_container(cfg.model, resolve=True),
@@ -343,4 +362,4 @@ def find_last_checkpoint(root: Path, model_config: dict, data_config: dict, excl
             continue
         if same:
             candidates.append((checkpoint.stat().st_mtime, checkpoint))
-    return max(candidates)[1] if candidates else None
+    return max(candidates)[1].absolute() if candidates else None

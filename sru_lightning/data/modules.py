@@ -91,7 +91,11 @@ class LanguageModelDataModule(pl.LightningDataModule):
         if split not in self._datasets:
             self.setup()
         # Batches are already whole windows; the streams' order must be kept for state carry.
-        return DataLoader(self._datasets[split], batch_size=None)
+        # The training loader remembers its position, so a mid-epoch checkpoint resumes there.
+        loader_class = DataLoader
+        if split == "train":
+            from sru_lightning.fault_tolerance import ResumableDataLoader as loader_class
+        return loader_class(self._datasets[split], batch_size=None)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train")

@@ -16,6 +16,7 @@ RNN_TYPES = ("sru", "lstm")
 STAGES = ("train", "val", "test")
 _SCHEDULER_KEYS = ("interval", "frequency", "monitor", "strict", "name")
 _TOTAL_STEP_KEYS = ("total_steps", "T_max")
+_DERIVED_FROM_TOTAL_STEPS = ("_schedule_phases",)  # OneCycleLR's phase boundaries
 
 
 def _build_from_config(config: Any, **bound) -> Any:
@@ -25,6 +26,17 @@ def _build_from_config(config: Any, **bound) -> Any:
     from hydra.utils import instantiate
 
     return instantiate(config, **bound)
+
+
+def _plain(value: Any) -> Any:
+    """OmegaConf containers (as Hydra passes them) -> builtin dicts/lists; others unchanged."""
+    try:
+        from omegaconf import DictConfig, ListConfig, OmegaConf
+    except ImportError:  # pragma: no cover - hydra-core is a dependency
+        return value
+    if isinstance(value, (DictConfig, ListConfig)):
+        return OmegaConf.to_container(value, resolve=True)
+    return value
 
 
 class SRULanguageModel(pl.LightningModule):
@@ -75,6 +87,8 @@ class SRULanguageModel(pl.LightningModule):
                 raise ValueError(f"SRULanguageModel: `model.{name}` must be a positive integer, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"SRULanguageModel: `model.dropout` must be in [0, 1), got {dropout!r}")
+        # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
+        sru_options, optimizer, lr_scheduler = (_plain(value) for value in (sru_options, optimizer, lr_scheduler))
         self.save_hyperparameters()
         self.rnn_type = rnn
         self.carry_hidden = carry_hidden
@@ -191,6 +205,19 @@ class SRULanguageModel(pl.LightningModule):
         self._log_epoch_metrics("test")
 
     # -- optimisation -----------------------------------------------------------------------
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A step budget filled in from the trainer belongs to this run (a resumed fit may run
+        # more epochs): keep the freshly computed one instead of the checkpoint's.
+        config = self.lr_scheduler_config
+        if not isinstance(config, Mapping):
+            return
+        filled = [key for key in _TOTAL_STEP_KEYS if key in config and config[key] is None]
+        if not filled:
+            return
+        for state in checkpoint.get("lr_schedulers", []):
+            for key in (*filled, *_DERIVED_FROM_TOTAL_STEPS):
+                state.pop(key, None)
+
     def configure_optimizers(self):
         optimizer = _build_from_config(self.optimizer_config, params=self.parameters())
         if self.lr_scheduler_config is None:
