@@ -18,6 +18,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from dataclasses import dataclass
@@ -156,16 +157,23 @@ def judge_fit(spec: FitSpec, report: dict) -> Check:
 
 def launch_fit(spec: FitSpec) -> subprocess.Popen:
     command = [sys.executable, "-m", "sru_lightning.gpu_check", "--fit-worker", json.dumps(spec.__dict__)]
-    return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    # Output goes to a file, not a pipe: workers running side by side never block on a full pipe.
+    log = tempfile.TemporaryFile(mode="w+")
+    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
+    process.log = log
+    return process
 
 
 def collect_fit(spec: FitSpec, process: subprocess.Popen, timeout_s: float) -> tuple[Check, dict]:
     try:
-        output, _ = process.communicate(timeout=max(timeout_s, 1.0))
+        process.wait(timeout=max(timeout_s, 1.0))
     except subprocess.TimeoutExpired:
         process.kill()
-        process.communicate()
-        return Check(spec.name, FAIL, f"did not finish within {timeout_s:.0f} s"), {}
+        process.wait()
+        return Check(spec.name, FAIL, "did not finish within the time budget (--budget)"), {}
+    process.log.seek(0)
+    output = process.log.read()
+    process.log.close()
     for line in reversed(output.splitlines()):
         if line.startswith(RESULT_PREFIX):
             report = json.loads(line[len(RESULT_PREFIX):])
