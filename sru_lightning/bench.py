@@ -106,16 +106,6 @@ def _outputs(result):
     return [result]
 
 
-def _timed(fn, repeats: int, warmup: int, order_index: int, timings: list):
-    del order_index
-    for _ in range(warmup):
-        fn()
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        timings.append((time.perf_counter() - start) * 1e3)
-
-
 def _make_train_step(model: nn.Module, x: torch.Tensor):
     grads = None
 

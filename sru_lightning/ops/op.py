@@ -57,7 +57,8 @@ def _setup_context(ctx, inputs, output):
      has_skip_term, store_c) = inputs
     _, _, c_all = output
     ctx.save_for_backward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, c_all)
-    ctx.options = (scale_x_value, bidirectional, has_skip_term)
+    skip_from_x = has_skip_term and U.shape[-1] == 3 * _width(bias)
+    ctx.options = (scale_x_value, bidirectional, has_skip_term, skip_from_x)
     ctx.mark_non_differentiable(c_all)
     # Unused outputs then get None instead of freshly filled zero tensors.
     ctx.set_materialize_grads(False)
@@ -65,7 +66,7 @@ def _setup_context(ctx, inputs, output):
 
 def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
     U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, c_all = ctx.saved_tensors
-    scale_x_value, bidirectional, has_skip_term = ctx.options
+    scale_x_value, bidirectional, has_skip_term, skip_from_x = ctx.options
     if grad_h is None:
         grad_h = torch.zeros_like(c_all)
     grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 = torch.ops.sru_lightning.recurrence_backward(
@@ -76,7 +77,7 @@ def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
     # scale_x is a constant of the layer (a buffer), and the masks are not differentiable.
     return (
         grad_U,
-        grad_x if x is not None else None,
+        grad_x if skip_from_x else None,
         grad_weight_c,
         grad_bias,
         grad_c0 if c0 is not None else None,

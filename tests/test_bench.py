@@ -1,0 +1,51 @@
+"""The benchmark command runs end to end on tiny sizes (structure, not speed)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from sru_lightning import bench
+
+TINY = ["--length", "4", "--batch", "2", "--hidden", "8", "--layers", "2", "--repeats", "2", "--warmup", "1", "--threads", "1"]
+
+
+def test_saved_tensor_bytes_counts_each_storage_once():
+    a = torch.randn(10, requires_grad=True)
+    b = torch.randn(10, requires_grad=True)
+    assert bench.saved_tensor_bytes(lambda: a * b) == 2 * 10 * 4
+    assert bench.saved_tensor_bytes(lambda: a * a) == 10 * 4
+    assert bench.saved_tensor_bytes(lambda: (a.detach() * 2).sum()) == 0
+
+
+def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
+    chart = tmp_path / "bench.png"
+    assert bench.main(TINY + ["--no-peer", "--plot", str(chart)]) == 0
+    output = capsys.readouterr().out
+    lines = output.splitlines()
+    assert lines[0].startswith("SRU benchmark: L=4 B=2 D=8 layers=2 dtype=fp32 threads=1")
+    rows = {line.split("  ")[0].strip(): line for line in lines[2:]}
+    for model in ("SRU (sru_lightning)", "nn.LSTM", "nn.GRU", "GEMM floor"):
+        assert model in rows, output
+    lstm_columns = rows["nn.LSTM"].split()
+    assert lstm_columns[-1] == "1.000" and lstm_columns[2] == "1.000"  # its own ratios
+    assert "saved for backward, SRU stack" in output and "ratio" in output
+    assert chart.exists() and chart.stat().st_size > 1000
+
+
+def test_half_policy_saves_less_than_fp32():
+    saved = bench.measure_saved_bytes(bench.BenchConfig(length=4, batch=2, hidden=8, layers=2))
+    assert 0 < saved["half (bf16 autocast)"] < saved["fp32"]
+
+
+def test_bench_rejects_bad_sizes(capsys):
+    with pytest.raises(SystemExit):
+        bench.main(["--hidden", "0"])
+    assert "--hidden must be >= 1, got 0" in capsys.readouterr().err
+
+
+@pytest.mark.peer
+@pytest.mark.slow
+def test_bench_includes_the_sru_package(capsys):
+    assert bench.main(TINY) == 0
+    assert "sru package" in capsys.readouterr().out
