@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import json
 import logging
 import math
 import sys
@@ -198,7 +197,6 @@ def run(cfg, command: str, *, multirun: bool = False) -> dict[str, Any]:
     the other jobs go on). Errors during training keep their traceback.
     """
     from hydra.core.hydra_config import HydraConfig
-    from omegaconf import OmegaConf
 
     from sru_lightning.sweep import write_result
 
@@ -226,7 +224,6 @@ def run(cfg, command: str, *, multirun: bool = False) -> dict[str, Any]:
         record["ckpt_path"] = str(ckpt_path)
     if trainer.is_global_zero:
         write_result(output_dir, record)
-        OmegaConf.save(OmegaConf.create({"metrics": metrics}), output_dir / "metrics.yaml")
     return record
 
 
@@ -243,8 +240,13 @@ def _is_usage_error(error: BaseException) -> bool:
 
 
 def _describe(error: BaseException) -> str:
-    text = str(error).strip() or type(error).__name__
-    return text
+    """The message a user needs: Hydra's instantiate wrapper gives way to the real cause."""
+    from hydra.errors import InstantiationException
+
+    if isinstance(error, InstantiationException) and error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).strip()
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
 def build(cfg, command: str, output_dir: Path):

@@ -152,3 +152,19 @@ def test_vocabulary_without_unknown_rejects_new_symbols():
     assert vocab.encode("cab").tolist() == [2, 0, 1]
     with pytest.raises(ValueError, match="not in the vocabulary"):
         vocab.encode("abz")
+
+
+def test_training_loader_resumes_mid_epoch_from_its_state():
+    data = PydocDataModule(batch_size=4, seq_len=16)
+    data.setup("fit")
+    loader = data.train_dataloader()
+    iterator = iter(loader)
+    next(iterator), next(iterator)
+    state = loader.state_dict()
+    expected_x, _ = next(iterator)
+    resumed = PydocDataModule(batch_size=4, seq_len=16)
+    resumed.setup("fit")
+    fresh_loader = resumed.train_dataloader()
+    fresh_loader.load_state_dict(state)
+    resumed_x, _ = next(iter(fresh_loader))
+    assert torch.equal(resumed_x, expected_x)
