@@ -137,6 +137,8 @@ class SRULanguageModel(pl.LightningModule):
         first = state[0] if isinstance(state, tuple) else state
         if first.size(1) != batch_size:  # a new stream layout: start from zeros
             return None
+        if first.device != self.device:  # restored from a checkpoint, which loads on CPU
+            state = tuple(s.to(self.device) for s in state) if isinstance(state, tuple) else state.to(self.device)
         return state
 
     def _keep_state(self, stage: str, state: Any) -> None:
@@ -205,7 +207,17 @@ class SRULanguageModel(pl.LightningModule):
         self._log_epoch_metrics("test")
 
     # -- optimisation -----------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        # A mid-epoch resume continues the carried state, so its losses are the uninterrupted
+        # run's. Under DDP each rank carries its own streams and only rank 0 writes the file,
+        # so there a resume starts the epoch's remaining batches from zeros instead.
+        state = self._carried.get("train")
+        if state is not None and self.trainer.world_size == 1:
+            checkpoint["carried_train_state"] = state
+
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        if checkpoint.get("carried_train_state") is not None:
+            self._carried["train"] = checkpoint["carried_train_state"]
         # A step budget filled in from the trainer belongs to this run (a resumed fit may run
         # more epochs): keep the freshly computed one instead of the checkpoint's.
         config = self.lr_scheduler_config
