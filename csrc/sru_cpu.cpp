@@ -6,7 +6,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
-#include <vector>
+#include <memory>
 
 #include "sru_ops.h"
 
@@ -15,14 +15,38 @@ namespace sru_lightning {
 namespace {
 
 constexpr int64_t kBlock = 64;
+// Blocks whose state a thread keeps at once (128 * 64 columns): the per-block state stays
+// in L2 while each step still streams long contiguous stretches of memory.
+constexpr int64_t kChunkBlocks = 128;
 
-// The block loops are compiled for baseline x86-64 and again for AVX2, chosen at load time,
-// so the JIT-built library runs anywhere and still uses wide vectors where they exist.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__)) && !defined(__CUDACC__)
-#define SRU_CPU_CLONES __attribute__((target_clones("default", "avx2")))
-#else
-#define SRU_CPU_CLONES
+// The block loops are compiled three times (baseline x86-64, AVX2+FMA, AVX-512+FMA) and the
+// widest one the processor supports is picked at run time, so the JIT-built library runs on
+// any machine sharing the extension cache and still uses wide vectors where they exist.
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#define SRU_X86_LEVELS 1
+#define SRU_TARGET_AVX2 __attribute__((target("avx2,fma")))
+#define SRU_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
 #endif
+#define SRU_ALWAYS_INLINE inline __attribute__((always_inline))
+
+enum class VectorLevel { baseline, avx2, avx512 };
+
+VectorLevel vector_level() {
+#ifdef SRU_X86_LEVELS
+  static const VectorLevel level = [] {
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("fma")) {
+      return VectorLevel::avx512;
+    }
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return VectorLevel::avx2;
+    return VectorLevel::baseline;
+  }();
+  return level;
+#else
+  return VectorLevel::baseline;
+#endif
+}
 
 // Position of a block of columns: batch b, direction d, hidden units [j0, j0 + n).
 struct ColumnBlock {
@@ -48,12 +72,13 @@ ColumnBlock block_at(const RecurrenceDims& dims, int64_t task) {
 template <typename A>
 class BlockArena {
  public:
-  BlockArena(int64_t blocks, int fields) : fields_(fields), values_(blocks * fields * kBlock) {}
-  A* get(int64_t block, int field) { return values_.data() + (block * fields_ + field) * kBlock; }
+  // Uninitialized: every field is filled before it is read.
+  BlockArena(int64_t blocks, int fields) : fields_(fields), values_(new A[blocks * fields * kBlock]) {}
+  A* get(int64_t block, int field) { return values_.get() + (block * fields_ + field) * kBlock; }
 
  private:
   int fields_;
-  std::vector<A> values_;
+  std::unique_ptr<A[]> values_;
 };
 
 int64_t task_count(const RecurrenceDims& dims) {
@@ -99,7 +124,7 @@ inline void store(const A* __restrict__ source, int64_t n, T* __restrict__ targe
 }
 
 template <typename T, int K>
-SRU_CPU_CLONES void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
+SRU_ALWAYS_INLINE void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
                                    int64_t begin, int64_t end) {
   using A = accumulate_t<T>;
   const int64_t columns = dims.columns();
@@ -164,14 +189,36 @@ SRU_CPU_CLONES void forward_blocks(const RecurrenceDims& dims, const ForwardArgs
   }
 }
 
+// One entry point per vector level: the same inlined body, compiled for each target.
+#define SRU_LEVEL_ENTRY(name, body, Args, attributes)                                          \
+  template <typename T, int K>                                                                 \
+  attributes void name(const RecurrenceDims& dims, const Args<T, accumulate_t<T>>& a,          \
+                       int64_t begin, int64_t end) {                                           \
+    for (int64_t first = begin; first < end; first += kChunkBlocks) {                          \
+      body<T, K>(dims, a, first, std::min(end, first + kChunkBlocks));                         \
+    }                                                                                          \
+  }
+
+SRU_LEVEL_ENTRY(forward_blocks_baseline, forward_blocks, ForwardArgs, )
+#ifdef SRU_X86_LEVELS
+SRU_LEVEL_ENTRY(forward_blocks_avx2, forward_blocks, ForwardArgs, SRU_TARGET_AVX2)
+SRU_LEVEL_ENTRY(forward_blocks_avx512, forward_blocks, ForwardArgs, SRU_TARGET_AVX512)
+#endif
+
 template <int K, typename T>
 void forward_kernel(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a) {
-  at::parallel_for(0, task_count(dims), 1,
-                   [&](int64_t begin, int64_t end) { forward_blocks<T, K>(dims, a, begin, end); });
+  const VectorLevel level = vector_level();
+  at::parallel_for(0, task_count(dims), 1, [&](int64_t begin, int64_t end) {
+#ifdef SRU_X86_LEVELS
+    if (level == VectorLevel::avx512) return forward_blocks_avx512<T, K>(dims, a, begin, end);
+    if (level == VectorLevel::avx2) return forward_blocks_avx2<T, K>(dims, a, begin, end);
+#endif
+    forward_blocks_baseline<T, K>(dims, a, begin, end);
+  });
 }
 
 template <typename T, int K>
-SRU_CPU_CLONES void backward_blocks(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
+SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
                                     int64_t begin, int64_t end) {
   using A = accumulate_t<T>;
   const int64_t columns = dims.columns();
@@ -289,10 +336,22 @@ SRU_CPU_CLONES void backward_blocks(const RecurrenceDims& dims, const BackwardAr
   }
 }
 
+SRU_LEVEL_ENTRY(backward_blocks_baseline, backward_blocks, BackwardArgs, )
+#ifdef SRU_X86_LEVELS
+SRU_LEVEL_ENTRY(backward_blocks_avx2, backward_blocks, BackwardArgs, SRU_TARGET_AVX2)
+SRU_LEVEL_ENTRY(backward_blocks_avx512, backward_blocks, BackwardArgs, SRU_TARGET_AVX512)
+#endif
+
 template <int K, typename T>
 void backward_kernel(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a) {
-  at::parallel_for(0, task_count(dims), 1,
-                   [&](int64_t begin, int64_t end) { backward_blocks<T, K>(dims, a, begin, end); });
+  const VectorLevel level = vector_level();
+  at::parallel_for(0, task_count(dims), 1, [&](int64_t begin, int64_t end) {
+#ifdef SRU_X86_LEVELS
+    if (level == VectorLevel::avx512) return backward_blocks_avx512<T, K>(dims, a, begin, end);
+    if (level == VectorLevel::avx2) return backward_blocks_avx2<T, K>(dims, a, begin, end);
+#endif
+    backward_blocks_baseline<T, K>(dims, a, begin, end);
+  });
 }
 
 }  // namespace
