@@ -47,6 +47,27 @@ def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> C
     return Check(f"kernels {dtype_name}", PASS, detail)
 
 
+def check_device_mismatch(device: str = "cuda") -> Check:
+    """A `c0` left on the CPU next to a CUDA `U` must be refused by name, not read as device memory."""
+    from sru_lightning.kernel_parity import Variant, make_inputs
+    from sru_lightning.ops import functional
+
+    inputs = make_inputs(Variant("basic"), torch.float32)
+    on_device = {name: value.to(device) for name, value in inputs.items() if isinstance(value, torch.Tensor)}
+    on_device["c0"] = inputs["c0"]  # the mistake
+    name = "bad input: c0 on the CPU, U on the GPU"
+    try:
+        functional.sru_recurrence(on_device["U"], on_device["x"], on_device["weight_c"], on_device["bias"],
+                                  on_device["c0"])
+    except ValueError as error:
+        if "`c0`" in str(error):
+            return Check(name, PASS, f"ValueError: {str(error).splitlines()[0][:120]}")
+        return Check(name, FAIL, f"ValueError without naming `c0`: {str(error)[:160]}")
+    except Exception as error:
+        return Check(name, FAIL, f"{type(error).__name__} instead of a ValueError naming `c0`: {str(error)[:160]}")
+    return Check(name, FAIL, "no error: the kernel ran on tensors from two devices")
+
+
 # -- fits (each in its own process: DeepSpeed and CUDA state never leak between them) ----------
 @dataclass
 class FitSpec:
@@ -316,6 +337,7 @@ def run_checks(parts, budget_s: float) -> list[Check]:
                 checks.append(Check("kernels bf16", SKIP, "this GPU has no bf16 support"))
                 continue
             guarded(f"kernels {dtype_name}", lambda d=dtype_name: check_kernels(d), checks)
+        guarded("bad input: c0 on the CPU, U on the GPU", check_device_mismatch, checks)
 
     specs = list(FITS if "fits" in parts else ()) + list(MEMORY_FITS if "memory" in parts else ())
     if "deepspeed" in parts:
@@ -355,7 +377,12 @@ def run_checks(parts, budget_s: float) -> list[Check]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sru_lightning gpu-check", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m sru_lightning gpu-check",
+        description="Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference, fits in "
+        "16-mixed, bf16-mixed, 16-true and DeepSpeed ZeRO-2, peak memory, speed vs cuDNN LSTM. One summary; "
+        "exit status 0 all passed, 1 a check failed, 2 no CUDA device.",
+    )
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole check (default 420)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")

@@ -88,6 +88,14 @@ def test_kernel_comparison_fails_when_the_kernel_is_wrong(monkeypatch):
     assert check.status == FAIL and "mask_pad vs reference: h 1.0e-02" in check.detail
 
 
+def test_device_mismatch_check_judges_the_error():
+    # On CPU "cuda" cannot be reached, so the meta device plays the GPU: whatever the op does
+    # with it, the check must report PASS only for a ValueError naming `c0`.
+    check = gpu_check.check_device_mismatch(device="meta")
+    assert check.name == "bad input: c0 on the CPU, U on the GPU"
+    assert (check.status == PASS) == ("ValueError: " in check.detail and "`c0`" in check.detail)
+
+
 def test_fit_judgement():
     spec = FitSpec("fit 16-mixed", "16-mixed", expected_storage="fp16", steps=8)
     good = {"losses": [4.0, 3.9, 3.5, 3.2, 3.0, 2.9, 2.8, 2.7], "storage": ["fp16"], "backends": ["cpp"]}
