@@ -19,8 +19,9 @@ the uninterrupted run would have produced:
   (:class:`EpochSeededRandomSampler`), the same permutation Lightning's ``DistributedSampler``
   draws, so a one-process run and a DDP run see the same global batches. Lightning 2.6 hands
   the state back only when the dataloader is first set up after the restore; a model whose
-  ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as every
-  OneCycleLR schedule does) sets it up earlier, and the state is silently dropped.
+  ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as step-based
+  schedules such as OneCycleLR often do; with ``max_epochs`` set this loads the dataloader)
+  sets it up earlier, and the state is silently dropped.
   :class:`RestoreDataPosition` applies it before the first batch in that case.
 * **The random numbers.** Lightning does not checkpoint RNG states, and the data pipeline
   draws from the global generator at unpredictable moments (every ``iter(DataLoader)`` draws
