@@ -156,3 +156,23 @@ def test_cpp_op_rejects_mixed_dtypes_with_the_argument_name():
     with pytest.raises(TypeError, match="`x` must have U's dtype"):
         torch.ops.sru_lightning.recurrence_forward(
             U, x.double(), weight_c, bias, c0, None, 1.0, None, None, False, True, True)
+
+
+@pytest.mark.parametrize("length,batch", [(0, 3), (4, 0)])
+def test_empty_sequence_or_batch(length, batch):
+    tensors, kwargs = make_case(length=length, batch=batch, dtype=torch.float32)
+    h, c_last, grads = run_with_grads(cpp_forward, tensors, kwargs)
+    h_ref, c_ref, grads_ref = run_with_grads(ops.sru_recurrence_reference, tensors, kwargs)
+    assert h.shape == h_ref.shape == (length, batch, 4)
+    torch.testing.assert_close(c_last, c_ref)
+    torch.testing.assert_close(grads[4], grads_ref[4])  # c0: the gradient passes straight through
+
+
+def test_non_contiguous_inputs():
+    (U, x, weight_c, bias, c0), kwargs = make_case(length=6, batch=3, dtype=torch.float32)
+    U_t = U.transpose(0, 1).contiguous().transpose(0, 1)
+    x_t = x.transpose(0, 1).contiguous().transpose(0, 1)
+    assert not U_t.is_contiguous()
+    h, c_last = cpp_forward(U_t, x_t, weight_c, bias, c0, **kwargs)
+    h_ref, c_ref = cpp_forward(U, x, weight_c, bias, c0, **kwargs)
+    assert torch.equal(h, h_ref) and torch.equal(c_last, c_ref)

@@ -97,7 +97,7 @@ def sru_recurrence_reference(
                     h_t = torch.where(pad[t], torch.zeros_like(h_t), h_t)
                 h_steps[t] = h_t
                 c_prev = c_t
-            h_directions.append(torch.stack(h_steps))  # (L, B, D)
+            h_directions.append(torch.stack(h_steps) if L else u.new_zeros(0, B, D))  # (L, B, D)
             c_last_directions.append(c_prev)
         h = torch.stack(h_directions, dim=2).reshape(L, B, dirs * D)
         c_last = torch.stack(c_last_directions, dim=1).reshape(B, dirs * D)
