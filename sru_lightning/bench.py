@@ -135,7 +135,15 @@ def _make_inference_step(model: nn.Module, x: torch.Tensor):
 
 def run_benchmark(config: BenchConfig) -> BenchResult:
     """Time every model, interleaved round by round, and return the median times."""
+    previous_threads = torch.get_num_threads()
     torch.set_num_threads(config.threads)
+    try:
+        return _run_benchmark(config)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run_benchmark(config: BenchConfig) -> BenchResult:
     dtype = DTYPES[config.dtype]
     result = BenchResult(config)
     models: dict[str, nn.Module] = {

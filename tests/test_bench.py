@@ -49,3 +49,10 @@ def test_bench_rejects_bad_sizes(capsys):
 def test_bench_includes_the_sru_package(capsys):
     assert bench.main(TINY) == 0
     assert "sru package" in capsys.readouterr().out
+
+
+def test_bench_restores_the_thread_count():
+    before = torch.get_num_threads()
+    bench.run_benchmark(bench.BenchConfig(length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0,
+                                          threads=before + 1, include_peer=False))
+    assert torch.get_num_threads() == before
