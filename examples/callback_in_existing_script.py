@@ -70,7 +70,8 @@ def main() -> None:
         callbacks=[SRUPrecisionCallback(policy="auto")],  # the one added line
     )
     trainer.fit(model, datamodule=data)
-    print(f"val_loss={trainer.callback_metrics['val_loss']:.3f} nats/char")
+    (result,) = trainer.validate(model, datamodule=data, verbose=False)
+    print(f"val_loss={result['val_loss']:.3f} nats/char")
 
 
 if __name__ == "__main__":

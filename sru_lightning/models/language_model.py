@@ -172,7 +172,8 @@ class SRULanguageModel(pl.LightningModule):
         metric = self.mean_nats[f"{stage}_nats"]
         metric.update(loss.detach().float(), weight=targets.numel())
         on_step = stage == "train"
-        self.log(f"{stage}_loss", loss.detach(), on_step=on_step, on_epoch=not on_step, prog_bar=on_step, batch_size=inputs.size(0))
+        self.log(f"{stage}_loss", loss.detach(), on_step=on_step, on_epoch=not on_step, prog_bar=on_step,
+                 batch_size=inputs.size(0), sync_dist=not on_step)
         if not on_step:
             return loss
         self.log("train_bpc", loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
@@ -185,8 +186,9 @@ class SRULanguageModel(pl.LightningModule):
         nats = metric.compute()
         metric.reset()
         suffix = "_epoch" if stage == "train" else ""
-        self.log(f"{stage}_bpc{suffix}", nats / math.log(2), prog_bar=stage != "train")
-        self.log(f"{stage}_ppl{suffix}", torch.exp(nats))
+        # compute() already reduced over processes; sync_dist only averages equal values.
+        self.log(f"{stage}_bpc{suffix}", nats / math.log(2), prog_bar=stage != "train", sync_dist=True)
+        self.log(f"{stage}_ppl{suffix}", torch.exp(nats), sync_dist=True)
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")
