@@ -102,6 +102,18 @@ def test_validation_metrics_are_bits_and_perplexity_of_the_token_mean_loss(tmp_p
     assert result["val_bpc"] == pytest.approx(math.log2(data.vocab_size), abs=0.5)
 
 
+def test_metric_states_stay_float32_when_the_model_is_cast_to_bf16(tmp_path):
+    data = PydocDataModule(batch_size=2, seq_len=8)
+    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
+    trainer = pl.Trainer(precision="bf16-true", logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=3, default_root_dir=tmp_path)
+    (result,) = trainer.validate(model, datamodule=data, verbose=False)
+    assert model.embedding.weight.dtype == torch.bfloat16
+    assert model.mean_nats["val_nats"].mean_value.dtype == torch.float32
+    # a float32 state keeps the derived perplexity off the coarse bf16 grid
+    assert result["val_ppl"] == pytest.approx(2 ** result["val_bpc"], rel=1e-5)
+
+
 @pytest.mark.slow
 def test_a_short_fit_beats_the_unigram_baseline(tmp_path):
     data = PydocDataModule(batch_size=16, seq_len=32)

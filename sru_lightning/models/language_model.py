@@ -153,6 +153,21 @@ class SRULanguageModel(pl.LightningModule):
         else:
             self._carried.pop(stage, None)
 
+    def _metrics_in_float32(self) -> None:
+        # `16-true`/`bf16-true` cast the whole module, metric states included; a running sum
+        # of thousands of losses in bf16 would be off in the second digit.
+        for metric in self.mean_nats.values():
+            metric.set_dtype(torch.float32)
+
+    def on_fit_start(self) -> None:
+        self._metrics_in_float32()
+
+    def on_validation_start(self) -> None:
+        self._metrics_in_float32()
+
+    def on_test_start(self) -> None:
+        self._metrics_in_float32()
+
     def on_train_epoch_start(self) -> None:
         self.reset_state("train")
 
