@@ -6,6 +6,8 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <cstring>
 #include <memory>
 
 #include "sru_ops.h"
@@ -31,16 +33,24 @@ constexpr int64_t kChunkBlocks = 128;
 
 enum class VectorLevel { baseline, avx2, avx512 };
 
+// The widest level this processor supports; SRU_LIGHTNING_CPU_VECTORS=baseline|avx2 caps it
+// (to test every path on one machine, or to rule the wide paths out when debugging).
 VectorLevel vector_level() {
 #ifdef SRU_X86_LEVELS
   static const VectorLevel level = [] {
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("fma")) {
-      return VectorLevel::avx512;
+    VectorLevel supported = VectorLevel::baseline;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) supported = VectorLevel::avx2;
+    if (supported == VectorLevel::avx2 && __builtin_cpu_supports("avx512f") &&
+        __builtin_cpu_supports("avx512vl")) {
+      supported = VectorLevel::avx512;
     }
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return VectorLevel::avx2;
-    return VectorLevel::baseline;
+    const char* cap = std::getenv("SRU_LIGHTNING_CPU_VECTORS");
+    if (cap != nullptr && std::strcmp(cap, "baseline") == 0) return VectorLevel::baseline;
+    if (cap != nullptr && std::strcmp(cap, "avx2") == 0 && supported == VectorLevel::avx512) {
+      return VectorLevel::avx2;
+    }
+    return supported;
   }();
   return level;
 #else
@@ -355,6 +365,10 @@ void backward_kernel(const RecurrenceDims& dims, const BackwardArgs<T, accumulat
 }
 
 }  // namespace
+
+int64_t cpu_vector_level() {
+  return static_cast<int64_t>(vector_level());
+}
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_cpu(
     const at::Tensor& U, const OptionalTensor& x, const at::Tensor& weight_c,

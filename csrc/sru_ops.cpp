@@ -118,6 +118,7 @@ TORCH_LIBRARY(sru_lightning, m) {
       "Tensor bias, Tensor? c0, Tensor? scale_x, float scale_x_value, Tensor? mask_c, "
       "Tensor? mask_pad, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
       "(Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, Tensor grad_c0)");
+  m.def("cpu_vector_level() -> int", &sru_lightning::cpu_vector_level);
 }
 
 TORCH_LIBRARY_IMPL(sru_lightning, CPU, m) {

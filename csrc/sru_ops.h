@@ -28,6 +28,9 @@ RecurrenceDims check_recurrence_args(const at::Tensor& U, const OptionalTensor& 
 at::Tensor contiguous_or_undefined(const OptionalTensor& tensor);
 at::Tensor scale_in_accumulate_dtype(const OptionalTensor& scale_x, at::ScalarType storage);
 
+// 0 = baseline, 1 = AVX2+FMA, 2 = AVX-512: the vector code the CPU kernels run.
+int64_t cpu_vector_level();
+
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_cpu(
     const at::Tensor& U, const OptionalTensor& x, const at::Tensor& weight_c,
     const at::Tensor& bias, const OptionalTensor& c0, const OptionalTensor& scale_x,

@@ -229,6 +229,12 @@ def format_table(result: BenchResult) -> str:
             f"saved for backward, SRU stack: fp32 {fp32 / 2**20:.2f} MiB, half policy (bf16 autocast) "
             f"{half / 2**20:.2f} MiB, ratio {half / fp32:.3f}"
         )
+    try:
+        from sru_lightning.ops.op import cpu_vector_level
+
+        lines.append(f"CPU recurrence kernels: {cpu_vector_level()} vector code")
+    except Exception as error:  # the extension could not be built: the reference ran
+        lines.append(f"CPU recurrence kernels unavailable ({type(error).__name__}); the reference ran")
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
 

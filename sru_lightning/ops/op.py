@@ -23,6 +23,14 @@ def cuda_kernels_loaded() -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(_FORWARD, "CUDA")
 
 
+CPU_VECTOR_LEVELS = ("baseline", "avx2", "avx512")
+
+
+def cpu_vector_level() -> str:
+    """Vector code the CPU kernels run: "baseline", "avx2" (AVX2+FMA) or "avx512"."""
+    return CPU_VECTOR_LEVELS[torch.ops.sru_lightning.cpu_vector_level()]
+
+
 def _width(bias) -> int:
     return bias.shape[0] // 2
 

@@ -1,0 +1,49 @@
+"""Every CPU vector level the kernels are compiled for (baseline x86-64, AVX2+FMA, AVX-512)
+computes the same recurrence: each level runs in its own process, capped by
+SRU_LIGHTNING_CPU_VECTORS, and is compared with the reference."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+CHECK = r"""
+import torch
+from sru_lightning import ops
+from sru_lightning.ops import op
+from sru_lightning.ops.testing import make_case, run_with_grads
+worst = 0.0
+for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloat16, 1e-1)):
+    for variant in (dict(bidirectional=True, with_mask_pad=True, with_mask_c=True), dict(k=4, per_step_weight_c=True)):
+        tensors, kwargs = make_case(length=5, batch=3, hidden=70, dtype=dtype, **variant)
+        fn = lambda U, x, w, b, c0, **kw: op.sru_forward(U, x, w, b, c0, kw.get("scale_x"), kw.get("mask_c"),
+                                                         kw.get("mask_pad"), kw["bidirectional"], kw["has_skip_term"])
+        got = run_with_grads(fn, tensors, kwargs)
+        ref = run_with_grads(ops.sru_recurrence_reference, [t.double() if t is not None else None for t in tensors],
+                             {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()})
+        pairs = [(got[0], ref[0]), (got[1], ref[1])] + [(g, r) for g, r in zip(got[2], ref[2]) if r is not None]
+        for g, r in pairs:
+            error = ((g.double() - r).abs().max() / r.abs().max().clamp_min(1)).item()
+            assert error < bound, (dtype, variant, error)
+print(op.cpu_vector_level(), "ok")
+"""
+
+
+@pytest.mark.parametrize("level", ["baseline", "avx2", "best"])
+def test_every_vector_level_matches_the_reference(level):
+    env = dict(os.environ)
+    env.pop("SRU_LIGHTNING_CPU_VECTORS", None)
+    if level != "best":
+        env["SRU_LIGHTNING_CPU_VECTORS"] = level
+    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
+    ran = result.stdout.split()[-2]
+    if level == "best":
+        assert ran in ("baseline", "avx2", "avx512")
+    elif level == "avx2" and ran == "baseline":
+        pytest.skip("this processor has no AVX2+FMA")
+    else:
+        assert ran == level
