@@ -265,6 +265,14 @@ def build(cfg, command: str, output_dir: Path):
     loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     ckpt_path = resolve_checkpoint(cfg, command, output_dir)
+    earlier = sorted((output_dir / "checkpoints").glob("*.ckpt"))
+    if command == "fit" and ckpt_path is None and earlier:
+        # A fresh fit would write over them; continuing must be asked for.
+        raise UsageError(
+            f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run "
+            f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
+            "or choose another hydra.run.dir"
+        )
     return trainer, model, datamodule, ckpt_path
 
 

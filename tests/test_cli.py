@@ -145,6 +145,11 @@ def test_fit_validate_test_and_resume(tmp_path, monkeypatch, capsys):
     assert last.is_file() and (first / "csv" / "metrics.csv").is_file()
     before = digest(last)
 
+    # a fresh fit into that directory would overwrite its checkpoints: refused
+    assert run_cli("fit", *TINY, f"hydra.run.dir={first}") == 1
+    assert "already holds checkpoints of an earlier run" in capsys.readouterr().err
+    assert digest(last) == before
+
     # validate from a run directory, test from an explicit file
     assert run_cli("validate", *TINY, f"ckpt_path={first}", f"hydra.run.dir={tmp_path / 'val'}") == 0
     assert result_of(tmp_path / "val")["ckpt_path"] == str(last)

@@ -105,3 +105,18 @@ def test_run_and_sweep_dirs_are_unique_per_run_and_job(tmp_path):
     assert hydra_node["run"]["dir"].endswith("${now:%H-%M-%S-%f}")
     assert hydra_node["sweep"]["subdir"] == "${hydra.job.num}"
     assert hydra_node["callbacks"]["sweep_summary"]["_target_"] == "sru_lightning.sweep.SweepSummary"
+
+
+@pytest.mark.parametrize("choice", ["model=sru", "model=lstm", "model=sru_large", "experiment=enwik8"])
+def test_every_model_config_builds_and_runs_when_shrunk(choice, tmp_path):
+    import torch
+
+    shrink = ["model.hidden_size=16", "model.embedding_dim=8", "model.num_layers=2"]
+    if choice in ("model=sru_large", "experiment=enwik8"):
+        shrink.append("model.sru_options.projection_size=4")
+    cfg = compose_with([choice, *shrink], tmp_path)
+    model = instantiate(cfg.model, vocab_size=7)
+    logits, _ = model(torch.randint(0, 7, (2, 5)))
+    assert logits.shape == (2, 5, 7)
+    optimizer = model.configure_optimizers() if cfg.model.lr_scheduler is None else None
+    assert optimizer is None or isinstance(optimizer, torch.optim.Optimizer)
