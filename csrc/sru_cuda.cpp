@@ -1,8 +1,9 @@
 // CUDA binding of the recurrence (built only with a CUDA build of torch): the shared tensor
 // plumbing of sru_ops.h, the current device and stream, and the launchers of
 // sru_cuda_kernels.cu.
-#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include "sru_ops.h"
@@ -24,7 +25,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_cuda(
     double scale_x_value, const OptionalTensor& mask_c, const OptionalTensor& mask_pad,
     bool bidirectional, bool has_skip_term, bool store_c) {
   const c10::cuda::CUDAGuard device_guard(U.device());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   return recurrence_forward_impl(U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad,
                                  bidirectional, has_skip_term, store_c,
                                  [stream](const RecurrenceDims& dims, const auto& args) {
@@ -39,7 +40,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
     const OptionalTensor& mask_c, const OptionalTensor& mask_pad, const at::Tensor& c_all,
     bool bidirectional, bool has_skip_term) {
   const c10::cuda::CUDAGuard device_guard(U.device());
-  const cudaStream_t stream = at::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = c10::cuda::getCurrentCUDAStream().stream();
   return recurrence_backward_impl(grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x,
                                   scale_x_value, mask_c, mask_pad, c_all, bidirectional,
                                   has_skip_term, [stream](const RecurrenceDims& dims, const auto& args) {

@@ -3,6 +3,8 @@ only c10/util headers, present in every torch wheel), and CUDA numerics on a GPU
 
 from __future__ import annotations
 
+import glob
+import os
 import shutil
 import subprocess
 
@@ -15,6 +17,15 @@ from sru_lightning import ops
 from sru_lightning.ops.testing import make_case, run_with_grads
 
 NVCC = shutil.which("nvcc")
+
+
+def cuda_include_dir():
+    """Folder with cuda_runtime_api.h: $CUDA_HOME, torch's CUDA_HOME or /usr/local/cuda*."""
+    candidates = [os.environ.get("CUDA_HOME"), cpp_extension.CUDA_HOME] + sorted(glob.glob("/usr/local/cuda*"))
+    for root in filter(None, candidates):
+        if os.path.exists(os.path.join(root, "include", "cuda_runtime_api.h")):
+            return os.path.join(root, "include")
+    return None
 
 
 @pytest.mark.skipif(NVCC is None, reason="needs the CUDA compiler: nvcc is not on PATH")
@@ -33,6 +44,22 @@ def test_nvcc_compiles_the_kernels(arch, tmp_path):
     symbols = (tmp_path / "kernels.o").read_bytes()
     for launcher in (b"launch_forward", b"launch_backward"):
         assert launcher in symbols
+
+
+@pytest.mark.skipif(cuda_include_dir() is None, reason="needs the CUDA toolkit headers (cuda_runtime_api.h)")
+def test_cuda_binding_compiles_against_the_torch_headers(tmp_path):
+    # A CPU wheel lacks only the generated c10/cuda/impl/cuda_cmake_macros.h; a placeholder
+    # stands in for it so the binding's tensor plumbing and launcher calls are type-checked.
+    macros = tmp_path / "c10" / "cuda" / "impl" / "cuda_cmake_macros.h"
+    macros.parent.mkdir(parents=True)
+    macros.write_text("#pragma once\n")
+    compiler = os.environ.get("CXX", "c++")
+    command = [compiler, "-fsyntax-only", "-std=c++20", f"-I{csrc_dir()}", f"-I{tmp_path}"]
+    for path in cpp_extension.include_paths() + [cuda_include_dir()]:
+        command += ["-isystem", str(path)]
+    command.append(str(csrc_dir() / "sru_cuda.cpp"))
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-4000:]
 
 
 @pytest.mark.cuda
