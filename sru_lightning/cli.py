@@ -246,6 +246,8 @@ def _describe(error: BaseException) -> str:
     if isinstance(error, InstantiationException) and error.__cause__ is not None:
         error = error.__cause__
     text = str(error).strip()
+    if isinstance(error, UsageError):
+        return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
