@@ -103,8 +103,9 @@ def interrupt_and_resume(tmp_path, signum, loader_cls=ResumableDataLoader, seed_
     interrupted = DropoutRegressor(loader_cls, step_schedule)
     stop = [OnExceptionCheckpoint(checkpoint_dir), GracefulInterrupt(), SignalAtStep(STOP_AT_STEP, signum)]
     # Lightning ends a SIGTERM'd fit with SystemExit; the first SIGINT behaves the same.
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as stopped:
         make_trainer(tmp_path / "interrupted", seeding + stop).fit(interrupted)
+    assert stopped.value.code is None, "the clean stop, not the KeyboardInterrupt abort"
     checkpoint = checkpoint_dir / "on_exception.ckpt"
     assert checkpoint.is_file(), "no checkpoint was left by the interrupted fit"
     assert max(interrupted.step_losses) == STOP_AT_STEP - 1, "training did not stop at the batch boundary"
@@ -161,6 +162,24 @@ def test_without_restore_data_position_a_step_schedule_loses_the_data_position(t
             DropoutRegressor(step_schedule=True), ckpt_path=str(checkpoint_dir / "on_exception.ckpt"))
     # 12 batches per epoch: step 17 is the 6th batch of the second epoch
     assert positions == {"lightning only": 1, "with RestoreDataPosition": STOP_AT_STEP % 12 + 1}
+
+
+class DoubleSigint(pl.Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_second_ctrl_c_aborts_at_once_and_still_leaves_a_checkpoint(tmp_path):
+    pl.seed_everything(0)
+    model = DropoutRegressor()
+    callbacks = [OnExceptionCheckpoint(tmp_path / "ckpt"), GracefulInterrupt(), DoubleSigint()]
+    with pytest.raises(SystemExit) as stopped:
+        make_trainer(tmp_path, callbacks).fit(model)
+    # Lightning's KeyboardInterrupt path exits with status 1; the graceful SIGTERM path with None
+    assert stopped.value.code == 1
+    assert (tmp_path / "ckpt" / "on_exception.ckpt").is_file()
 
 
 def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):
