@@ -83,6 +83,9 @@ class Vocabulary:
         return len(self.itos)
 
     def encode(self, tokens: Sequence[str]) -> torch.Tensor:
+        dtype = torch.int16 if len(self) < 2**15 else torch.int32
+        if isinstance(tokens, str) and all(len(symbol) == 1 for symbol in self.itos):
+            return self._encode_characters(tokens).to(dtype)
         if self.unknown is None:
             missing = set(tokens) - self.stoi.keys()
             if missing:
@@ -94,8 +97,25 @@ class Vocabulary:
         else:
             unk = self.stoi[self.unknown]
             ids = [self.stoi.get(token, unk) for token in tokens]
-        dtype = torch.int16 if len(self) < 2**15 else torch.int32
         return torch.tensor(ids, dtype=dtype)
+
+    def _encode_characters(self, text: str) -> torch.Tensor:
+        # Vectorised: code points through a lookup table (tens of millions of characters).
+        code_points = torch.frombuffer(bytearray(text.encode("utf-32-le")), dtype=torch.int32).long()
+        symbol_points = torch.tensor([ord(symbol) for symbol in self.itos], dtype=torch.long)
+        size = int(max(code_points.max().item() if code_points.numel() else 0, symbol_points.max().item())) + 1
+        table = torch.full((size,), -1, dtype=torch.long)
+        table[symbol_points] = torch.arange(len(self.itos))
+        ids = table[code_points]
+        missing = ids < 0
+        if missing.any():
+            if self.unknown is None:
+                unseen = sorted({chr(c) for c in code_points[missing][:1000].tolist()})
+                raise ValueError(
+                    f"Vocabulary: tokens {unseen[:5]!r} are not in the vocabulary of {len(self)} symbols"
+                )
+            ids[missing] = self.stoi[self.unknown]
+        return ids
 
 
 def unigram_bits_per_token(train_ids: torch.Tensor, eval_ids: torch.Tensor, vocab_size: int) -> float:
