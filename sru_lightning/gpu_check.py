@@ -129,8 +129,15 @@ def fit_worker(spec: FitSpec) -> dict:
         optimizer={"_target_": "torch.optim.AdamW", "lr": 3e-3, "eps": spec.adam_eps},
     )
     recorder = RecordLoss()
+    strategy = spec.strategy
+    if strategy.startswith("deepspeed_stage_"):
+        from lightning.pytorch.strategies import DeepSpeedStrategy
+
+        # The data module's loader yields whole batches (batch_size=None), so Lightning cannot
+        # read DeepSpeed's micro-batch size from it; say it.
+        strategy = DeepSpeedStrategy(stage=int(strategy.rsplit("_", 1)[1]), logging_batch_size_per_gpu=spec.batch)
     trainer = pl.Trainer(
-        accelerator=spec.accelerator, devices=1, precision=spec.precision, strategy=spec.strategy,
+        accelerator=spec.accelerator, devices=1, precision=spec.precision, strategy=strategy,
         max_steps=spec.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
         callbacks=[SRUPrecisionCallback(verbose=False), recorder],
