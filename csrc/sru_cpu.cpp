@@ -1,8 +1,10 @@
-// CPU kernels of the SRU recurrence. Work is split over blocks of columns (one batch
-// element, one direction, up to kBlock hidden units) with at::parallel_for; each block runs
-// its whole time loop. Per step, the block's inputs are gathered into small float arrays,
-// the step math of sru_step.h runs over them in one branch-free loop the compiler
-// vectorizes, and the results are scattered back in the storage type.
+// CPU kernels of the SRU recurrence. Columns are grouped in blocks (one batch element, one
+// direction, up to kBlock hidden units) and at::parallel_for hands each thread a contiguous
+// range of blocks. A thread keeps the state of up to kChunkBlocks blocks and runs the time
+// loop over them step by step, so each step streams a long contiguous stretch of U, x and
+// h. Per block and step, the inputs are gathered into small float arrays, the step math of
+// sru_step.h runs over them in one branch-free loop the compiler vectorizes, and the
+// results are scattered back in the storage type.
 #include <ATen/Parallel.h>
 
 #include <algorithm>
