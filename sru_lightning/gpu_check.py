@@ -47,6 +47,29 @@ def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> C
     return Check(f"kernels {dtype_name}", PASS, detail)
 
 
+def check_nonfinite(device: str = "cuda") -> Check:
+    """NaN in U reaches the same outputs and gradients on ``device`` as on the CPU, in every dtype."""
+    from sru_lightning.kernel_parity import Variant, make_inputs, run_recurrence
+
+    variant, problems = Variant("nan", bidirectional=True), []
+    for dtype_name, dtype in STORAGE_DTYPES.items():
+        if dtype == torch.bfloat16 and device == "cuda" and not torch.cuda.is_bf16_supported():
+            continue
+        inputs = make_inputs(variant, dtype)
+        inputs["U"][3, 1, 5] = float("nan")  # step 3, batch element 1, forward direction
+        on_device, on_cpu = run_recurrence(inputs, variant, device), run_recurrence(inputs, variant, "cpu")
+        for name, value in on_device.items():
+            if not torch.equal(torch.isfinite(value), torch.isfinite(on_cpu[name])):
+                problems.append(f"{dtype_name} {name}")
+        others = torch.cat([on_device["h"][:, :1], on_device["h"][:, 2:]], dim=1)
+        if not torch.isfinite(others).all() or torch.isfinite(on_device["h"][3:, 1]).all():
+            problems.append(f"{dtype_name}: NaN not confined to batch element 1 from step 3 on")
+    name = "NaN input: same non-finite pattern as CPU"
+    if problems:
+        return Check(name, FAIL, "differs in " + ", ".join(problems[:6]))
+    return Check(name, PASS, "fp32/fp64/fp16/bf16, forward, backward and inference (bidirectional)")
+
+
 def check_device_mismatch(device: str = "cuda") -> Check:
     """A `c0` left on the CPU next to a CUDA `U` must be refused by name, not read as device memory."""
     from sru_lightning.kernel_parity import Variant, make_inputs
@@ -345,6 +368,7 @@ def run_checks(parts, budget_s: float) -> list[Check]:
                 continue
             guarded(f"kernels {dtype_name}", lambda d=dtype_name: check_kernels(d), checks)
         guarded("bad input: c0 on the CPU, U on the GPU", check_device_mismatch, checks)
+        guarded("NaN input: same non-finite pattern as CPU", check_nonfinite, checks)
 
     specs = list(FITS if "fits" in parts else ()) + list(MEMORY_FITS if "memory" in parts else ())
     if "deepspeed" in parts:

@@ -96,6 +96,21 @@ def test_device_mismatch_check_judges_the_error():
     assert (check.status == PASS) == ("ValueError: " in check.detail and "`c0`" in check.detail)
 
 
+def test_nonfinite_check_runs_and_catches_a_kernel_that_drops_nan(monkeypatch):
+    assert gpu_check.check_nonfinite(device="cpu").status == PASS
+    real = kernel_parity.run_recurrence
+
+    def kernel_that_zeroes_nan(inputs, variant, device, grad_seed=1, reference=False):
+        outputs = real(inputs, variant, "cpu", grad_seed, reference)
+        if device == "cpu":
+            return outputs
+        return {name: torch.nan_to_num(value) for name, value in outputs.items()}
+
+    monkeypatch.setattr(kernel_parity, "run_recurrence", kernel_that_zeroes_nan)
+    check = gpu_check.check_nonfinite(device="stand-in for cuda")
+    assert check.status == FAIL and "fp32 h" in check.detail
+
+
 def test_fit_judgement():
     spec = FitSpec("fit 16-mixed", "16-mixed", expected_storage="fp16", steps=8)
     good = {"losses": [4.0, 3.9, 3.5, 3.2, 3.0, 2.9, 2.8, 2.7], "storage": ["fp16"], "backends": ["cpp"]}
