@@ -25,7 +25,13 @@ from dataclasses import dataclass
 
 import torch
 
-from sru_lightning.kernel_parity import STORAGE_DTYPES, VARIANTS, compare_kernels
+from sru_lightning.kernel_parity import (
+    STORAGE_DTYPES,
+    VARIANTS,
+    compare_kernels,
+    error_for_c0_on_the_cpu,
+    nonfinite_mismatches,
+)
 
 PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
 PARTS = ("build", "kernels", "fits", "deepspeed", "memory", "bench")
@@ -49,46 +55,25 @@ def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> C
 
 def check_nonfinite(device: str = "cuda") -> Check:
     """NaN in U reaches the same outputs and gradients on ``device`` as on the CPU, in every dtype."""
-    from sru_lightning.kernel_parity import Variant, make_inputs, run_recurrence
-
-    variant, problems = Variant("nan", bidirectional=True), []
-    for dtype_name, dtype in STORAGE_DTYPES.items():
-        if dtype == torch.bfloat16 and device == "cuda" and not torch.cuda.is_bf16_supported():
-            continue
-        inputs = make_inputs(variant, dtype)
-        inputs["U"][3, 1, 5] = float("nan")  # step 3, batch element 1, forward direction
-        on_device, on_cpu = run_recurrence(inputs, variant, device), run_recurrence(inputs, variant, "cpu")
-        for name, value in on_device.items():
-            if not torch.equal(torch.isfinite(value), torch.isfinite(on_cpu[name])):
-                problems.append(f"{dtype_name} {name}")
-        others = torch.cat([on_device["h"][:, :1], on_device["h"][:, 2:]], dim=1)
-        if not torch.isfinite(others).all() or torch.isfinite(on_device["h"][3:, 1]).all():
-            problems.append(f"{dtype_name}: NaN not confined to batch element 1 from step 3 on")
+    dtypes = [name for name in STORAGE_DTYPES if name != "bf16" or device != "cuda" or torch.cuda.is_bf16_supported()]
+    problems = nonfinite_mismatches(device, dtypes)
     name = "NaN input: same non-finite pattern as CPU"
     if problems:
         return Check(name, FAIL, "differs in " + ", ".join(problems[:6]))
-    return Check(name, PASS, "fp32/fp64/fp16/bf16, forward, backward and inference (bidirectional)")
+    return Check(name, PASS, f"{'/'.join(dtypes)}, forward, backward and inference (bidirectional)")
 
 
 def check_device_mismatch(device: str = "cuda") -> Check:
     """A `c0` left on the CPU next to a CUDA `U` must be refused by name, not read as device memory."""
-    from sru_lightning.kernel_parity import Variant, make_inputs
-    from sru_lightning.ops import functional
-
-    inputs = make_inputs(Variant("basic"), torch.float32)
-    on_device = {name: value.to(device) for name, value in inputs.items() if isinstance(value, torch.Tensor)}
-    on_device["c0"] = inputs["c0"]  # the mistake
     name = "bad input: c0 on the CPU, U on the GPU"
-    try:
-        functional.sru_recurrence(on_device["U"], on_device["x"], on_device["weight_c"], on_device["bias"],
-                                  on_device["c0"])
-    except ValueError as error:
-        if "`c0`" in str(error):
-            return Check(name, PASS, f"ValueError: {str(error).splitlines()[0][:120]}")
-        return Check(name, FAIL, f"ValueError without naming `c0`: {str(error)[:160]}")
-    except Exception as error:
+    error = error_for_c0_on_the_cpu(device)
+    if error is None:
+        return Check(name, FAIL, "no error: the kernel ran on tensors from two devices")
+    if not isinstance(error, ValueError):
         return Check(name, FAIL, f"{type(error).__name__} instead of a ValueError naming `c0`: {str(error)[:160]}")
-    return Check(name, FAIL, "no error: the kernel ran on tensors from two devices")
+    if "`c0`" not in str(error):
+        return Check(name, FAIL, f"ValueError without naming `c0`: {str(error)[:160]}")
+    return Check(name, PASS, f"ValueError: {str(error).splitlines()[0][:120]}")
 
 
 # -- fits (each in its own process: DeepSpeed and CUDA state never leak between them) ----------

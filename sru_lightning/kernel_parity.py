@@ -180,3 +180,33 @@ def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") ->
     if stored != {dtype}:
         result.failures.append(f"{device} calls stored {sorted(map(str, stored))}, expected {dtype}")
     return result
+
+
+def nonfinite_mismatches(device: str, dtype_names) -> list[str]:
+    """Outputs whose non-finite pattern differs between ``device`` and the CPU for a NaN in U,
+    or a note when the NaN escapes its batch element / shows up before its step."""
+    variant, problems = Variant("nan", bidirectional=True), []
+    for dtype_name in dtype_names:
+        inputs = make_inputs(variant, STORAGE_DTYPES[dtype_name])
+        inputs["U"][3, 1, 5] = float("nan")  # step 3, batch element 1, forward direction
+        on_device, on_cpu = run_recurrence(inputs, variant, device), run_recurrence(inputs, variant, "cpu")
+        for name, value in on_device.items():
+            if not torch.equal(torch.isfinite(value), torch.isfinite(on_cpu[name])):
+                problems.append(f"{dtype_name} {name}")
+        others = torch.cat([on_device["h"][:, :1], on_device["h"][:, 2:]], dim=1)
+        if not torch.isfinite(others).all() or torch.isfinite(on_device["h"][3:, 1]).all():
+            problems.append(f"{dtype_name}: NaN not confined to batch element 1 from step 3 on")
+    return problems
+
+
+def error_for_c0_on_the_cpu(device: str) -> Exception | None:
+    """The error the recurrence raises for a CPU ``c0`` next to inputs on ``device`` (None: no error)."""
+    from sru_lightning.ops import functional
+
+    inputs = make_inputs(Variant("basic"), torch.float32)
+    moved = {name: value.to(device) for name, value in inputs.items() if isinstance(value, torch.Tensor)}
+    try:
+        functional.sru_recurrence(moved["U"], moved["x"], moved["weight_c"], moved["bias"], inputs["c0"])
+    except Exception as error:
+        return error
+    return None
