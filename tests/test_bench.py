@@ -23,7 +23,7 @@ def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
     assert bench.main(TINY + ["--no-peer", "--plot", str(chart)]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
-    assert lines[0].startswith("SRU benchmark: L=4 B=2 D=8 layers=2 dtype=fp32 threads=1")
+    assert lines[0].startswith("SRU benchmark: L=4 B=2 D=8 layers=2 dtype=fp32 threads=1 (best of 2)")
     rows = {line.split("  ")[0].strip(): line for line in lines[2:]}
     for model in ("SRU (sru_lightning)", "nn.LSTM", "nn.GRU", "GEMM floor"):
         assert model in rows, output
