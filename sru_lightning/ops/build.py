@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import os
 import shutil
+import sys
 import threading
 import warnings
 
@@ -29,6 +30,9 @@ DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
 # No trapping math: lets the compiler turn the clamps of the step math into vector selects.
 CXX_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math")
 CUDA_FLAGS = ("-O3",)
+# at::parallel_for is OpenMP code inlined from the ATen headers: without -fopenmp it runs on
+# one thread. At run time the libgomp torch already loaded is the one used.
+OPENMP_FLAGS = ("-fopenmp",) if sys.platform.startswith("linux") else ()
 
 
 class ExtensionBuildError(RuntimeError):
@@ -76,7 +80,8 @@ def build_extension(verbose: bool = False) -> str:
         path = cpp_extension.load(
             name=EXTENSION_NAME,
             sources=extension_sources(with_cuda),
-            extra_cflags=list(CXX_FLAGS) + (["-DSRU_WITH_CUDA"] if with_cuda else []),
+            extra_cflags=list(CXX_FLAGS + OPENMP_FLAGS) + (["-DSRU_WITH_CUDA"] if with_cuda else []),
+            extra_ldflags=list(OPENMP_FLAGS),
             extra_cuda_cflags=list(CUDA_FLAGS),
             extra_include_paths=[str(csrc_dir())],
             with_cuda=with_cuda,
