@@ -56,6 +56,11 @@ def check_recurrence_inputs(
         _require_tensor(name, value, allow_none=True)
     if not U.is_floating_point():
         raise TypeError(f"SRU recurrence: `U` must be a floating tensor, got dtype {U.dtype}")
+    # Before any kernel reads memory: on a GPU a tensor from another device is an illegal access.
+    for name, value in (("x", x), ("weight_c", weight_c), ("bias", bias), ("c0", c0), ("mask_c", mask_c),
+                        ("mask_pad", mask_pad), ("scale_x", scale_x)):
+        if isinstance(value, torch.Tensor) and value.device != U.device:
+            raise ValueError(f"SRU recurrence: `{name}` must be on U's device {U.device}, got device {value.device}")
     directions = 2 if bidirectional else 1
     if bias.dim() != 1 or bias.numel() % (2 * directions) != 0 or bias.numel() == 0:
         raise ValueError(
