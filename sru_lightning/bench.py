@@ -72,41 +72,20 @@ def saved_tensor_bytes(fn) -> int:
 
 
 class GemmFloor(nn.Module):
-    """Only the input matmuls of an SRU stack (L*B x D times D x 3D per layer)."""
-
-    def __init__(self, hidden: int, layers: int, projection=torch.matmul):
-        super().__init__()
-        self.projection = projection
-        self.weights = nn.ParameterList(
-            nn.Parameter(torch.randn(hidden, 3 * hidden) / hidden**0.5) for _ in range(layers)
-        )
-
-    def forward(self, x):
-        flat = x.reshape(-1, x.shape[-1])
-        return [self.projection(flat, weight) for weight in self.weights]
-
-
-class OpStack(nn.Module):
-    """An SRU stack written directly on the recurrence op, its projection on oneDNN
-    (:func:`sru_lightning.ops.projection.input_projection`): what the layers reach with it."""
+    """Only the input matmuls of an SRU stack (L*B x D times D x 3D per layer), run the way the
+    layers run them (:func:`sru_lightning.ops.projection.input_projection`)."""
 
     def __init__(self, hidden: int, layers: int):
         super().__init__()
         self.weights = nn.ParameterList(
             nn.Parameter(torch.randn(hidden, 3 * hidden) / hidden**0.5) for _ in range(layers)
         )
-        self.weight_c = nn.ParameterList(nn.Parameter(torch.randn(2 * hidden) * 0.5) for _ in range(layers))
-        self.bias = nn.ParameterList(nn.Parameter(torch.zeros(2 * hidden)) for _ in range(layers))
-        self.register_buffer("scale_x", torch.full((1,), 3**0.5))
 
     def forward(self, x):
-        from sru_lightning.ops import functional
         from sru_lightning.ops.projection import input_projection
 
-        recurrence = functional.sru_recurrence if torch.is_grad_enabled() else functional.sru_recurrence_inference
-        for weight, weight_c, bias in zip(self.weights, self.weight_c, self.bias):
-            x, _ = recurrence(input_projection(x, weight), x, weight_c, bias, scale_x=self.scale_x)
-        return x
+        flat = x.reshape(-1, x.shape[-1])
+        return [input_projection(flat, weight) for weight in self.weights]
 
 
 def build_sru_stack(hidden: int, layers: int) -> nn.Module:
@@ -180,11 +159,6 @@ def _run_benchmark(config: BenchConfig) -> BenchResult:
         "nn.GRU": nn.GRU(config.hidden, config.hidden, config.layers),
         "GEMM floor": GemmFloor(config.hidden, config.layers),
     }
-    from sru_lightning.ops.projection import input_projection, onednn_linear_available
-
-    if onednn_linear_available() and config.dtype == "fp32":
-        models["SRU op, oneDNN matmul"] = OpStack(config.hidden, config.layers)
-        models["GEMM floor, oneDNN"] = GemmFloor(config.hidden, config.layers, input_projection)
     if config.include_peer:
         peer = build_peer_stack(config.hidden, config.layers)
         if peer is None:
@@ -251,7 +225,7 @@ def format_table(result: BenchResult) -> str:
             f"{name:<22}"
             + cell(result.train_ms.get(name), 12, 2)
             + cell(result.ratio("train", name, "nn.LSTM"), 9, 3)
-            + cell(result.ratio("train", name, "GEMM floor, oneDNN" if "oneDNN" in name else "GEMM floor"), 9, 3)
+            + cell(result.ratio("train", name, "GEMM floor"), 9, 3)
             + cell(result.inference_ms.get(name), 11, 2)
             + cell(result.ratio("inference", name, "nn.LSTM"), 9, 3)
         )
@@ -268,8 +242,6 @@ def format_table(result: BenchResult) -> str:
         lines.append(f"CPU recurrence kernels: {cpu_vector_level()} vector code")
     except Exception as error:  # the extension could not be built: the reference ran
         lines.append(f"CPU recurrence kernels unavailable ({type(error).__name__}); the reference ran")
-    if any("oneDNN" in name for name in result.train_ms):
-        lines.append("x GEMM of the oneDNN rows is relative to the oneDNN GEMM floor")
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from sru_lightning.ops import functional
+from sru_lightning.ops.projection import input_projection
 from sru_lightning.ops.policy import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype, validate_policy
 
 from .checks import (
@@ -328,8 +329,8 @@ class SRUCell(nn.Module):
         if self.custom_m is None:
             flat = x.reshape(length * batch, self.input_size)
             if self.weight_proj is not None:
-                flat = flat.mm(self.weight_proj)
-            return flat.mm(self.weight).view(length, batch, u_width), self.weight_c
+                flat = input_projection(flat, self.weight_proj)
+            return input_projection(flat, self.weight).view(length, batch, u_width), self.weight_c
 
         owner = type(self).__name__
         result = self.custom_m(x)
