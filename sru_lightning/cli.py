@@ -10,6 +10,7 @@ import math
 import sys
 import time
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -32,6 +33,15 @@ TOOL_COMMANDS = {
     "gpu-check": ("sru_lightning.gpu_check", "end-to-end checks on a CUDA machine"),
 }
 CHECKPOINT_NAME = "last.ckpt"
+# What a run leaves to continue from: the last epoch-end/periodic save, and the checkpoint
+# written when a fit is interrupted (conf/callbacks/fault_tolerance.yaml). The newer one wins.
+RESUMABLE_NAMES = (CHECKPOINT_NAME, "interrupted.ckpt")
+
+
+def newest_resumable(folder: Path) -> Path | None:
+    """The most recently written of `folder`'s resumable checkpoints, or None."""
+    found = [folder / name for name in RESUMABLE_NAMES if (folder / name).is_file()]
+    return max(found, key=lambda path: path.stat().st_mtime) if found else None
 
 
 class UsageError(Exception):
@@ -282,7 +292,13 @@ def execute(command: str, trainer, model, datamodule, ckpt_path) -> dict[str, fl
     """Run the trainer command; return the final metrics, and print the headline line."""
     split = "test" if command == "test" else "val"
     if command == "fit":
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        with warnings.catch_warnings():
+            # With OnExceptionCheckpoint among the callbacks, Lightning turns a fresh fit's
+            # ckpt_path=None into "last" and warns twice; the run directory is new (build()
+            # refuses one with checkpoints), so there is nothing to resume and nothing to say.
+            warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
+            warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
+            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
         if f"{split}_bpc" not in trainer.callback_metrics and trainer.limit_val_batches != 0:
             trainer.validate(model, datamodule=datamodule, verbose=False)
     elif command == "validate":
@@ -317,19 +333,20 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
     if setting != "last":
         path = Path(setting).expanduser()
         if path.is_dir():
-            for candidate in (path / "checkpoints" / CHECKPOINT_NAME, path / CHECKPOINT_NAME):
-                if candidate.is_file():
+            for folder in (path / "checkpoints", path):
+                candidate = newest_resumable(folder)
+                if candidate is not None:
                     return str(candidate.absolute())
             raise UsageError(
-                f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/{CHECKPOINT_NAME}; "
-                "point ckpt_path at a .ckpt file"
+                f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/{CHECKPOINT_NAME} "
+                "or checkpoints/interrupted.ckpt; point ckpt_path at a .ckpt file"
             )
         if not path.is_file():
             raise UsageError(f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist")
         return str(path.absolute())
 
-    own = output_dir / "checkpoints" / CHECKPOINT_NAME
-    if own.is_file():
+    own = newest_resumable(output_dir / "checkpoints")
+    if own is not None:
         return str(own.absolute())
     found = find_last_checkpoint(
         Path(str(cfg.get("resume_dir") or "outputs")),
@@ -351,13 +368,14 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
 
 
 def find_last_checkpoint(root: Path, model_config: dict, data_config: dict, exclude: Path | None = None) -> Path | None:
-    """Newest `checkpoints/last.ckpt` under `root` whose run used the same model and data config."""
+    """Newest resumable checkpoint (`last.ckpt` or `interrupted.ckpt`) under `root` whose run used
+    the same model and data config."""
     from omegaconf import OmegaConf
 
     if not root.is_dir():
         return None
     candidates = []
-    for checkpoint in root.rglob(f"checkpoints/{CHECKPOINT_NAME}"):
+    for checkpoint in (found for name in RESUMABLE_NAMES for found in root.rglob(f"checkpoints/{name}")):
         run_dir = checkpoint.parent.parent
         if exclude is not None and run_dir.resolve() == exclude.resolve():
             continue

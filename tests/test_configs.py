@@ -70,7 +70,11 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
     assert type(model).__name__ == "SRULanguageModel" and model.rnn_type == "sru"
     callbacks = [instantiate(node) for node in cfg.callbacks.values()]
     names = {type(c).__name__ for c in callbacks}
-    assert names == {"SRUPrecisionCallback", "ModelCheckpoint", "LearningRateMonitor", "RichProgressBar"}
+    assert names == {
+        "SRUPrecisionCallback", "ModelCheckpoint", "LearningRateMonitor", "RichProgressBar",
+        # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
+        "OnExceptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+    }
     checkpoint = next(c for c in callbacks if type(c).__name__ == "ModelCheckpoint")
     assert checkpoint.save_last and Path(checkpoint.dirpath) == tmp_path / "checkpoints"
     loggers = [instantiate(node) for node in cfg.logger.values()]
@@ -87,8 +91,10 @@ def test_ddp_cpu_is_two_gloo_processes_on_cpu(tmp_path):
 
 def test_deepspeed_configs_pick_their_zero_stage(tmp_path):
     for stage in (2, 3):
-        cfg = compose_with([f"trainer=deepspeed_stage_{stage}"], tmp_path)
+        cfg = compose_with([f"trainer=deepspeed_stage_{stage}", "data.batch_size=12"], tmp_path)
         assert cfg.trainer.strategy.stage == stage
+        # the train loader has no batch sampler, so DeepSpeed must be told the micro-batch size
+        assert cfg.trainer.strategy.logging_batch_size_per_gpu == 12
 
 
 def test_enwik8_experiment_follows_the_paper_setup(tmp_path):
