@@ -15,8 +15,13 @@ import torch
 _LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
 
+# Decided once at import: torch.compile may not trace torch.backends queries, and the answer
+# cannot change while the process runs.
+_ONEDNN_LINEAR_AVAILABLE = _LINEAR is not None and torch.backends.mkldnn.is_available()
+
+
 def onednn_linear_available() -> bool:
-    return _LINEAR is not None and torch.backends.mkldnn.is_available()
+    return _ONEDNN_LINEAR_AVAILABLE
 
 
 def _linear(a, b):
@@ -43,12 +48,12 @@ class _OneDNNProjection(torch.autograd.Function):
 
 def _use_onednn(x, weight) -> bool:
     return (
-        onednn_linear_available()
+        not torch.compiler.is_compiling()
+        and _ONEDNN_LINEAR_AVAILABLE
         and x.device.type == "cpu"
         and x.dtype == torch.float32
         and weight.dtype == torch.float32
         and not torch.is_autocast_enabled("cpu")
-        and not torch.compiler.is_compiling()
     )
 
 
