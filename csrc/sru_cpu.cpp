@@ -201,34 +201,6 @@ SRU_ALWAYS_INLINE void forward_blocks(const RecurrenceDims& dims, const ForwardA
   }
 }
 
-// One entry point per vector level: the same inlined body, compiled for each target.
-#define SRU_LEVEL_ENTRY(name, body, Args, attributes)                                          \
-  template <typename T, int K>                                                                 \
-  attributes void name(const RecurrenceDims& dims, const Args<T, accumulate_t<T>>& a,          \
-                       int64_t begin, int64_t end) {                                           \
-    for (int64_t first = begin; first < end; first += kChunkBlocks) {                          \
-      body<T, K>(dims, a, first, std::min(end, first + kChunkBlocks));                         \
-    }                                                                                          \
-  }
-
-SRU_LEVEL_ENTRY(forward_blocks_baseline, forward_blocks, ForwardArgs, )
-#ifdef SRU_X86_LEVELS
-SRU_LEVEL_ENTRY(forward_blocks_avx2, forward_blocks, ForwardArgs, SRU_TARGET_AVX2)
-SRU_LEVEL_ENTRY(forward_blocks_avx512, forward_blocks, ForwardArgs, SRU_TARGET_AVX512)
-#endif
-
-template <int K, typename T>
-void forward_kernel(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a) {
-  const VectorLevel level = vector_level();
-  at::parallel_for(0, task_count(dims), 1, [&](int64_t begin, int64_t end) {
-#ifdef SRU_X86_LEVELS
-    if (level == VectorLevel::avx512) return forward_blocks_avx512<T, K>(dims, a, begin, end);
-    if (level == VectorLevel::avx2) return forward_blocks_avx2<T, K>(dims, a, begin, end);
-#endif
-    forward_blocks_baseline<T, K>(dims, a, begin, end);
-  });
-}
-
 template <typename T, int K>
 SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
                                     int64_t begin, int64_t end) {
@@ -348,22 +320,61 @@ SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const Backwar
   }
 }
 
-SRU_LEVEL_ENTRY(backward_blocks_baseline, backward_blocks, BackwardArgs, )
+// One entry point per vector level: the same inlined body, compiled for each target. Each
+// runs a thread's range of blocks in chunks of kChunkBlocks.
+#define SRU_LEVEL_ENTRY(name, body, Args, attributes)                                          \
+  template <typename T, int K>                                                                 \
+  attributes void name(const RecurrenceDims& dims, const Args<T, accumulate_t<T>>& a,          \
+                       int64_t begin, int64_t end) {                                           \
+    for (int64_t first = begin; first < end; first += kChunkBlocks) {                          \
+      body<T, K>(dims, a, first, std::min(end, first + kChunkBlocks));                         \
+    }                                                                                          \
+  }
+
+template <typename Args>
+using BlockRange = void (*)(const RecurrenceDims&, const Args&, int64_t, int64_t);
+
+// The entry points of one block body at every vector level, for the call's k.
+template <typename Args>
+struct LevelEntries {
+  BlockRange<Args> baseline, avx2, avx512;
+};
+
+// The wide levels' entry points; without the x86 levels they name the baseline code.
 #ifdef SRU_X86_LEVELS
-SRU_LEVEL_ENTRY(backward_blocks_avx2, backward_blocks, BackwardArgs, SRU_TARGET_AVX2)
-SRU_LEVEL_ENTRY(backward_blocks_avx512, backward_blocks, BackwardArgs, SRU_TARGET_AVX512)
+#define SRU_WIDE_ENTRY(name, body, Args, attributes) SRU_LEVEL_ENTRY(name, body, Args, attributes)
+#else
+#define SRU_WIDE_ENTRY(name, body, Args, attributes) \
+  template <typename T, int K>                       \
+  constexpr BlockRange<Args<T, accumulate_t<T>>> name = body##_baseline<T, K>;
 #endif
 
-template <int K, typename T>
-void backward_kernel(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a) {
+// Defines the level entry points of `body` and level_entries(Args, k), which picks them by
+// the argument type, so forward and backward share run_blocks.
+#define SRU_LEVEL_ENTRIES(body, Args)                                                   \
+  SRU_LEVEL_ENTRY(body##_baseline, body, Args, )                                        \
+  SRU_WIDE_ENTRY(body##_avx2, body, Args, SRU_TARGET_AVX2)                              \
+  SRU_WIDE_ENTRY(body##_avx512, body, Args, SRU_TARGET_AVX512)                          \
+  template <typename T, typename A>                                                     \
+  LevelEntries<Args<T, A>> level_entries(const Args<T, A>&, int64_t k) {                \
+    if (k == 3) return {body##_baseline<T, 3>, body##_avx2<T, 3>, body##_avx512<T, 3>}; \
+    return {body##_baseline<T, 4>, body##_avx2<T, 4>, body##_avx512<T, 4>};             \
+  }
+
+SRU_LEVEL_ENTRIES(forward_blocks, ForwardArgs)
+SRU_LEVEL_ENTRIES(backward_blocks, BackwardArgs)
+
+// Splits the blocks over the threads; each range runs the entry point of the widest vector
+// level this processor allows.
+template <typename Args>
+void run_blocks(const RecurrenceDims& dims, const Args& a) {
+  const LevelEntries<Args> entries = level_entries(a, dims.k);
   const VectorLevel level = vector_level();
-  at::parallel_for(0, task_count(dims), 1, [&](int64_t begin, int64_t end) {
-#ifdef SRU_X86_LEVELS
-    if (level == VectorLevel::avx512) return backward_blocks_avx512<T, K>(dims, a, begin, end);
-    if (level == VectorLevel::avx2) return backward_blocks_avx2<T, K>(dims, a, begin, end);
-#endif
-    backward_blocks_baseline<T, K>(dims, a, begin, end);
-  });
+  const BlockRange<Args> entry = level == VectorLevel::avx512 ? entries.avx512
+                                 : level == VectorLevel::avx2 ? entries.avx2
+                                                              : entries.baseline;
+  at::parallel_for(0, task_count(dims), 1,
+                   [&](int64_t begin, int64_t end) { entry(dims, a, begin, end); });
 }
 
 }  // namespace
@@ -379,13 +390,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_cpu(
     bool bidirectional, bool has_skip_term, bool store_c) {
   return recurrence_forward_impl(U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad,
                                  bidirectional, has_skip_term, store_c,
-                                 [](const RecurrenceDims& dims, const auto& args) {
-                                   if (dims.k == 3) {
-                                     forward_kernel<3>(dims, args);
-                                   } else {
-                                     forward_kernel<4>(dims, args);
-                                   }
-                                 });
+                                 [](const RecurrenceDims& dims, const auto& args) { run_blocks(dims, args); });
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrence_backward_cpu(
@@ -396,13 +401,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
     bool bidirectional, bool has_skip_term) {
   return recurrence_backward_impl(grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x,
                                   scale_x_value, mask_c, mask_pad, c_all, bidirectional,
-                                  has_skip_term, [](const RecurrenceDims& dims, const auto& args) {
-                                    if (dims.k == 3) {
-                                      backward_kernel<3>(dims, args);
-                                    } else {
-                                      backward_kernel<4>(dims, args);
-                                    }
-                                  });
+                                  has_skip_term,
+                                  [](const RecurrenceDims& dims, const auto& args) { run_blocks(dims, args); });
 }
 
 }  // namespace sru_lightning

@@ -39,65 +39,85 @@ __device__ __forceinline__ A skip_value(const RecurrenceDims& dims, const T* x, 
   return A(0);
 }
 
+// What a column's thread reads before its time loop, the same in both passes. wf and wr
+// hold the vector weight_c; with a per-step weight_c, step_weights replaces them each step.
+template <typename A>
+struct ColumnInputs {
+  int64_t column;
+  ColumnPosition pos;
+  A bf, br, wf, wr, mask, scale, c0;
+};
+
+// The prologue of both kernels: false for the threads past the last column.
+template <typename T, typename A>
+__device__ __forceinline__ bool load_column(const RecurrenceDims& dims,
+                                            const RecurrenceInputs<T, A>& a, ColumnInputs<A>& in) {
+  in.column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (in.column >= dims.columns()) return false;
+  const int64_t width = dims.directions * dims.hidden;
+  in.pos = position_of(dims, in.column);
+  in.bf = static_cast<A>(a.bias[in.pos.weight]);
+  in.br = static_cast<A>(a.bias[width + in.pos.weight]);
+  in.wf = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[in.pos.weight]);
+  in.wr = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[width + in.pos.weight]);
+  in.mask = a.mask_c != nullptr ? static_cast<A>(a.mask_c[in.column]) : A(1);
+  in.scale = a.scale_x != nullptr ? *a.scale_x : a.scale_x_value;
+  in.c0 = a.c0 != nullptr ? static_cast<A>(a.c0[in.column]) : A(0);
+  return true;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ void step_weights(const RecurrenceDims& dims,
+                                             const RecurrenceInputs<T, A>& a, int64_t offset,
+                                             ColumnInputs<A>& in) {
+  if (dims.per_step_weight_c) {
+    in.wf = static_cast<A>(a.weight_c[offset * 2]);
+    in.wr = static_cast<A>(a.weight_c[offset * 2 + 1]);
+  }
+}
+
 template <typename T>
 __global__ void forward_kernel(RecurrenceDims dims, ForwardArgs<T, accumulate_t<T>> a) {
   using A = accumulate_t<T>;
+  ColumnInputs<A> in;
+  if (!load_column(dims, a, in)) return;
   const int64_t columns = dims.columns();
-  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (column >= columns) return;
-  const int64_t width = dims.directions * dims.hidden;
-  const ColumnPosition pos = position_of(dims, column);
-  const A bf = static_cast<A>(a.bias[pos.weight]);
-  const A br = static_cast<A>(a.bias[width + pos.weight]);
-  A wf = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[pos.weight]);
-  A wr = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[width + pos.weight]);
-  const A mask = a.mask_c != nullptr ? static_cast<A>(a.mask_c[column]) : A(1);
-  const A scale = a.scale_x != nullptr ? *a.scale_x : a.scale_x_value;
-  A c = a.c0 != nullptr ? static_cast<A>(a.c0[column]) : A(0);
+  A c = in.c0;
   for (int64_t step = 0; step < dims.length; ++step) {
-    const int64_t t = dims.time_of(step, pos.direction);
-    const int64_t offset = t * columns + column;
-    if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + pos.batch]) {
+    const int64_t t = dims.time_of(step, in.pos.direction);
+    const int64_t offset = t * columns + in.column;
+    if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + in.pos.batch]) {
       a.h[offset] = static_cast<T>(A(0));
       if (a.c_all != nullptr) a.c_all[offset] = static_cast<T>(c);
       continue;
     }
     const T* u = a.U + offset * dims.k;
-    if (dims.per_step_weight_c) {
-      wf = static_cast<A>(a.weight_c[offset * 2]);
-      wr = static_cast<A>(a.weight_c[offset * 2 + 1]);
-    }
+    step_weights(dims, a, offset, in);
     A c_new, h;
     forward_step<A>(static_cast<A>(u[0]), static_cast<A>(u[1]), static_cast<A>(u[2]),
-                    skip_value<T, A>(dims, a.x, u, offset, scale), wf, wr, bf, br, mask, c, c_new, h);
+                    skip_value<T, A>(dims, a.x, u, offset, in.scale), in.wf, in.wr, in.bf, in.br,
+                    in.mask, c, c_new, h);
     c = c_new;
     a.h[offset] = static_cast<T>(h);
     if (a.c_all != nullptr) a.c_all[offset] = static_cast<T>(c);
   }
-  a.c_last[column] = static_cast<T>(c);
+  a.c_last[in.column] = static_cast<T>(c);
 }
 
 template <typename T>
 __global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_t<T>> a) {
   using A = accumulate_t<T>;
+  ColumnInputs<A> in;
+  if (!load_column(dims, a, in)) return;
   const int64_t columns = dims.columns();
-  const int64_t column = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  if (column >= columns) return;
   const int64_t width = dims.directions * dims.hidden;
-  const ColumnPosition pos = position_of(dims, column);
-  const A bf = static_cast<A>(a.bias[pos.weight]);
-  const A br = static_cast<A>(a.bias[width + pos.weight]);
-  A wf = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[pos.weight]);
-  A wr = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[width + pos.weight]);
-  const A mask = a.mask_c != nullptr ? static_cast<A>(a.mask_c[column]) : A(1);
-  const A scale = a.scale_x != nullptr ? *a.scale_x : a.scale_x_value;
-  A grad_c = a.grad_c_last != nullptr ? static_cast<A>(a.grad_c_last[column]) : A(0);
+  A grad_c = a.grad_c_last != nullptr ? static_cast<A>(a.grad_c_last[in.column]) : A(0);
   A sum_wf = A(0), sum_wr = A(0), sum_bf = A(0), sum_br = A(0);
   for (int64_t step = dims.length - 1; step >= 0; --step) {
-    const int64_t t = dims.time_of(step, pos.direction);
-    const int64_t offset = t * columns + column;
+    const int64_t t = dims.time_of(step, in.pos.direction);
+    const int64_t offset = t * columns + in.column;
     T* grad_u = a.grad_U + offset * dims.k;
-    if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + pos.batch]) {
+    if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + in.pos.batch]) {
       for (int64_t i = 0; i < dims.k; ++i) grad_u[i] = static_cast<T>(A(0));
       if (a.grad_x != nullptr) a.grad_x[offset] = static_cast<T>(A(0));
       if (a.grad_weight_c != nullptr) {
@@ -106,21 +126,15 @@ __global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_
       }
       continue;
     }
-    A c_prev;
-    if (step > 0) {
-      c_prev = static_cast<A>(a.c_all[dims.time_of(step - 1, pos.direction) * columns + column]);
-    } else {
-      c_prev = a.c0 != nullptr ? static_cast<A>(a.c0[column]) : A(0);
-    }
+    const A c_prev =
+        step > 0 ? static_cast<A>(a.c_all[dims.time_of(step - 1, in.pos.direction) * columns + in.column])
+                 : in.c0;
     const T* u = a.U + offset * dims.k;
-    if (dims.per_step_weight_c) {
-      wf = static_cast<A>(a.weight_c[offset * 2]);
-      wr = static_cast<A>(a.weight_c[offset * 2 + 1]);
-    }
+    step_weights(dims, a, offset, in);
     StepGradients<A> g;
     backward_step<A>(static_cast<A>(u[0]), static_cast<A>(u[1]), static_cast<A>(u[2]),
-                     skip_value<T, A>(dims, a.x, u, offset, scale), wf, wr, bf, br, mask, c_prev,
-                     static_cast<A>(a.grad_h[offset]), grad_c, g);
+                     skip_value<T, A>(dims, a.x, u, offset, in.scale), in.wf, in.wr, in.bf, in.br,
+                     in.mask, c_prev, static_cast<A>(a.grad_h[offset]), grad_c, g);
     grad_c = g.c_prev;
     sum_wf += g.wf;
     sum_wr += g.wr;
@@ -130,20 +144,20 @@ __global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_
     grad_u[1] = static_cast<T>(g.u1);
     grad_u[2] = static_cast<T>(g.u2);
     if (dims.k == 4) grad_u[3] = static_cast<T>(dims.skip_from_u ? g.skip : A(0));
-    if (a.grad_x != nullptr) a.grad_x[offset] = static_cast<T>(g.skip * scale);
+    if (a.grad_x != nullptr) a.grad_x[offset] = static_cast<T>(g.skip * in.scale);
     if (a.grad_weight_c != nullptr) {
       a.grad_weight_c[offset * 2] = static_cast<T>(g.wf);
       a.grad_weight_c[offset * 2 + 1] = static_cast<T>(g.wr);
     }
   }
-  a.grad_c0[column] = static_cast<T>(grad_c);
+  a.grad_c0[in.column] = static_cast<T>(grad_c);
   // One partial per (batch, column): no atomics, reduced over the batch by the caller.
-  const int64_t row = pos.batch * 2 * width;
-  a.bias_partials[row + pos.weight] = sum_bf;
-  a.bias_partials[row + width + pos.weight] = sum_br;
+  const int64_t row = in.pos.batch * 2 * width;
+  a.bias_partials[row + in.pos.weight] = sum_bf;
+  a.bias_partials[row + width + in.pos.weight] = sum_br;
   if (a.weight_c_partials != nullptr) {
-    a.weight_c_partials[row + pos.weight] = sum_wf;
-    a.weight_c_partials[row + width + pos.weight] = sum_wr;
+    a.weight_c_partials[row + in.pos.weight] = sum_wf;
+    a.weight_c_partials[row + width + in.pos.weight] = sum_wr;
   }
 }
 

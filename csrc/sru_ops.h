@@ -49,6 +49,41 @@ const T* data_or_null(const at::Tensor& tensor) {
   return tensor.defined() ? tensor.const_data_ptr<T>() : nullptr;
 }
 
+// The inputs both passes read, contiguous (scale_x in the accumulation dtype). It owns the
+// tensors whose raw pointers `fill` hands to the kernel, so they outlive the launch.
+struct ContiguousInputs {
+  at::Tensor U, x, weight_c, bias, c0, mask_c, mask_pad, scale_x;
+  double scale_x_value;
+
+  ContiguousInputs(const RecurrenceDims& dims, const at::Tensor& U_in, const OptionalTensor& x_in,
+                   const at::Tensor& weight_c_in, const at::Tensor& bias_in,
+                   const OptionalTensor& c0_in, const OptionalTensor& scale_x_in,
+                   double scale_x_value_in, const OptionalTensor& mask_c_in,
+                   const OptionalTensor& mask_pad_in)
+      : U(U_in.contiguous()),
+        x(dims.skip_from_x ? x_in->contiguous() : at::Tensor()),
+        weight_c(weight_c_in.contiguous()),
+        bias(bias_in.contiguous()),
+        c0(contiguous_or_undefined(c0_in)),
+        mask_c(contiguous_or_undefined(mask_c_in)),
+        mask_pad(contiguous_or_undefined(mask_pad_in)),
+        scale_x(scale_in_accumulate_dtype(scale_x_in, U_in.scalar_type())),
+        scale_x_value(scale_x_value_in) {}
+
+  template <typename T, typename A>
+  void fill(RecurrenceInputs<T, A>& args) const {
+    args.U = U.const_data_ptr<T>();
+    args.x = data_or_null<T>(x);
+    args.weight_c = weight_c.const_data_ptr<T>();
+    args.bias = bias.const_data_ptr<T>();
+    args.c0 = data_or_null<T>(c0);
+    args.mask_c = data_or_null<T>(mask_c);
+    args.mask_pad = data_or_null<bool>(mask_pad);
+    args.scale_x = data_or_null<A>(scale_x);
+    args.scale_x_value = static_cast<A>(scale_x_value);
+  }
+};
+
 
 // Forward on any device: checks, contiguous inputs, outputs, dtype dispatch; `launch(dims,
 // args)` runs the device kernel on ForwardArgs<T, A> for the storage type T.
@@ -61,14 +96,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_impl(
   const RecurrenceDims dims = check_recurrence_args(U, x, weight_c, bias, c0, scale_x, mask_c,
                                                     mask_pad, bidirectional, has_skip_term);
   const int64_t width = dims.directions * dims.hidden;
-  const at::Tensor U_c = U.contiguous();
-  const at::Tensor x_c = dims.skip_from_x ? x->contiguous() : at::Tensor();
-  const at::Tensor weight_c_c = weight_c.contiguous();
-  const at::Tensor bias_c = bias.contiguous();
-  const at::Tensor c0_c = contiguous_or_undefined(c0);
-  const at::Tensor mask_c_c = contiguous_or_undefined(mask_c);
-  const at::Tensor mask_pad_c = contiguous_or_undefined(mask_pad);
-  const at::Tensor scale = scale_in_accumulate_dtype(scale_x, U.scalar_type());
+  const ContiguousInputs inputs(dims, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c,
+                                mask_pad);
   at::Tensor h = at::empty({dims.length, dims.batch, width}, U.options());
   at::Tensor c_last = at::empty({dims.batch, width}, U.options());
   at::Tensor c_all = store_c ? at::empty({dims.length, dims.batch, width}, U.options())
@@ -76,15 +105,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_impl(
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, U.scalar_type(), "sru_forward_cpu", [&] {
     using A = accumulate_t<scalar_t>;
     ForwardArgs<scalar_t, A> args{};
-    args.U = U_c.const_data_ptr<scalar_t>();
-    args.x = data_or_null<scalar_t>(x_c);
-    args.weight_c = weight_c_c.const_data_ptr<scalar_t>();
-    args.bias = bias_c.const_data_ptr<scalar_t>();
-    args.c0 = data_or_null<scalar_t>(c0_c);
-    args.mask_c = data_or_null<scalar_t>(mask_c_c);
-    args.mask_pad = data_or_null<bool>(mask_pad_c);
-    args.scale_x = data_or_null<A>(scale);
-    args.scale_x_value = static_cast<A>(scale_x_value);
+    inputs.fill(args);
     args.h = h.mutable_data_ptr<scalar_t>();
     args.c_last = c_last.mutable_data_ptr<scalar_t>();
     args.c_all = store_c ? c_all.mutable_data_ptr<scalar_t>() : nullptr;
@@ -114,23 +135,17 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
                     c_all.sizes(), ", got ", grad_h.sizes());
   const auto options = U.options();
   const auto accumulate = U.scalar_type() == at::kDouble ? at::kDouble : at::kFloat;
-  const at::Tensor U_c = U.contiguous();
-  const at::Tensor x_c = dims.skip_from_x ? x->contiguous() : at::Tensor();
-  const at::Tensor weight_c_c = weight_c.contiguous();
-  const at::Tensor bias_c = bias.contiguous();
-  const at::Tensor c0_c = contiguous_or_undefined(c0);
-  const at::Tensor mask_c_c = contiguous_or_undefined(mask_c);
-  const at::Tensor mask_pad_c = contiguous_or_undefined(mask_pad);
-  const at::Tensor scale = scale_in_accumulate_dtype(scale_x, U.scalar_type());
+  const ContiguousInputs inputs(dims, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c,
+                                mask_pad);
   const at::Tensor grad_h_c = grad_h.to(U.scalar_type()).contiguous();
   const at::Tensor grad_c_last_c =
       grad_c_last.has_value() && grad_c_last->defined() ? grad_c_last->to(U.scalar_type()).contiguous()
                                                         : at::Tensor();
   const at::Tensor c_all_c = c_all.contiguous();
 
-  at::Tensor grad_U = at::empty_like(U_c);
-  at::Tensor grad_x = dims.skip_from_x ? at::empty_like(x_c) : at::empty({0}, options);
-  at::Tensor grad_weight_c_step = dims.per_step_weight_c ? at::empty_like(weight_c_c) : at::Tensor();
+  at::Tensor grad_U = at::empty_like(inputs.U);
+  at::Tensor grad_x = dims.skip_from_x ? at::empty_like(inputs.x) : at::empty({0}, options);
+  at::Tensor grad_weight_c_step = dims.per_step_weight_c ? at::empty_like(inputs.weight_c) : at::Tensor();
   at::Tensor weight_c_partials = dims.per_step_weight_c
                                      ? at::Tensor()
                                      : at::empty({dims.batch, 2 * width}, options.dtype(accumulate));
@@ -139,17 +154,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, U.scalar_type(), "sru_backward_cpu", [&] {
     using A = accumulate_t<scalar_t>;
     BackwardArgs<scalar_t, A> args{};
+    inputs.fill(args);
     args.grad_h = grad_h_c.const_data_ptr<scalar_t>();
     args.grad_c_last = data_or_null<scalar_t>(grad_c_last_c);
-    args.U = U_c.const_data_ptr<scalar_t>();
-    args.x = data_or_null<scalar_t>(x_c);
-    args.weight_c = weight_c_c.const_data_ptr<scalar_t>();
-    args.bias = bias_c.const_data_ptr<scalar_t>();
-    args.c0 = data_or_null<scalar_t>(c0_c);
-    args.mask_c = data_or_null<scalar_t>(mask_c_c);
-    args.mask_pad = data_or_null<bool>(mask_pad_c);
-    args.scale_x = data_or_null<A>(scale);
-    args.scale_x_value = static_cast<A>(scale_x_value);
     args.c_all = c_all_c.const_data_ptr<scalar_t>();
     args.grad_U = grad_U.mutable_data_ptr<scalar_t>();
     args.grad_x = dims.skip_from_x ? grad_x.mutable_data_ptr<scalar_t>() : nullptr;

@@ -135,9 +135,10 @@ struct RecurrenceDims {
   }
 };
 
-// Raw pointers of a forward call; nullable ones are marked. All tensors are contiguous.
+// Raw pointers of the inputs both passes read; nullable ones are marked. All tensors are
+// contiguous. Forward and backward extend it, so one fill (sru_ops.h) serves both.
 template <typename T, typename A>
-struct ForwardArgs {
+struct RecurrenceInputs {
   const T* U;            // (L, B, dirs, D, k)
   const T* x;            // (L, B, dirs*D), skip source when skip_from_x, else null
   const T* weight_c;     // (2, dirs, D) or per step (L, B, dirs, D, 2)
@@ -147,24 +148,19 @@ struct ForwardArgs {
   const bool* mask_pad;  // (L, B) or null
   const A* scale_x;      // one value or null (then scale_x_value)
   A scale_x_value;
+};
+
+template <typename T, typename A>
+struct ForwardArgs : RecurrenceInputs<T, A> {
   T* h;                  // (L, B, dirs*D)
   T* c_last;             // (B, dirs*D)
   T* c_all;              // (L, B, dirs*D) state after every step, or null (inference)
 };
 
 template <typename T, typename A>
-struct BackwardArgs {
+struct BackwardArgs : RecurrenceInputs<T, A> {
   const T* grad_h;       // (L, B, dirs*D)
   const T* grad_c_last;  // (B, dirs*D) or null (zeros)
-  const T* U;
-  const T* x;
-  const T* weight_c;
-  const T* bias;
-  const T* c0;
-  const T* mask_c;
-  const bool* mask_pad;
-  const A* scale_x;
-  A scale_x_value;
   const T* c_all;        // forward's per-step state
   T* grad_U;             // (L, B, dirs, D, k)
   T* grad_x;             // (L, B, dirs*D) when skip_from_x, else null
