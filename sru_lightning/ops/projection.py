@@ -25,8 +25,9 @@ def onednn_linear_available() -> bool:
 
 
 def _linear(a, b):
-    """a @ b.T on oneDNN (both 2-D, contiguous)."""
-    return _LINEAR(a.contiguous(), b.contiguous(), None, "none", [], "")
+    """a @ b.T on oneDNN (both 2-D). Transposed views go in as they are: oneDNN reads the
+    strides, which is about twice as fast as materialising the transposes first."""
+    return _LINEAR(a, b, None, "none", [], "")
 
 
 class _OneDNNProjection(torch.autograd.Function):
