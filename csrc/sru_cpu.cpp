@@ -135,27 +135,50 @@ inline void store(const A* __restrict__ source, int64_t n, T* __restrict__ targe
   for (int64_t i = 0; i < n; ++i) target[i] = static_cast<T>(source[i]);
 }
 
+// Arena fields 1 to 5 of a block hold what both passes read at every step: the bias halves
+// bf and br, the vector weight_c halves wf and wr (a per-step weight_c is gathered into them
+// each step instead) and mask_c. Field 0 is the state each pass carries.
+template <typename T, typename A>
+SRU_ALWAYS_INLINE void load_block_constants(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a,
+                                            const ColumnBlock& blk, BlockArena<A>& arena, int64_t slot) {
+  const int64_t width = dims.directions * dims.hidden;
+  load(a.bias + blk.weight, blk.n, arena.get(slot, 1), A(0));
+  load(a.bias + width + blk.weight, blk.n, arena.get(slot, 2), A(0));
+  if (!dims.per_step_weight_c) {
+    load(a.weight_c + blk.weight, blk.n, arena.get(slot, 3), A(0));
+    load(a.weight_c + width + blk.weight, blk.n, arena.get(slot, 4), A(0));
+  }
+  load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(slot, 5), A(1));
+}
+
+// One step's inputs of a block, read the same way by both passes: U, the skip term and, for
+// a per-step weight_c, this step's weights.
+template <typename T, typename A, int K>
+SRU_ALWAYS_INLINE void gather_step(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a,
+                                   int64_t offset, int64_t n, A scale, A* __restrict__ u0,
+                                   A* __restrict__ u1, A* __restrict__ u2, A* __restrict__ skip,
+                                   A* __restrict__ wf, A* __restrict__ wr) {
+  gather_u<T, A, K>(a.U + offset * K, n, u0, u1, u2, skip, dims.skip_from_u);
+  if (dims.skip_from_x) {
+    const T* __restrict__ x = a.x + offset;
+    for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(x[i]) * scale;
+  }
+  if (dims.per_step_weight_c) gather_weights(a.weight_c + offset * 2, n, wf, wr);
+}
+
 template <typename T, int K>
 SRU_ALWAYS_INLINE void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
                                    int64_t begin, int64_t end) {
   using A = accumulate_t<T>;
   const int64_t columns = dims.columns();
-  const int64_t width = dims.directions * dims.hidden;
-  const A scale = a.scale_x != nullptr ? *a.scale_x : a.scale_x_value;
+  const A scale = a.scale();
   // Per-block state and constants of this thread's blocks, kBlock values per block each.
   BlockArena<A> arena(end - begin, 6);
   alignas(64) A h[kBlock], u0[kBlock], u1[kBlock], u2[kBlock], skip[kBlock];
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
-    A* c = arena.get(task - begin, 0);
-    load(a.bias + blk.weight, blk.n, arena.get(task - begin, 1), A(0));
-    load(a.bias + width + blk.weight, blk.n, arena.get(task - begin, 2), A(0));
-    if (!dims.per_step_weight_c) {
-      load(a.weight_c + blk.weight, blk.n, arena.get(task - begin, 3), A(0));
-      load(a.weight_c + width + blk.weight, blk.n, arena.get(task - begin, 4), A(0));
-    }
-    load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(task - begin, 5), A(1));
-    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, blk.n, c, A(0));
+    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, blk.n, arena.get(task - begin, 0), A(0));
+    load_block_constants(dims, a, blk, arena, task - begin);
   }
   if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, kBlock, skip, A(0));
 
@@ -178,12 +201,7 @@ SRU_ALWAYS_INLINE void forward_blocks(const RecurrenceDims& dims, const ForwardA
         if (a.c_all != nullptr) store(c, n, a.c_all + offset);
         continue;
       }
-      gather_u<T, A, K>(a.U + offset * K, n, u0, u1, u2, skip, dims.skip_from_u);
-      if (dims.skip_from_x) {
-        const T* __restrict__ x = a.x + offset;
-        for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(x[i]) * scale;
-      }
-      if (dims.per_step_weight_c) gather_weights(a.weight_c + offset * 2, n, wf, wr);
+      gather_step<T, A, K>(dims, a, offset, n, scale, u0, u1, u2, skip, wf, wr);
       for (int64_t i = 0; i < n; ++i) {
         A c_new, h_new;
         forward_step<A>(u0[i], u1[i], u2[i], skip[i], wf[i], wr[i], bf[i], br[i], mask[i], c[i],
@@ -207,7 +225,7 @@ SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const Backwar
   using A = accumulate_t<T>;
   const int64_t columns = dims.columns();
   const int64_t width = dims.directions * dims.hidden;
-  const A scale = a.scale_x != nullptr ? *a.scale_x : a.scale_x_value;
+  const A scale = a.scale();
   // Per block: grad_c, bf, br, wf, wr, mask, and the sums of wf, wr, bf, br gradients.
   BlockArena<A> arena(end - begin, 10);
   alignas(64) A c_prev[kBlock], grad_h[kBlock], u0[kBlock], u1[kBlock], u2[kBlock], skip[kBlock];
@@ -216,13 +234,7 @@ SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const Backwar
     const ColumnBlock blk = block_at(dims, task);
     const int64_t slot = task - begin;
     load(a.grad_c_last == nullptr ? nullptr : a.grad_c_last + blk.column, blk.n, arena.get(slot, 0), A(0));
-    load(a.bias + blk.weight, blk.n, arena.get(slot, 1), A(0));
-    load(a.bias + width + blk.weight, blk.n, arena.get(slot, 2), A(0));
-    if (!dims.per_step_weight_c) {
-      load(a.weight_c + blk.weight, blk.n, arena.get(slot, 3), A(0));
-      load(a.weight_c + width + blk.weight, blk.n, arena.get(slot, 4), A(0));
-    }
-    load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(slot, 5), A(1));
+    load_block_constants(dims, a, blk, arena, slot);
     for (int field = 6; field < 10; ++field) load<T, A>(nullptr, blk.n, arena.get(slot, field), A(0));
   }
   if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, kBlock, skip, A(0));
@@ -261,12 +273,7 @@ SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const Backwar
         load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
       }
       load(a.grad_h + offset, n, grad_h, A(0));
-      gather_u<T, A, K>(a.U + offset * K, n, u0, u1, u2, skip, dims.skip_from_u);
-      if (dims.skip_from_x) {
-        const T* __restrict__ x = a.x + offset;
-        for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(x[i]) * scale;
-      }
-      if (dims.per_step_weight_c) gather_weights(a.weight_c + offset * 2, n, wf, wr);
+      gather_step<T, A, K>(dims, a, offset, n, scale, u0, u1, u2, skip, wf, wr);
       for (int64_t i = 0; i < n; ++i) {
         StepGradients<A> g;
         backward_step<A>(u0[i], u1[i], u2[i], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],

@@ -61,7 +61,7 @@ __device__ __forceinline__ bool load_column(const RecurrenceDims& dims,
   in.wf = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[in.pos.weight]);
   in.wr = dims.per_step_weight_c ? A(0) : static_cast<A>(a.weight_c[width + in.pos.weight]);
   in.mask = a.mask_c != nullptr ? static_cast<A>(a.mask_c[in.column]) : A(1);
-  in.scale = a.scale_x != nullptr ? *a.scale_x : a.scale_x_value;
+  in.scale = a.scale();
   in.c0 = a.c0 != nullptr ? static_cast<A>(a.c0[in.column]) : A(0);
   return true;
 }
@@ -76,17 +76,34 @@ __device__ __forceinline__ void step_weights(const RecurrenceDims& dims,
   }
 }
 
+// Where a column's step lies: its time index, its offset in an (L, B, dirs*D) tensor, and
+// whether mask_pad marks it as padding (both passes skip the step math there).
+struct StepPosition {
+  int64_t t, offset;
+  bool padded;
+};
+
+template <typename T, typename A>
+__device__ __forceinline__ StepPosition step_position(const RecurrenceDims& dims,
+                                                      const RecurrenceInputs<T, A>& a,
+                                                      const ColumnInputs<A>& in, int64_t step) {
+  StepPosition at;
+  at.t = dims.time_of(step, in.pos.direction);
+  at.offset = at.t * dims.columns() + in.column;
+  at.padded = a.mask_pad != nullptr && a.mask_pad[at.t * dims.batch + in.pos.batch];
+  return at;
+}
+
 template <typename T>
 __global__ void forward_kernel(RecurrenceDims dims, ForwardArgs<T, accumulate_t<T>> a) {
   using A = accumulate_t<T>;
   ColumnInputs<A> in;
   if (!load_column(dims, a, in)) return;
-  const int64_t columns = dims.columns();
   A c = in.c0;
   for (int64_t step = 0; step < dims.length; ++step) {
-    const int64_t t = dims.time_of(step, in.pos.direction);
-    const int64_t offset = t * columns + in.column;
-    if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + in.pos.batch]) {
+    const StepPosition at = step_position(dims, a, in, step);
+    const int64_t offset = at.offset;
+    if (at.padded) {
       a.h[offset] = static_cast<T>(A(0));
       if (a.c_all != nullptr) a.c_all[offset] = static_cast<T>(c);
       continue;
@@ -114,10 +131,10 @@ __global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_
   A grad_c = a.grad_c_last != nullptr ? static_cast<A>(a.grad_c_last[in.column]) : A(0);
   A sum_wf = A(0), sum_wr = A(0), sum_bf = A(0), sum_br = A(0);
   for (int64_t step = dims.length - 1; step >= 0; --step) {
-    const int64_t t = dims.time_of(step, in.pos.direction);
-    const int64_t offset = t * columns + in.column;
+    const StepPosition at = step_position(dims, a, in, step);
+    const int64_t offset = at.offset;
     T* grad_u = a.grad_U + offset * dims.k;
-    if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + in.pos.batch]) {
+    if (at.padded) {
       for (int64_t i = 0; i < dims.k; ++i) grad_u[i] = static_cast<T>(A(0));
       if (a.grad_x != nullptr) a.grad_x[offset] = static_cast<T>(A(0));
       if (a.grad_weight_c != nullptr) {

@@ -148,6 +148,8 @@ struct RecurrenceInputs {
   const bool* mask_pad;  // (L, B) or null
   const A* scale_x;      // one value or null (then scale_x_value)
   A scale_x_value;
+
+  SRU_HOST_DEVICE A scale() const { return scale_x != nullptr ? *scale_x : scale_x_value; }
 };
 
 template <typename T, typename A>
