@@ -14,21 +14,9 @@ import pytest
 import torch
 
 from sru_lightning import cli
+from tiny_run import TINY_RUN
 
-# A model and data small enough that a whole run takes a few seconds on a laptop CPU.
-TINY = [
-    "model.embedding_dim=8",
-    "model.hidden_size=16",
-    "model.num_layers=1",
-    "data.batch_size=4",
-    "data.seq_len=16",
-    "trainer.accelerator=cpu",
-    "trainer.max_epochs=1",
-    "trainer.limit_train_batches=3",
-    "trainer.limit_val_batches=2",
-    "trainer.limit_test_batches=2",
-    "~callbacks.rich_progress_bar",
-]
+TINY = TINY_RUN
 
 
 def run_cli(*args: str) -> int:

@@ -9,19 +9,9 @@ import pytest
 
 from sru_lightning import cli
 from sru_lightning.sweep import collect_results, write_result, write_summary
+from tiny_run import TINY_RUN
 
-TINY = [
-    "model.embedding_dim=8",
-    "model.hidden_size=16",
-    "model.num_layers=1",
-    "data.batch_size=4",
-    "data.seq_len=16",
-    "trainer.accelerator=cpu",
-    "trainer.max_epochs=1",
-    "trainer.limit_train_batches=2",
-    "trainer.limit_val_batches=2",
-    "~callbacks.rich_progress_bar",
-]
+TINY = TINY_RUN
 
 
 def read_csv(path):
