@@ -97,21 +97,6 @@ int64_t task_count(const RecurrenceDims& dims) {
   return dims.batch * dims.directions * ((dims.hidden + kBlock - 1) / kBlock);
 }
 
-// Gather of one step's U values of a block: the first three always, the fourth when it is
-// the skip term. K is a template argument so the strided loads become shuffles.
-template <typename T, typename A, int K>
-inline void gather_u(const T* __restrict__ u, int64_t n, A* __restrict__ u0, A* __restrict__ u1,
-                     A* __restrict__ u2, A* __restrict__ skip, bool skip_from_u) {
-  for (int64_t i = 0; i < n; ++i) {
-    u0[i] = static_cast<A>(u[i * K]);
-    u1[i] = static_cast<A>(u[i * K + 1]);
-    u2[i] = static_cast<A>(u[i * K + 2]);
-  }
-  if (K == 4 && skip_from_u) {
-    for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(u[i * K + 3]);
-  }
-}
-
 template <typename T, typename A>
 inline void gather_weights(const T* __restrict__ pairs, int64_t n, A* __restrict__ wf,
                            A* __restrict__ wr) {
@@ -151,19 +136,57 @@ SRU_ALWAYS_INLINE void load_block_constants(const RecurrenceDims& dims, const Re
   load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(slot, 5), A(1));
 }
 
-// One step's inputs of a block, read the same way by both passes: U, the skip term and, for
-// a per-step weight_c, this step's weights.
+// One step's inputs of a block besides U, read the same way by both passes: the skip term
+// and, for a per-step weight_c, this step's weights. U itself is read inside the step loops.
 template <typename T, typename A, int K>
 SRU_ALWAYS_INLINE void gather_step(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a,
-                                   int64_t offset, int64_t n, A scale, A* __restrict__ u0,
-                                   A* __restrict__ u1, A* __restrict__ u2, A* __restrict__ skip,
+                                   int64_t offset, int64_t n, A scale, A* __restrict__ skip,
                                    A* __restrict__ wf, A* __restrict__ wr) {
-  gather_u<T, A, K>(a.U + offset * K, n, u0, u1, u2, skip, dims.skip_from_u);
-  if (dims.skip_from_x) {
+  if (dims.skip_from_u) {
+    const T* __restrict__ u = a.U + offset * K;
+    for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(u[i * K + K - 1]);
+  } else if (dims.skip_from_x) {
     const T* __restrict__ x = a.x + offset;
     for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(x[i]) * scale;
   }
   if (dims.per_step_weight_c) gather_weights(a.weight_c + offset * 2, n, wf, wr);
+}
+
+// The forward step over one block: reads U, writes h, updates the state c in place.
+template <typename T, int K>
+SRU_ALWAYS_INLINE void forward_loop(int64_t n, const T* __restrict__ u, const accumulate_t<T>* __restrict__ skip,
+                                    const accumulate_t<T>* __restrict__ wf, const accumulate_t<T>* __restrict__ wr,
+                                    const accumulate_t<T>* __restrict__ bf, const accumulate_t<T>* __restrict__ br,
+                                    const accumulate_t<T>* __restrict__ mask, accumulate_t<T>* __restrict__ c,
+                                    T* __restrict__ h) {
+  using A = accumulate_t<T>;
+  for (int64_t i = 0; i < n; ++i) {
+    A c_new, h_new;
+    forward_step<A>(static_cast<A>(u[i * K]), static_cast<A>(u[i * K + 1]), static_cast<A>(u[i * K + 2]), skip[i],
+                    wf[i], wr[i], bf[i], br[i], mask[i], c[i], c_new, h_new);
+    c[i] = c_new;
+    h[i] = static_cast<T>(h_new);
+  }
+}
+
+// One forward step of one block. N is the block width when it is known at compile time
+// (every block of a layer whose hidden size is a multiple of kBlock), 0 for a runtime width:
+// loops of a fixed trip count run about twice as fast.
+template <typename T, int K, int N>
+SRU_ALWAYS_INLINE void forward_block_step(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
+                                          const ColumnBlock& blk, int64_t offset, accumulate_t<T> scale,
+                                          BlockArena<accumulate_t<T>>& arena, int64_t slot) {
+  using A = accumulate_t<T>;
+  const int64_t n = N > 0 ? N : blk.n;
+  alignas(64) A skip[kBlock];
+  A* c = arena.get(slot, 0);
+  A* wf = arena.get(slot, 3);
+  A* wr = arena.get(slot, 4);
+  if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, n, skip, A(0));
+  gather_step<T, A, K>(dims, a, offset, n, scale, skip, wf, wr);
+  forward_loop<T, K>(n, a.U + offset * K, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2),
+                     arena.get(slot, 5), c, a.h + offset);
+  if (a.c_all != nullptr) store(c, n, a.c_all + offset);
 }
 
 template <typename T, int K>
@@ -174,48 +197,107 @@ SRU_ALWAYS_INLINE void forward_blocks(const RecurrenceDims& dims, const ForwardA
   const A scale = a.scale();
   // Per-block state and constants of this thread's blocks, kBlock values per block each.
   BlockArena<A> arena(end - begin, 6);
-  alignas(64) A h[kBlock], u0[kBlock], u1[kBlock], u2[kBlock], skip[kBlock];
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
     load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, blk.n, arena.get(task - begin, 0), A(0));
     load_block_constants(dims, a, blk, arena, task - begin);
   }
-  if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, kBlock, skip, A(0));
 
   // Step-major: each step walks this thread's contiguous columns, so memory is streamed.
   for (int64_t step = 0; step < dims.length; ++step) {
     for (int64_t task = begin; task < end; ++task) {
       const ColumnBlock blk = block_at(dims, task);
-      const int64_t n = blk.n;
-      A* __restrict__ c = arena.get(task - begin, 0);
-      const A* __restrict__ bf = arena.get(task - begin, 1);
-      const A* __restrict__ br = arena.get(task - begin, 2);
-      A* __restrict__ wf = arena.get(task - begin, 3);
-      A* __restrict__ wr = arena.get(task - begin, 4);
-      const A* __restrict__ mask = arena.get(task - begin, 5);
+      const int64_t slot = task - begin;
       const int64_t t = dims.time_of(step, blk.d);
       const int64_t offset = t * columns + blk.column;
       if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
         // Padding: the state is carried over and the output is zero.
-        for (int64_t i = 0; i < n; ++i) a.h[offset + i] = static_cast<T>(A(0));
-        if (a.c_all != nullptr) store(c, n, a.c_all + offset);
-        continue;
+        for (int64_t i = 0; i < blk.n; ++i) a.h[offset + i] = static_cast<T>(A(0));
+        if (a.c_all != nullptr) store(arena.get(slot, 0), blk.n, a.c_all + offset);
+      } else if (blk.n == kBlock) {
+        forward_block_step<T, K, kBlock>(dims, a, blk, offset, scale, arena, slot);
+      } else {
+        forward_block_step<T, K, 0>(dims, a, blk, offset, scale, arena, slot);
       }
-      gather_step<T, A, K>(dims, a, offset, n, scale, u0, u1, u2, skip, wf, wr);
-      for (int64_t i = 0; i < n; ++i) {
-        A c_new, h_new;
-        forward_step<A>(u0[i], u1[i], u2[i], skip[i], wf[i], wr[i], bf[i], br[i], mask[i], c[i],
-                        c_new, h_new);
-        c[i] = c_new;
-        h[i] = h_new;
-      }
-      store(h, n, a.h + offset);
-      if (a.c_all != nullptr) store(c, n, a.c_all + offset);
     }
   }
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
     store(arena.get(task - begin, 0), blk.n, a.c_last + blk.column);
+  }
+}
+
+// The backward step over one block: reads U, c_{t-1} and grad_h, writes grad_U's first three
+// values per column, carries grad_c and the weight_c/bias gradient sums, and leaves the
+// gradients of the skip term and of a per-step weight_c in g_skip, g_wf and g_wr.
+template <typename T, int K>
+SRU_ALWAYS_INLINE void backward_loop(
+    int64_t n, const T* __restrict__ u, const accumulate_t<T>* __restrict__ skip,
+    const accumulate_t<T>* __restrict__ wf, const accumulate_t<T>* __restrict__ wr,
+    const accumulate_t<T>* __restrict__ bf, const accumulate_t<T>* __restrict__ br,
+    const accumulate_t<T>* __restrict__ mask, const accumulate_t<T>* __restrict__ c_prev,
+    const T* __restrict__ grad_h, accumulate_t<T>* __restrict__ grad_c, T* __restrict__ grad_u,
+    accumulate_t<T>* __restrict__ g_skip, accumulate_t<T>* __restrict__ g_wf, accumulate_t<T>* __restrict__ g_wr,
+    accumulate_t<T>* __restrict__ sums) {
+  using A = accumulate_t<T>;
+  A* __restrict__ sum_wf = sums;
+  A* __restrict__ sum_wr = sums + kBlock;
+  A* __restrict__ sum_bf = sums + 2 * kBlock;
+  A* __restrict__ sum_br = sums + 3 * kBlock;
+  for (int64_t i = 0; i < n; ++i) {
+    StepGradients<A> g;
+    backward_step<A>(static_cast<A>(u[i * K]), static_cast<A>(u[i * K + 1]), static_cast<A>(u[i * K + 2]), skip[i],
+                     wf[i], wr[i], bf[i], br[i], mask[i], c_prev[i], static_cast<A>(grad_h[i]), grad_c[i], g);
+    grad_c[i] = g.c_prev;
+    grad_u[i * K] = static_cast<T>(g.u0);
+    grad_u[i * K + 1] = static_cast<T>(g.u1);
+    grad_u[i * K + 2] = static_cast<T>(g.u2);
+    g_skip[i] = g.skip;
+    g_wf[i] = g.wf;
+    g_wr[i] = g.wr;
+    sum_wf[i] += g.wf;
+    sum_wr[i] += g.wr;
+    sum_bf[i] += g.u1;
+    sum_br[i] += g.u2;
+  }
+}
+
+// One backward step of one block; N as in forward_block_step.
+template <typename T, int K, int N>
+SRU_ALWAYS_INLINE void backward_block_step(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
+                                           const ColumnBlock& blk, int64_t step, accumulate_t<T> scale,
+                                           BlockArena<accumulate_t<T>>& arena, int64_t slot) {
+  using A = accumulate_t<T>;
+  const int64_t n = N > 0 ? N : blk.n;
+  const int64_t columns = dims.columns();
+  const int64_t offset = dims.time_of(step, blk.d) * columns + blk.column;
+  alignas(64) A c_prev[kBlock], skip[kBlock], g_skip[kBlock], g_wf[kBlock], g_wr[kBlock];
+  A* wf = arena.get(slot, 3);
+  A* wr = arena.get(slot, 4);
+  if (step > 0) {
+    load(a.c_all + dims.time_of(step - 1, blk.d) * columns + blk.column, n, c_prev, A(0));
+  } else {
+    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
+  }
+  if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, n, skip, A(0));
+  gather_step<T, A, K>(dims, a, offset, n, scale, skip, wf, wr);
+  T* grad_u = a.grad_U + offset * K;
+  backward_loop<T, K>(n, a.U + offset * K, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2),
+                      arena.get(slot, 5), c_prev, a.grad_h + offset, arena.get(slot, 0), grad_u, g_skip,
+                      g_wf, g_wr, arena.get(slot, 6));
+  if (K == 4) {
+    for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = static_cast<T>(dims.skip_from_u ? g_skip[i] : A(0));
+  }
+  if (a.grad_x != nullptr) {
+    T* __restrict__ grad_x = a.grad_x + offset;
+    for (int64_t i = 0; i < n; ++i) grad_x[i] = static_cast<T>(g_skip[i] * scale);
+  }
+  if (a.grad_weight_c != nullptr) {
+    T* __restrict__ pairs = a.grad_weight_c + offset * 2;
+    for (int64_t i = 0; i < n; ++i) {
+      pairs[2 * i] = static_cast<T>(g_wf[i]);
+      pairs[2 * i + 1] = static_cast<T>(g_wr[i]);
+    }
   }
 }
 
@@ -228,87 +310,31 @@ SRU_ALWAYS_INLINE void backward_blocks(const RecurrenceDims& dims, const Backwar
   const A scale = a.scale();
   // Per block: grad_c, bf, br, wf, wr, mask, and the sums of wf, wr, bf, br gradients.
   BlockArena<A> arena(end - begin, 10);
-  alignas(64) A c_prev[kBlock], grad_h[kBlock], u0[kBlock], u1[kBlock], u2[kBlock], skip[kBlock];
-  alignas(64) A g_u0[kBlock], g_u1[kBlock], g_u2[kBlock], g_skip[kBlock], g_wf[kBlock], g_wr[kBlock];
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
     const int64_t slot = task - begin;
     load(a.grad_c_last == nullptr ? nullptr : a.grad_c_last + blk.column, blk.n, arena.get(slot, 0), A(0));
     load_block_constants(dims, a, blk, arena, slot);
-    for (int field = 6; field < 10; ++field) load<T, A>(nullptr, blk.n, arena.get(slot, field), A(0));
+    for (int field = 6; field < 10; ++field) load<T, A>(nullptr, kBlock, arena.get(slot, field), A(0));
   }
-  if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, kBlock, skip, A(0));
 
   for (int64_t step = dims.length - 1; step >= 0; --step) {
     for (int64_t task = begin; task < end; ++task) {
       const ColumnBlock blk = block_at(dims, task);
-      const int64_t n = blk.n;
       const int64_t slot = task - begin;
-      A* __restrict__ grad_c = arena.get(slot, 0);
-      const A* __restrict__ bf = arena.get(slot, 1);
-      const A* __restrict__ br = arena.get(slot, 2);
-      A* __restrict__ wf = arena.get(slot, 3);
-      A* __restrict__ wr = arena.get(slot, 4);
-      const A* __restrict__ mask = arena.get(slot, 5);
-      A* __restrict__ sum_wf = arena.get(slot, 6);
-      A* __restrict__ sum_wr = arena.get(slot, 7);
-      A* __restrict__ sum_bf = arena.get(slot, 8);
-      A* __restrict__ sum_br = arena.get(slot, 9);
       const int64_t t = dims.time_of(step, blk.d);
-      const int64_t offset = t * columns + blk.column;
-      T* __restrict__ grad_u = a.grad_U + offset * K;
       if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
         // Padding passed c through unchanged and emitted h = 0: only grad_c flows on.
-        for (int64_t i = 0; i < n * K; ++i) grad_u[i] = static_cast<T>(A(0));
+        const int64_t offset = t * columns + blk.column;
+        for (int64_t i = 0; i < blk.n * K; ++i) a.grad_U[offset * K + i] = static_cast<T>(A(0));
         if (a.grad_x != nullptr)
-          for (int64_t i = 0; i < n; ++i) a.grad_x[offset + i] = static_cast<T>(A(0));
+          for (int64_t i = 0; i < blk.n; ++i) a.grad_x[offset + i] = static_cast<T>(A(0));
         if (a.grad_weight_c != nullptr)
-          for (int64_t i = 0; i < 2 * n; ++i) a.grad_weight_c[offset * 2 + i] = static_cast<T>(A(0));
-        continue;
-      }
-      if (step > 0) {
-        const int64_t t_prev = dims.time_of(step - 1, blk.d);
-        load(a.c_all + t_prev * columns + blk.column, n, c_prev, A(0));
+          for (int64_t i = 0; i < 2 * blk.n; ++i) a.grad_weight_c[offset * 2 + i] = static_cast<T>(A(0));
+      } else if (blk.n == kBlock) {
+        backward_block_step<T, K, kBlock>(dims, a, blk, step, scale, arena, slot);
       } else {
-        load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
-      }
-      load(a.grad_h + offset, n, grad_h, A(0));
-      gather_step<T, A, K>(dims, a, offset, n, scale, u0, u1, u2, skip, wf, wr);
-      for (int64_t i = 0; i < n; ++i) {
-        StepGradients<A> g;
-        backward_step<A>(u0[i], u1[i], u2[i], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
-                         c_prev[i], grad_h[i], grad_c[i], g);
-        grad_c[i] = g.c_prev;
-        g_u0[i] = g.u0;
-        g_u1[i] = g.u1;
-        g_u2[i] = g.u2;
-        g_skip[i] = g.skip;
-        g_wf[i] = g.wf;
-        g_wr[i] = g.wr;
-        sum_wf[i] += g.wf;
-        sum_wr[i] += g.wr;
-        sum_bf[i] += g.u1;
-        sum_br[i] += g.u2;
-      }
-      for (int64_t i = 0; i < n; ++i) {
-        grad_u[i * K] = static_cast<T>(g_u0[i]);
-        grad_u[i * K + 1] = static_cast<T>(g_u1[i]);
-        grad_u[i * K + 2] = static_cast<T>(g_u2[i]);
-      }
-      if (K == 4) {
-        for (int64_t i = 0; i < n; ++i)
-          grad_u[i * K + 3] = static_cast<T>(dims.skip_from_u ? g_skip[i] : A(0));
-      }
-      if (a.grad_x != nullptr) {
-        T* __restrict__ grad_x = a.grad_x + offset;
-        for (int64_t i = 0; i < n; ++i) grad_x[i] = static_cast<T>(g_skip[i] * scale);
-      }
-      if (a.grad_weight_c != nullptr) {
-        T* __restrict__ pairs = a.grad_weight_c + offset * 2;
-        for (int64_t i = 0; i < n; ++i) {
-          pairs[2 * i] = static_cast<T>(g_wf[i]);
-          pairs[2 * i + 1] = static_cast<T>(g_wr[i]);
-        }
+        backward_block_step<T, K, 0>(dims, a, blk, step, scale, arena, slot);
       }
     }
   }

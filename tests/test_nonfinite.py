@@ -110,3 +110,25 @@ def test_non_finite_values_in_padding_do_not_leak(bidirectional, inference):
     h_short, c_short = model(x[:3, :1])
     torch.testing.assert_close(h[:3, :1], h_short)
     torch.testing.assert_close(c_last[:, :1], c_short)
+
+
+@pytest.mark.parametrize("hidden", [5, 64], ids=["partial-block", "full-block"])
+@pytest.mark.parametrize("gate", [1, 2], ids=["forget", "reset"])
+def test_nan_in_one_gate_logit_stays_in_that_gate(gate, hidden):
+    # float32 computes both gates with one shared division: a NaN forget logit must still
+    # poison c (and so every later h), while a NaN reset logit poisons only that step's h.
+    generator = torch.Generator().manual_seed(3)
+    U = torch.randn(L, 2, 3 * hidden, generator=generator)
+    x = torch.randn(L, 2, hidden, generator=generator)
+    weight_c = 0.5 * torch.randn(2 * hidden, generator=generator)
+    bias = torch.zeros(2 * hidden)
+    U[2, 0, 3 * 1 + gate] = float("nan")  # column 1 of batch element 0, step 2
+    h, c_last = functional.sru_recurrence(U, x, weight_c, bias)
+    h_ref, c_ref = sru_recurrence_reference(U.double(), x.double(), weight_c.double(), bias.double())
+    assert torch.equal(torch.isnan(h), torch.isnan(h_ref))
+    assert torch.equal(torch.isnan(c_last), torch.isnan(c_ref))
+    poisoned_later = torch.isnan(h[3:, 0, 1]).all().item()
+    assert poisoned_later == (gate == 1)
+    assert torch.isnan(h[2, 0, 1]) and torch.isfinite(h[:, 1]).all()
+    finite = torch.isfinite(h_ref)
+    torch.testing.assert_close(h[finite], h_ref[finite].float(), rtol=1e-5, atol=1e-5)

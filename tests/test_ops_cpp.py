@@ -176,3 +176,22 @@ def test_non_contiguous_inputs():
     h, c_last = cpp_forward(U_t, x_t, weight_c, bias, c0, **kwargs)
     h_ref, c_ref = cpp_forward(U, x, weight_c, bias, c0, **kwargs)
     assert torch.equal(h, h_ref) and torch.equal(c_last, c_ref)
+
+
+@pytest.mark.parametrize("hidden", [5, 64], ids=["partial-block", "full-block"])
+def test_saturated_gates_in_float32_match_float64(hidden):
+    # Logits far beyond the +-40 clamp of the float32 gates: outputs and gradients still
+    # agree with a float64 reference to float32 accuracy.
+    tensors, kwargs = make_case(length=6, batch=2, hidden=hidden, dtype=torch.float64, seed=5)
+    U = tensors[0] * 60.0
+    tensors64 = (U,) + tuple(tensors[1:])
+    tensors32 = tuple(None if t is None else t.float() for t in tensors64)
+    kwargs32 = {k: (v.float() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()}
+    h, c_last, grads = run_with_grads(cpp_forward, tensors32, kwargs32)
+    h_ref, c_ref, grads_ref = run_with_grads(ops.sru_recurrence_reference, tensors64, kwargs)
+    scale = h_ref.abs().max().item()
+    torch.testing.assert_close(h.double(), h_ref, rtol=1e-5, atol=1e-6 * scale)
+    torch.testing.assert_close(c_last.double(), c_ref, rtol=1e-5, atol=1e-6 * scale)
+    for grad, grad_ref in zip(grads, grads_ref):
+        if grad_ref is not None:
+            torch.testing.assert_close(grad.double(), grad_ref, rtol=1e-4, atol=1e-5 * grad_ref.abs().max().item())

@@ -28,7 +28,7 @@ CUDA_SOURCES = ("sru_cuda.cpp", "sru_cuda_kernels.cu")
 DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
 
 # No trapping math: lets the compiler turn the clamps of the step math into vector selects.
-CXX_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math")
+CXX_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-tree-loop-distribute-patterns")
 CUDA_FLAGS = ("-O3",)
 # at::parallel_for is OpenMP code inlined from the ATen headers: without -fopenmp it runs on
 # one thread. At run time the libgomp torch already loaded is the one used.
