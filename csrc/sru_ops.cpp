@@ -1,6 +1,14 @@
 // Operator schemas of the SRU recurrence (one TORCH_LIBRARY block), the argument checks
 // shared by every device, and the CPU registrations.
+#include <ATen/ops/from_blob.h>
+#include <c10/core/impl/alloc_cpu.h>
+#include <c10/util/accumulate.h>
 #include <torch/library.h>
+
+#include <cstdlib>
+#include <iterator>
+#include <mutex>
+#include <vector>
 
 #include "sru_ops.h"
 
@@ -104,6 +112,107 @@ at::Tensor scale_in_accumulate_dtype(const OptionalTensor& scale_x, at::ScalarTy
   return scale_x->reshape({1}).to(accumulate).contiguous();
 }
 
+namespace {
+
+// Idle CPU buffers by byte size, oldest first; the oldest go once the idle bytes pass the cap.
+class BufferCache {
+ public:
+  BufferCache() : capacity_(capacity_from_environment()) {}
+  ~BufferCache() { release(); }
+
+  int64_t capacity() const { return capacity_; }
+
+  void* take(int64_t bytes) {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      for (auto entry = idle_.rbegin(); entry != idle_.rend(); ++entry) {
+        if (entry->bytes == bytes) {
+          void* data = entry->data;
+          idle_bytes_ -= bytes;
+          idle_.erase(std::next(entry).base());
+          return data;
+        }
+      }
+    }
+    return c10::alloc_cpu(static_cast<size_t>(bytes));
+  }
+
+  void give(void* data, int64_t bytes) {
+    std::vector<void*> evicted;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      idle_.push_back({data, bytes});
+      idle_bytes_ += bytes;
+      while (idle_bytes_ > capacity_ && !idle_.empty()) {
+        evicted.push_back(idle_.front().data);
+        idle_bytes_ -= idle_.front().bytes;
+        idle_.erase(idle_.begin());
+      }
+    }
+    for (void* buffer : evicted) c10::free_cpu(buffer);
+  }
+
+  int64_t release() {
+    std::vector<Entry> freed;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      freed.swap(idle_);
+      idle_bytes_ = 0;
+    }
+    int64_t bytes = 0;
+    for (const Entry& entry : freed) {
+      c10::free_cpu(entry.data);
+      bytes += entry.bytes;
+    }
+    return bytes;
+  }
+
+ private:
+  struct Entry {
+    void* data;
+    int64_t bytes;
+  };
+
+  static int64_t capacity_from_environment() {
+    const char* value = std::getenv("SRU_LIGHTNING_CPU_BUFFER_CACHE_MB");
+    if (value == nullptr || *value == '\0') return int64_t(256) << 20;
+    char* end = nullptr;
+    const long long megabytes = std::strtoll(value, &end, 10);
+    TORCH_CHECK_VALUE(end != value && *end == '\0' && megabytes >= 0,
+                      "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB must be a whole number of MiB >= 0, got '", value, "'");
+    return static_cast<int64_t>(megabytes) << 20;
+  }
+
+  std::mutex mutex_;
+  std::vector<Entry> idle_;
+  int64_t idle_bytes_ = 0;
+  const int64_t capacity_;
+};
+
+// Never destroyed: tensors may die during interpreter shutdown, after static destructors.
+BufferCache& buffer_cache() {
+  static BufferCache* cache = new BufferCache();
+  return *cache;
+}
+
+}  // namespace
+
+at::Tensor output_tensor(at::IntArrayRef sizes, const at::TensorOptions& options) {
+  const int64_t bytes = c10::multiply_integers(sizes) * static_cast<int64_t>(options.dtype().itemsize());
+  if (!options.device().is_cpu() || bytes < kCachedBufferMinBytes || buffer_cache().capacity() == 0) {
+    return at::empty(sizes, options);
+  }
+  void* data = buffer_cache().take(bytes);
+  return at::for_blob(data, sizes)
+      .options(options)
+      .deleter([bytes](void* buffer) { buffer_cache().give(buffer, bytes); })
+      .make_tensor();
+}
+
+int64_t release_cached_buffers() {
+  return buffer_cache().release();
+}
+
 }  // namespace sru_lightning
 
 TORCH_LIBRARY(sru_lightning, m) {
@@ -119,6 +228,7 @@ TORCH_LIBRARY(sru_lightning, m) {
       "Tensor? mask_pad, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
       "(Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, Tensor grad_c0)");
   m.def("cpu_vector_level() -> int", &sru_lightning::cpu_vector_level);
+  m.def("release_cached_buffers() -> int", &sru_lightning::release_cached_buffers);
 }
 
 TORCH_LIBRARY_IMPL(sru_lightning, CPU, m) {

@@ -28,6 +28,17 @@ RecurrenceDims check_recurrence_args(const at::Tensor& U, const OptionalTensor& 
 at::Tensor contiguous_or_undefined(const OptionalTensor& tensor);
 at::Tensor scale_in_accumulate_dtype(const OptionalTensor& scale_x, at::ScalarType storage);
 
+// An uninitialized output of the kernels. CPU outputs of at least kCachedBufferMinBytes are
+// recycled: when such a tensor dies its buffer goes back to a cache and the next output of
+// the same byte size reuses it, so a training loop does not fault in fresh pages for h,
+// c_all and the gradients at every step (faulting in 8 MiB of fresh pages can take longer
+// than the forward kernel that fills them). SRU_LIGHTNING_CPU_BUFFER_CACHE_MB caps the idle bytes kept (default
+// 256, 0 turns the cache off); release_cached_buffers() frees them.
+constexpr int64_t kCachedBufferMinBytes = int64_t(1) << 20;
+at::Tensor output_tensor(at::IntArrayRef sizes, const at::TensorOptions& options);
+// Frees every idle cached buffer; returns the bytes freed.
+int64_t release_cached_buffers();
+
 // 0 = baseline, 1 = AVX2+FMA, 2 = AVX-512: the vector code the CPU kernels run.
 int64_t cpu_vector_level();
 
@@ -98,9 +109,9 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_impl(
   const int64_t width = dims.directions * dims.hidden;
   const ContiguousInputs inputs(dims, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c,
                                 mask_pad);
-  at::Tensor h = at::empty({dims.length, dims.batch, width}, U.options());
+  at::Tensor h = output_tensor({dims.length, dims.batch, width}, U.options());
   at::Tensor c_last = at::empty({dims.batch, width}, U.options());
-  at::Tensor c_all = store_c ? at::empty({dims.length, dims.batch, width}, U.options())
+  at::Tensor c_all = store_c ? output_tensor({dims.length, dims.batch, width}, U.options())
                              : at::empty({0}, U.options());
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, U.scalar_type(), "sru_forward_cpu", [&] {
     using A = accumulate_t<scalar_t>;
@@ -143,9 +154,10 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
                                                         : at::Tensor();
   const at::Tensor c_all_c = c_all.contiguous();
 
-  at::Tensor grad_U = at::empty_like(inputs.U);
-  at::Tensor grad_x = dims.skip_from_x ? at::empty_like(inputs.x) : at::empty({0}, options);
-  at::Tensor grad_weight_c_step = dims.per_step_weight_c ? at::empty_like(inputs.weight_c) : at::Tensor();
+  at::Tensor grad_U = output_tensor(inputs.U.sizes(), options);
+  at::Tensor grad_x = dims.skip_from_x ? output_tensor(inputs.x.sizes(), options) : at::empty({0}, options);
+  at::Tensor grad_weight_c_step =
+      dims.per_step_weight_c ? output_tensor(inputs.weight_c.sizes(), options) : at::Tensor();
   at::Tensor weight_c_partials = dims.per_step_weight_c
                                      ? at::Tensor()
                                      : at::empty({dims.batch, 2 * width}, options.dtype(accumulate));

@@ -3,6 +3,10 @@ random configurations, every storage dtype, inference without stored states."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 import torch
 from hypothesis import given, settings
@@ -195,3 +199,41 @@ def test_saturated_gates_in_float32_match_float64(hidden):
     for grad, grad_ref in zip(grads, grads_ref):
         if grad_ref is not None:
             torch.testing.assert_close(grad.double(), grad_ref, rtol=1e-4, atol=1e-5 * grad_ref.abs().max().item())
+
+
+def _large_case():
+    # 2 MiB of h: above the 1 MiB size from which CPU outputs are recycled.
+    return make_case(length=64, batch=32, hidden=256, dtype=torch.float32, with_c0=False)
+
+
+def test_large_outputs_reuse_the_buffers_of_dead_outputs_with_identical_results():
+    (U, x, weight_c, bias, c0), kwargs = _large_case()
+    h1, c1 = cpp_forward(U, x, weight_c, bias, c0, **kwargs)
+    expected_h, expected_c, first = h1.clone(), c1.clone(), h1.data_ptr()
+    del h1, c1
+    h2, c2 = cpp_forward(U, x, weight_c, bias, c0, **kwargs)
+    # the dead h came back from the cache (the newest idle buffer of its size goes first),
+    # and every value was rewritten
+    assert h2.data_ptr() == first
+    assert torch.equal(h2, expected_h) and torch.equal(c2, expected_c)
+    del h2, c2
+    assert op.release_cached_buffers() >= 2 * 64 * 32 * 256 * 4
+    assert op.release_cached_buffers() == 0
+
+
+def test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named():
+    script = (
+        "import torch; from sru_lightning.ops import op; from sru_lightning.ops.testing import make_case\n"
+        "(U, x, w, b, c0), kw = make_case(length=64, batch=32, hidden=256, dtype=torch.float32)\n"
+        "h, c = op.sru_forward(U, x, w, b, c0, kw['scale_x'], None, None, False, True)\n"
+        "del h, c\n"
+        "print('freed', op.release_cached_buffers())\n"
+    )
+    off = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "0"})
+    assert off.returncode == 0, off.stderr[-2000:]
+    assert off.stdout.split()[-1] == "0"  # nothing was kept
+    bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "lots"})
+    assert bad.returncode != 0
+    assert "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB must be a whole number of MiB >= 0, got 'lots'" in bad.stderr

@@ -31,6 +31,17 @@ def cpu_vector_level() -> str:
     return CPU_VECTOR_LEVELS[torch.ops.sru_lightning.cpu_vector_level()]
 
 
+def release_cached_buffers() -> int:
+    """Free the idle CPU output buffers the kernels keep for reuse; returns the bytes freed.
+
+    Outputs of 1 MiB or more (h, the per-step states, the gradients) go back to a cache when
+    their tensors die, so a training loop reuses memory instead of faulting in fresh pages at
+    every step. ``SRU_LIGHTNING_CPU_BUFFER_CACHE_MB`` caps the idle bytes (default 256; 0
+    turns the cache off).
+    """
+    return torch.ops.sru_lightning.release_cached_buffers()
+
+
 def _width(bias) -> int:
     return bias.shape[0] // 2
 
