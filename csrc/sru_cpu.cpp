@@ -137,7 +137,8 @@ SRU_ALWAYS_INLINE void load_block_constants(const RecurrenceDims& dims, const Re
 }
 
 // One step's inputs of a block besides U, read the same way by both passes: the skip term
-// and, for a per-step weight_c, this step's weights. U itself is read inside the step loops.
+// (zeros without one) and, for a per-step weight_c, this step's weights. U itself is read
+// inside the step loops.
 template <typename T, typename A, int K>
 SRU_ALWAYS_INLINE void gather_step(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a,
                                    int64_t offset, int64_t n, A scale, A* __restrict__ skip,
@@ -148,6 +149,8 @@ SRU_ALWAYS_INLINE void gather_step(const RecurrenceDims& dims, const RecurrenceI
   } else if (dims.skip_from_x) {
     const T* __restrict__ x = a.x + offset;
     for (int64_t i = 0; i < n; ++i) skip[i] = static_cast<A>(x[i]) * scale;
+  } else {
+    for (int64_t i = 0; i < n; ++i) skip[i] = A(0);  // no skip term: h = c * r * mask
   }
   if (dims.per_step_weight_c) gather_weights(a.weight_c + offset * 2, n, wf, wr);
 }
@@ -182,7 +185,6 @@ SRU_ALWAYS_INLINE void forward_block_step(const RecurrenceDims& dims, const Forw
   A* c = arena.get(slot, 0);
   A* wf = arena.get(slot, 3);
   A* wr = arena.get(slot, 4);
-  if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, n, skip, A(0));
   gather_step<T, A, K>(dims, a, offset, n, scale, skip, wf, wr);
   forward_loop<T, K>(n, a.U + offset * K, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2),
                      arena.get(slot, 5), c, a.h + offset);
@@ -279,7 +281,6 @@ SRU_ALWAYS_INLINE void backward_block_step(const RecurrenceDims& dims, const Bac
   } else {
     load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
   }
-  if (!dims.skip_from_x && !dims.skip_from_u) load<T, A>(nullptr, n, skip, A(0));
   gather_step<T, A, K>(dims, a, offset, n, scale, skip, wf, wr);
   T* grad_u = a.grad_U + offset * K;
   backward_loop<T, K>(n, a.U + offset * K, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2),
