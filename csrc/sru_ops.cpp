@@ -1,6 +1,7 @@
 // Operator schemas of the SRU recurrence (one TORCH_LIBRARY block), the argument checks
 // shared by every device, and the CPU registrations.
-#include <ATen/ops/from_blob.h>
+#include <ATen/EmptyTensor.h>
+#include <c10/core/Allocator.h>
 #include <c10/core/impl/alloc_cpu.h>
 #include <c10/util/accumulate.h>
 #include <torch/library.h>
@@ -8,6 +9,7 @@
 #include <cstdlib>
 #include <iterator>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "sru_ops.h"
@@ -114,35 +116,39 @@ at::Tensor scale_in_accumulate_dtype(const OptionalTensor& scale_x, at::ScalarTy
 
 namespace {
 
-// Idle CPU buffers by byte size, oldest first; the oldest go once the idle bytes pass the cap.
+// CPU buffers by byte size: the ones tensors hold (live) and the idle ones, oldest first.
+// The oldest idle buffers are freed once the idle bytes pass the cap.
 class BufferCache {
  public:
   BufferCache() : capacity_(capacity_from_environment()) {}
-  ~BufferCache() { release(); }
 
   int64_t capacity() const { return capacity_; }
 
   void* take(int64_t bytes) {
-    {
-      std::lock_guard<std::mutex> lock(mutex_);
-      for (auto entry = idle_.rbegin(); entry != idle_.rend(); ++entry) {
-        if (entry->bytes == bytes) {
-          void* data = entry->data;
-          idle_bytes_ -= bytes;
-          idle_.erase(std::next(entry).base());
-          return data;
-        }
+    std::lock_guard<std::mutex> lock(mutex_);
+    void* data = nullptr;
+    for (auto entry = idle_.rbegin(); entry != idle_.rend(); ++entry) {
+      if (entry->bytes == bytes) {
+        data = entry->data;
+        idle_bytes_ -= bytes;
+        idle_.erase(std::next(entry).base());
+        break;
       }
     }
-    return c10::alloc_cpu(static_cast<size_t>(bytes));
+    if (data == nullptr) data = c10::alloc_cpu(static_cast<size_t>(bytes));
+    live_[data] = bytes;
+    return data;
   }
 
-  void give(void* data, int64_t bytes) {
+  void give(void* data) {
     std::vector<void*> evicted;
     {
       std::lock_guard<std::mutex> lock(mutex_);
-      idle_.push_back({data, bytes});
-      idle_bytes_ += bytes;
+      const auto live = live_.find(data);
+      TORCH_INTERNAL_ASSERT(live != live_.end(), "sru_lightning: freeing a buffer the cache did not hand out");
+      idle_.push_back({data, live->second});
+      idle_bytes_ += live->second;
+      live_.erase(live);
       while (idle_bytes_ > capacity_ && !idle_.empty()) {
         evicted.push_back(idle_.front().data);
         idle_bytes_ -= idle_.front().bytes;
@@ -184,6 +190,7 @@ class BufferCache {
   }
 
   std::mutex mutex_;
+  std::unordered_map<void*, int64_t> live_;
   std::vector<Entry> idle_;
   int64_t idle_bytes_ = 0;
   const int64_t capacity_;
@@ -195,6 +202,26 @@ BufferCache& buffer_cache() {
   return *cache;
 }
 
+// A CPU allocator drawing on the cache, so its tensors are ordinary (resizable) CPU tensors.
+class RecyclingAllocator final : public c10::Allocator {
+ public:
+  c10::DataPtr allocate(size_t bytes) override {
+    void* data = bytes == 0 ? nullptr : buffer_cache().take(static_cast<int64_t>(bytes));
+    return {data, data, &release_buffer, c10::Device(c10::DeviceType::CPU)};
+  }
+  c10::DeleterFnPtr raw_deleter() const override { return &release_buffer; }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+
+ private:
+  static void release_buffer(void* data) {
+    if (data != nullptr) buffer_cache().give(data);
+  }
+};
+
+RecyclingAllocator recycling_allocator;
+
 }  // namespace
 
 at::Tensor output_tensor(at::IntArrayRef sizes, const at::TensorOptions& options) {
@@ -202,11 +229,8 @@ at::Tensor output_tensor(at::IntArrayRef sizes, const at::TensorOptions& options
   if (!options.device().is_cpu() || bytes < kCachedBufferMinBytes || buffer_cache().capacity() == 0) {
     return at::empty(sizes, options);
   }
-  void* data = buffer_cache().take(bytes);
-  return at::for_blob(data, sizes)
-      .options(options)
-      .deleter([bytes](void* buffer) { buffer_cache().give(buffer, bytes); })
-      .make_tensor();
+  return at::detail::empty_generic(sizes, &recycling_allocator, c10::DispatchKeySet(c10::DispatchKey::CPU),
+                                   c10::typeMetaToScalarType(options.dtype()), std::nullopt);
 }
 
 int64_t release_cached_buffers() {
