@@ -10,9 +10,9 @@ recurrence policy (``sru_lightning.ops.resolve_storage_dtype``) and accumulates 
 policy, the storage and accumulation dtypes the kernel will run in. Sources, most specific
 first:
 
-* DeepSpeed: the config sections ``amp`` (APEX AMP inside DeepSpeed), ``fp16``, ``bf16``
-  (alias ``bfloat16``) and ``torch_autocast``; a section Lightning will add at setup from
-  ``precision=`` counts as present.
+* DeepSpeed (read by :mod:`sru_lightning.deepspeed_regime`): the config sections ``amp``
+  (APEX AMP inside DeepSpeed), ``fp16``, ``bf16`` (alias ``bfloat16``) and ``torch_autocast``;
+  a section Lightning will add at setup from ``precision=`` counts as present.
 * FSDP: ``FSDPStrategy(mixed_precision=MixedPrecision(param_dtype=...))``, else the plugin.
 * The precision plugin: ``Precision`` (32-true), ``DoublePrecision``, ``MixedPrecision``
   (16-mixed / bf16-mixed), ``HalfPrecision`` (16-true / bf16-true),
@@ -196,7 +196,9 @@ def detect_regime(trainer) -> Regime:
     from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
 
     if isinstance(strategy, DeepSpeedStrategy):
-        return _deepspeed_regime(strategy.config, plugin.precision, device_type)
+        from sru_lightning.deepspeed_regime import deepspeed_regime
+
+        return deepspeed_regime(strategy.config, plugin.precision, device_type)
     if isinstance(strategy, FSDPStrategy):
         # Lightning runs FSDP on CUDA only (and FSDPPrecision autocasts "cuda").
         return _fsdp_regime(strategy.mixed_precision, plugin, "cuda")
@@ -211,7 +213,7 @@ def detect_regime(trainer) -> Regime:
             f"{regime.name!r}; use one of the two (Lightning's AMP is the supported path)"
         )
         return dataclasses.replace(regime, notes=regime.notes + (note,))
-    return _apex_regime(apex.opt_level, apex.cast_model_type, device_type, "apex.amp.initialize by the user")
+    return apex_regime(apex.opt_level, apex.cast_model_type, device_type, "apex.amp.initialize by the user")
 
 
 # --------------------------------------------------------------------------- plugins
@@ -276,112 +278,6 @@ def _plugin_regime(plugin, device_type: str) -> Regime:
     )
 
 
-# --------------------------------------------------------------------------- DeepSpeed
-
-
-def _section_enabled(config: Mapping, *keys: str) -> bool | None:
-    """True/False when one of ``keys`` is a config section, None when none is present."""
-    for key in keys:
-        if key in config:
-            section = config[key]
-            if isinstance(section, Mapping):
-                enabled = section.get("enabled", False)
-            else:
-                enabled = section
-            if isinstance(enabled, str):
-                return enabled.strip().lower() == "true"
-            return bool(enabled)
-    return None
-
-
-# The spellings DeepSpeed's DtypeEnum accepts for torch_autocast.dtype.
-_DEEPSPEED_AUTOCAST_NAMES = {
-    **dict.fromkeys(("torch.float16", "fp16", "float16", "half"), torch.float16),
-    **dict.fromkeys(("torch.bfloat16", "bf16", "bfloat16"), torch.bfloat16),
-    **dict.fromkeys(("torch.float32", "fp32", "float32", "float"), torch.float32),
-}
-
-
-def _deepspeed_regime(config, precision: str, device_type: str) -> Regime:
-    config = config if isinstance(config, Mapping) else {}
-    if _section_enabled(config, "amp"):
-        section = config["amp"] if isinstance(config["amp"], Mapping) else {}
-        opt_level = str(section.get("opt_level", "O1"))
-        cast_model_type = torch.float16 if opt_level in ("O2", "O3") else torch.float32
-        notes = _deepspeed_amp_notes()
-        return _apex_regime(
-            opt_level, cast_model_type, device_type, "DeepSpeed config section 'amp'", notes,
-            name_prefix="deepspeed-",
-        )
-
-    # Lightning adds an "fp16" / "bf16" section at setup when the config has none and
-    # precision= asks for it (lightning.fabric.strategies.deepspeed._format_precision_config).
-    fp16 = _section_enabled(config, "fp16")
-    bf16 = _section_enabled(config, "bf16", "bfloat16")
-    from_precision = ""
-    if fp16 is None and precision in ("16-mixed", "16-true"):
-        fp16, from_precision = True, f" (added by Lightning for precision={precision!r})"
-    elif bf16 is None and precision in ("bf16-mixed", "bf16-true") and not fp16:
-        bf16, from_precision = True, f" (added by Lightning for precision={precision!r})"
-
-    if fp16 or bf16:
-        dtype = torch.float16 if fp16 else torch.bfloat16
-        section = "fp16" if fp16 else "bf16"
-        notes = ("DeepSpeed rejects fp16 and bf16 enabled together",) if fp16 and bf16 else ()
-        return regime_from_dtypes(
-            f"deepspeed-{section}",
-            param_dtype=dtype,
-            autocast_dtype=None,
-            device_type=device_type,
-            source=f"DeepSpeed config section {section!r}{from_precision}",
-            notes=notes,
-        )
-
-    if _section_enabled(config, "torch_autocast"):
-        section = config["torch_autocast"]
-        # Without a dtype DeepSpeed calls torch.autocast(dtype=None): the device's default.
-        default = "float16" if device_type == "cuda" else "bfloat16"
-        raw = section.get("dtype", default) if isinstance(section, Mapping) else default
-        autocast = raw if isinstance(raw, torch.dtype) else _DEEPSPEED_AUTOCAST_NAMES.get(str(raw).lower())
-        if autocast is None:
-            raise ValueError(
-                "detect_regime: DeepSpeed config `torch_autocast.dtype` must be one of "
-                f"{sorted(_DEEPSPEED_AUTOCAST_NAMES)}, got {raw!r}"
-            )
-        return regime_from_dtypes(
-            "deepspeed-torch_autocast",
-            param_dtype=torch.float32,
-            autocast_dtype=autocast if autocast in HALF_DTYPES else None,
-            device_type=device_type,
-            source=f"DeepSpeed config section 'torch_autocast' (dtype={dtype_name(autocast)})",
-        )
-
-    return regime_from_dtypes(
-        "deepspeed-fp32",
-        param_dtype=torch.float32,
-        autocast_dtype=None,
-        device_type=device_type,
-        source=f"DeepSpeed config without fp16/bf16/amp (precision={precision!r})",
-    )
-
-
-def _deepspeed_amp_notes() -> tuple[str, ...]:
-    """A note when the installed DeepSpeed no longer accepts the ``amp`` section."""
-    try:
-        from deepspeed.runtime import config as deepspeed_config
-    except Exception:  # DeepSpeed not installed (or broken): nothing to say about it
-        return ()
-    removed = getattr(deepspeed_config, "_REMOVED_TOP_LEVEL_CONFIG_KEYS", {})
-    if "amp" in removed:
-        import deepspeed
-
-        return (
-            f"DeepSpeed {deepspeed.__version__} removed the 'amp' (APEX) config section and will "
-            "reject this config; use 'fp16', 'bf16' or 'torch_autocast' instead",
-        )
-    return ()
-
-
 # --------------------------------------------------------------------------- FSDP
 
 
@@ -414,7 +310,7 @@ def _fsdp_regime(mixed_precision, plugin, device_type: str) -> Regime:
 # --------------------------------------------------------------------------- APEX
 
 
-def _apex_regime(
+def apex_regime(
     opt_level: str,
     cast_model_type,
     device_type: str,
