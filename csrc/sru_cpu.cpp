@@ -173,8 +173,8 @@ SRU_ALWAYS_INLINE void forward_loop(int64_t n, const T* __restrict__ u, const ac
 }
 
 // One forward step of one block. N is the block width when it is known at compile time
-// (every block of a layer whose hidden size is a multiple of kBlock), 0 for a runtime width:
-// loops of a fixed trip count run about twice as fast.
+// (every block of a layer whose hidden size is a multiple of kBlock), 0 for a runtime width,
+// so the common case compiles to loops of a fixed trip count.
 template <typename T, int K, int N>
 SRU_ALWAYS_INLINE void forward_block_step(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
                                           const ColumnBlock& blk, int64_t offset, accumulate_t<T> scale,

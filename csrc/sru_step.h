@@ -84,10 +84,11 @@ SRU_HOST_DEVICE void gates(A zf, A zr, A& forget, A& reset) {
   reset = sigmoid(zr);
 }
 
-// In float one division serves both gates, which makes the CPU loops about a third faster:
-// with ef = 1 + e^-zf and er = 1 + e^-zr, 1/ef = er/(ef*er) and 1/er = ef/(ef*er). The
-// logits are clamped to +-40 so the product stays finite; sigmoid(-40) is below 5e-18, so
-// no gate moves by more than that. A NaN logit gives NaN in its own gate only, as before.
+// In float one division serves both gates (the CPU backward loop runs about a quarter
+// faster for it): with ef = 1 + e^-zf and er = 1 + e^-zr, 1/ef = er/(ef*er) and
+// 1/er = ef/(ef*er). The logits are clamped to +-40 so the product stays finite;
+// sigmoid(-40) is below 5e-18, so no gate moves by more than that. A NaN logit gives NaN in
+// its own gate only.
 template <>
 SRU_HOST_DEVICE void gates<float>(float zf, float zr, float& forget, float& reset) {
   const float f_logit = zf < -40.0f ? -40.0f : (zf > 40.0f ? 40.0f : zf);
