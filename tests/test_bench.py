@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sru_lightning import bench
+from sru_lightning.diagnostics import bench
 
 TINY = ["--length", "4", "--batch", "2", "--hidden", "8", "--layers", "2", "--repeats", "2", "--warmup", "1", "--threads", "1"]
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from sru_lightning.fidelity import fidelity_table, format_table, main
+from sru_lightning.diagnostics.fidelity import fidelity_table, format_table, main
 
 
 @pytest.fixture(scope="module")

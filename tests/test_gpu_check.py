@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from sru_lightning import gpu_check, kernel_parity
-from sru_lightning.gpu_check import FAIL, PASS, SKIP, Check, FitSpec
+from sru_lightning.diagnostics import gpu_check, kernel_parity
+from sru_lightning.diagnostics.gpu_check import FAIL, PASS, SKIP, Check, FitSpec
 
 REPO = Path(__file__).resolve().parents[1]
 

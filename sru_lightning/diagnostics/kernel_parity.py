@@ -1,6 +1,6 @@
 """Do a device's recurrence kernels compute what the CPU kernels and the reference compute?
 
-The GPU check (:mod:`sru_lightning.gpu_check`) runs this with the CUDA kernels; on CPU the
+The GPU check (:mod:`sru_lightning.diagnostics.gpu_check`) runs this with the CUDA kernels; on CPU the
 same code compares the CPU kernel with itself and with the float64 reference, which is how
 its own tests run it. Every variant of the call (k = 3/4, bidirectional, masks, per-step
 weight_c, scale_x, one step, ...) in each storage dtype, forward, backward and inference.

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from sru_lightning.kernel_parity import (
+from sru_lightning.diagnostics.kernel_parity import (
     STORAGE_DTYPES,
     VARIANTS,
     compare_kernels,
@@ -192,7 +192,7 @@ def judge_fit(spec: FitSpec, report: dict) -> Check:
 
 
 def launch_fit(spec: FitSpec) -> subprocess.Popen:
-    command = [sys.executable, "-m", "sru_lightning.gpu_check", "--fit-worker", json.dumps(spec.__dict__)]
+    command = [sys.executable, "-m", "sru_lightning.diagnostics.gpu_check", "--fit-worker", json.dumps(spec.__dict__)]
     # Output goes to a file, not a pipe: workers running side by side never block on a full pipe.
     log = tempfile.TemporaryFile(mode="w+")
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
