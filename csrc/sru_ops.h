@@ -39,7 +39,8 @@ at::Tensor output_tensor(at::IntArrayRef sizes, const at::TensorOptions& options
 // Frees every idle cached buffer; returns the bytes freed.
 int64_t release_cached_buffers();
 
-// 0 = baseline, 1 = AVX2+FMA, 2 = AVX-512: the vector code the CPU kernels run.
+// 0 = baseline, 1 = AVX2+FMA+F16C, 2 = AVX-512, 3 = AVX-512 with BF16 conversions: the
+// vector code the CPU kernels run.
 int64_t cpu_vector_level();
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_cpu(

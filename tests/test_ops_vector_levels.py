@@ -1,5 +1,5 @@
-"""Every CPU vector level the kernels are compiled for (baseline x86-64, AVX2+FMA, AVX-512)
-computes the same recurrence: each level runs in its own process, capped by
+"""Every CPU vector level the kernels are compiled for (baseline x86-64, AVX2+FMA+F16C,
+AVX-512, AVX-512 with BF16 conversions) computes the same recurrence: each level runs in its own process, capped by
 SRU_LIGHTNING_CPU_VECTORS, and is compared with the reference."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from sru_lightning import ops
 from sru_lightning.ops import op
 from sru_lightning.ops.testing import make_case, run_with_grads
 worst = 0.0
-for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloat16, 1e-1)):
+for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloat16, 1e-1), (torch.float16, 2e-2)):
     for variant in (dict(bidirectional=True, with_mask_pad=True, with_mask_c=True), dict(k=4, per_step_weight_c=True)):
         tensors, kwargs = make_case(length=5, batch=3, hidden=70, dtype=dtype, **variant)
         fn = lambda U, x, w, b, c0, **kw: op.sru_forward(U, x, w, b, c0, kw.get("scale_x"), kw.get("mask_c"),
@@ -32,7 +32,10 @@ print(op.cpu_vector_level(), "ok")
 """
 
 
-@pytest.mark.parametrize("level", ["baseline", "avx2", "best"])
+LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
+
+
+@pytest.mark.parametrize("level", ["baseline", "avx2", "avx512", "best"])
 def test_every_vector_level_matches_the_reference(level):
     env = dict(os.environ)
     env.pop("SRU_LIGHTNING_CPU_VECTORS", None)
@@ -42,8 +45,8 @@ def test_every_vector_level_matches_the_reference(level):
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
     ran = result.stdout.split()[-2]
     if level == "best":
-        assert ran in ("baseline", "avx2", "avx512")
-    elif level == "avx2" and ran == "baseline":
-        pytest.skip("this processor has no AVX2+FMA")
+        assert ran in LEVELS
+    elif LEVELS.index(ran) < LEVELS.index(level):
+        pytest.skip(f"this processor has no {level} vector code (its widest is {ran})")
     else:
         assert ran == level

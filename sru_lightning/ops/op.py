@@ -23,11 +23,15 @@ def cuda_kernels_loaded() -> bool:
     return torch._C._dispatch_has_kernel_for_dispatch_key(_FORWARD, "CUDA")
 
 
-CPU_VECTOR_LEVELS = ("baseline", "avx2", "avx512")
+CPU_VECTOR_LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
 
 
 def cpu_vector_level() -> str:
-    """Vector code the CPU kernels run: "baseline", "avx2" (AVX2+FMA) or "avx512"."""
+    """Vector code the CPU kernels run: "baseline", "avx2" (AVX2+FMA+F16C), "avx512", or
+    "avx512_bf16" (AVX-512 with the bfloat16 conversion instructions).
+
+    ``SRU_LIGHTNING_CPU_VECTORS=baseline|avx2|avx512`` caps the level for the process.
+    """
     return CPU_VECTOR_LEVELS[torch.ops.sru_lightning.cpu_vector_level()]
 
 

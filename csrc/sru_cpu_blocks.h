@@ -1,0 +1,430 @@
+// The block loops of the CPU kernels at one vector level. sru_cpu.cpp includes this file
+// once per level, each time inside its own namespace, with
+//   SRU_LEVEL_ID      0 baseline, 1 AVX2+FMA+F16C, 2 AVX-512, 3 AVX-512 with BF16 conversions
+//   SRU_LEVEL_TARGET  the function attribute compiling for that level (empty for baseline)
+// Every function here carries the level's target, so the conversion intrinsics of the level
+// inline into the loops (GCC refuses to inline a wider-target function into a plain one).
+//
+// Half storage (bf16, fp16): each block step widens its U, x, grad_h and per-step weight_c
+// values into small float arrays, runs the float loops of the float32 kernels over them,
+// and narrows h, c, the gradients on store. Float and double storage skip the copies.
+//
+// No include guard and no includes: sru_cpu.cpp includes everything this file needs first.
+
+#define SRU_LEVEL_FN SRU_ALWAYS_INLINE SRU_LEVEL_TARGET
+
+template <typename T>
+constexpr bool is_half_storage = !std::is_same_v<T, accumulate_t<T>>;
+
+// Storage values to the accumulation type. Conversions round like c10's (round to nearest
+// even); the vector instructions used where present give the same bits, except that the
+// AVX-512 BF16 narrowing (level 3) flushes float denormals (|v| < 1.2e-38) to zero.
+template <typename T>
+SRU_LEVEL_FN void widen(const T* __restrict__ source, int64_t n, accumulate_t<T>* __restrict__ target) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    // A bfloat16 is the top half of a float: zero-extend its bits and shift them up.
+    const uint16_t* __restrict__ bits = reinterpret_cast<const uint16_t*>(source);
+#if SRU_LEVEL_ID >= 2
+    for (; i + 16 <= n; i += 16) {
+      const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)));
+      _mm512_storeu_si512(target + i, _mm512_slli_epi32(words, 16));
+    }
+#elif SRU_LEVEL_ID == 1
+    for (; i + 8 <= n; i += 8) {
+      const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + i)));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(target + i), _mm256_slli_epi32(words, 16));
+    }
+#endif
+    for (; i < n; ++i) {
+      const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(target + i, &word, sizeof(float));
+    }
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+#if SRU_LEVEL_ID >= 2
+    for (; i + 16 <= n; i += 16) {
+      _mm512_storeu_ps(target + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source + i))));
+    }
+#elif SRU_LEVEL_ID == 1
+    for (; i + 8 <= n; i += 8) {
+      _mm256_storeu_ps(target + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i))));
+    }
+#endif
+    for (; i < n; ++i) target[i] = static_cast<float>(source[i]);
+  } else {
+    for (; i < n; ++i) target[i] = static_cast<accumulate_t<T>>(source[i]);
+  }
+}
+
+template <typename T>
+SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, T* __restrict__ target) {
+  int64_t i = 0;
+  if constexpr (std::is_same_v<T, c10::BFloat16>) {
+    uint16_t* __restrict__ bits = reinterpret_cast<uint16_t*>(target);
+#if SRU_LEVEL_ID == 3
+    for (; i + 16 <= n; i += 16) {
+      const __m256bh narrowed = _mm512_cvtneps_pbh(_mm512_loadu_ps(source + i));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), reinterpret_cast<const __m256i&>(narrowed));
+    }
+#elif SRU_LEVEL_ID == 2
+    const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
+    const __m512i quiet_nan = _mm512_set1_epi32(0x7FC0);
+    for (; i + 16 <= n; i += 16) {
+      const __m512 values = _mm512_loadu_ps(source + i);
+      const __m512i word = _mm512_castps_si512(values);
+      const __m512i bias = _mm512_add_epi32(half_ulp, _mm512_and_si512(_mm512_srli_epi32(word, 16), one));
+      __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(word, bias), 16);
+      rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q), quiet_nan);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_cvtepi32_epi16(rounded));
+    }
+#elif SRU_LEVEL_ID == 1
+    const __m256i half_ulp = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
+    const __m256i quiet_nan = _mm256_set1_epi32(0x7FC0);
+    for (; i + 16 <= n; i += 16) {
+      __m256i halves[2];
+      for (int part = 0; part < 2; ++part) {
+        const __m256 values = _mm256_loadu_ps(source + i + 8 * part);
+        const __m256i word = _mm256_castps_si256(values);
+        const __m256i bias = _mm256_add_epi32(half_ulp, _mm256_and_si256(_mm256_srli_epi32(word, 16), one));
+        const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(word, bias), 16);
+        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(values, values, _CMP_UNORD_Q));
+        halves[part] = _mm256_blendv_epi8(rounded, quiet_nan, nan);
+      }
+      // packus interleaves the 128-bit lanes of its two sources; the permute restores order.
+      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves[0], halves[1]), 0xD8);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), packed);
+    }
+#endif
+    // Round to nearest even on the bits, a NaN to the quiet NaN c10 uses (the vector code
+    // above does the same on 8 or 16 values at once).
+    for (; i < n; ++i) {
+      uint32_t word;
+      std::memcpy(&word, source + i, sizeof(float));
+      const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
+      bits[i] = source[i] != source[i] ? uint16_t(0x7FC0) : static_cast<uint16_t>(rounded);
+    }
+  } else if constexpr (std::is_same_v<T, c10::Half>) {
+    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#if SRU_LEVEL_ID >= 2
+    for (; i + 16 <= n; i += 16) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(target + i), _mm512_cvtps_ph(_mm512_loadu_ps(source + i), kRound));
+    }
+#elif SRU_LEVEL_ID == 1
+    for (; i + 8 <= n; i += 8) {
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(target + i), _mm256_cvtps_ph(_mm256_loadu_ps(source + i), kRound));
+    }
+#endif
+    (void)kRound;
+    for (; i < n; ++i) target[i] = static_cast<c10::Half>(source[i]);
+  } else {
+    for (; i < n; ++i) target[i] = static_cast<T>(source[i]);
+  }
+}
+
+// Values read in the accumulation type: the storage itself for float and double, else the
+// storage widened into `scratch`.
+template <typename T>
+SRU_LEVEL_FN const accumulate_t<T>* widened(const T* source, int64_t n, accumulate_t<T>* scratch) {
+  if constexpr (is_half_storage<T>) {
+    widen(source, n, scratch);
+    return scratch;
+  } else {
+    return source;
+  }
+}
+
+// Where a loop writes an output: the output itself for float and double, else `scratch`,
+// which finish_output then narrows into the output.
+template <typename T>
+SRU_LEVEL_FN accumulate_t<T>* output_buffer(T* target, accumulate_t<T>* scratch) {
+  if constexpr (is_half_storage<T>) {
+    return scratch;
+  } else {
+    return target;
+  }
+}
+
+template <typename T>
+SRU_LEVEL_FN void finish_output(const accumulate_t<T>* buffer, int64_t n, T* target) {
+  if constexpr (is_half_storage<T>) narrow(buffer, n, target);
+}
+
+template <typename T, typename A>
+SRU_LEVEL_FN void load(const T* __restrict__ source, int64_t n, A* __restrict__ target, A fallback) {
+  if (source == nullptr) {
+    for (int64_t i = 0; i < n; ++i) target[i] = fallback;
+  } else {
+    widen(source, n, target);
+  }
+}
+
+template <typename T, typename A>
+SRU_LEVEL_FN void store(const A* __restrict__ source, int64_t n, T* __restrict__ target) {
+  narrow(source, n, target);
+}
+
+// Arena fields 1 to 5 of a block hold what both passes read at every step: the bias halves
+// bf and br, the vector weight_c halves wf and wr (a per-step weight_c is gathered into them
+// each step instead) and mask_c. Field 0 is the state each pass carries.
+template <typename T, typename A>
+SRU_LEVEL_FN void load_block_constants(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a,
+                                       const ColumnBlock& blk, BlockArena<A>& arena, int64_t slot) {
+  const int64_t width = dims.directions * dims.hidden;
+  load(a.bias + blk.weight, blk.n, arena.get(slot, 1), A(0));
+  load(a.bias + width + blk.weight, blk.n, arena.get(slot, 2), A(0));
+  if (!dims.per_step_weight_c) {
+    load(a.weight_c + blk.weight, blk.n, arena.get(slot, 3), A(0));
+    load(a.weight_c + width + blk.weight, blk.n, arena.get(slot, 4), A(0));
+  }
+  load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(slot, 5), A(1));
+}
+
+// One step's inputs of a block besides U, read the same way by both passes: the skip term
+// (zeros without one) and, for a per-step weight_c, this step's weights. `u` is the block's
+// U at this step in the accumulation type.
+template <typename T, typename A, int K>
+SRU_LEVEL_FN void gather_step(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a, const A* __restrict__ u,
+                              int64_t offset, int64_t n, A scale, A* __restrict__ skip, A* __restrict__ wf,
+                              A* __restrict__ wr) {
+  if (dims.skip_from_u) {
+    for (int64_t i = 0; i < n; ++i) skip[i] = u[i * K + K - 1];
+  } else if (dims.skip_from_x) {
+    widen(a.x + offset, n, skip);
+    for (int64_t i = 0; i < n; ++i) skip[i] *= scale;
+  } else {
+    for (int64_t i = 0; i < n; ++i) skip[i] = A(0);  // no skip term: h = c * r * mask
+  }
+  if (dims.per_step_weight_c) {
+    alignas(64) A pair_scratch[2 * kBlock];
+    const A* __restrict__ pairs = widened(a.weight_c + offset * 2, 2 * n, pair_scratch);
+    for (int64_t i = 0; i < n; ++i) {
+      wf[i] = pairs[2 * i];
+      wr[i] = pairs[2 * i + 1];
+    }
+  }
+}
+
+// The forward step over one block in the accumulation type: reads U, writes h, updates the
+// state c in place.
+template <typename A, int K>
+SRU_LEVEL_FN void forward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
+                               const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
+                               const A* __restrict__ br, const A* __restrict__ mask, A* __restrict__ c,
+                               A* __restrict__ h) {
+  for (int64_t i = 0; i < n; ++i) {
+    A c_new, h_new;
+    forward_step<A>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i], c[i],
+                    c_new, h_new);
+    c[i] = c_new;
+    h[i] = h_new;
+  }
+}
+
+// One forward step of one block. N is the block width when it is known at compile time
+// (every block of a layer whose hidden size is a multiple of kBlock), 0 for a runtime width,
+// so the common case compiles to loops of a fixed trip count.
+template <typename T, int K, int N>
+SRU_LEVEL_FN void forward_block_step(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
+                                     const ColumnBlock& blk, int64_t offset, accumulate_t<T> scale,
+                                     BlockArena<accumulate_t<T>>& arena, int64_t slot) {
+  using A = accumulate_t<T>;
+  const int64_t n = N > 0 ? N : blk.n;
+  alignas(64) A skip[kBlock], u_scratch[K * kBlock], h_scratch[kBlock];
+  A* c = arena.get(slot, 0);
+  A* wf = arena.get(slot, 3);
+  A* wr = arena.get(slot, 4);
+  const A* u = widened(a.U + offset * K, n * K, u_scratch);
+  gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
+  A* h = output_buffer(a.h + offset, h_scratch);
+  forward_loop<A, K>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5), c, h);
+  finish_output(h, n, a.h + offset);
+  if (a.c_all != nullptr) store(c, n, a.c_all + offset);
+}
+
+template <typename T, int K>
+SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
+                                 int64_t begin, int64_t end) {
+  using A = accumulate_t<T>;
+  const int64_t columns = dims.columns();
+  const A scale = a.scale();
+  // Per-block state and constants of this thread's blocks, kBlock values per block each.
+  BlockArena<A> arena(end - begin, 6);
+  for (int64_t task = begin; task < end; ++task) {
+    const ColumnBlock blk = block_at(dims, task);
+    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, blk.n, arena.get(task - begin, 0), A(0));
+    load_block_constants(dims, a, blk, arena, task - begin);
+  }
+
+  // Step-major: each step walks this thread's contiguous columns, so memory is streamed.
+  for (int64_t step = 0; step < dims.length; ++step) {
+    for (int64_t task = begin; task < end; ++task) {
+      const ColumnBlock blk = block_at(dims, task);
+      const int64_t slot = task - begin;
+      const int64_t t = dims.time_of(step, blk.d);
+      const int64_t offset = t * columns + blk.column;
+      if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
+        // Padding: the state is carried over and the output is zero.
+        for (int64_t i = 0; i < blk.n; ++i) a.h[offset + i] = static_cast<T>(A(0));
+        if (a.c_all != nullptr) store(arena.get(slot, 0), blk.n, a.c_all + offset);
+      } else if (blk.n == kBlock) {
+        forward_block_step<T, K, kBlock>(dims, a, blk, offset, scale, arena, slot);
+      } else {
+        forward_block_step<T, K, 0>(dims, a, blk, offset, scale, arena, slot);
+      }
+    }
+  }
+  for (int64_t task = begin; task < end; ++task) {
+    const ColumnBlock blk = block_at(dims, task);
+    store(arena.get(task - begin, 0), blk.n, a.c_last + blk.column);
+  }
+}
+
+// The backward step over one block in the accumulation type: reads U, c_{t-1} and grad_h,
+// writes grad_U's first three values per column, carries grad_c and the weight_c/bias
+// gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
+// g_skip, g_wf and g_wr.
+template <typename A, int K>
+SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
+                                const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
+                                const A* __restrict__ br, const A* __restrict__ mask, const A* __restrict__ c_prev,
+                                const A* __restrict__ grad_h, A* __restrict__ grad_c, A* __restrict__ grad_u,
+                                A* __restrict__ g_skip, A* __restrict__ g_wf, A* __restrict__ g_wr,
+                                A* __restrict__ sums) {
+  A* __restrict__ sum_wf = sums;
+  A* __restrict__ sum_wr = sums + kBlock;
+  A* __restrict__ sum_bf = sums + 2 * kBlock;
+  A* __restrict__ sum_br = sums + 3 * kBlock;
+  for (int64_t i = 0; i < n; ++i) {
+    StepGradients<A> g;
+    backward_step<A>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i], c_prev[i],
+                     grad_h[i], grad_c[i], g);
+    grad_c[i] = g.c_prev;
+    grad_u[i * K] = g.u0;
+    grad_u[i * K + 1] = g.u1;
+    grad_u[i * K + 2] = g.u2;
+    g_skip[i] = g.skip;
+    g_wf[i] = g.wf;
+    g_wr[i] = g.wr;
+    sum_wf[i] += g.wf;
+    sum_wr[i] += g.wr;
+    sum_bf[i] += g.u1;
+    sum_br[i] += g.u2;
+  }
+}
+
+// One backward step of one block; N as in forward_block_step.
+template <typename T, int K, int N>
+SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
+                                      const ColumnBlock& blk, int64_t step, accumulate_t<T> scale,
+                                      BlockArena<accumulate_t<T>>& arena, int64_t slot) {
+  using A = accumulate_t<T>;
+  const int64_t n = N > 0 ? N : blk.n;
+  const int64_t columns = dims.columns();
+  const int64_t offset = dims.time_of(step, blk.d) * columns + blk.column;
+  alignas(64) A c_prev[kBlock], skip[kBlock], g_skip[kBlock], g_wf[kBlock], g_wr[kBlock];
+  alignas(64) A u_scratch[K * kBlock], grad_h_scratch[kBlock], grad_u_scratch[K * kBlock];
+  A* wf = arena.get(slot, 3);
+  A* wr = arena.get(slot, 4);
+  if (step > 0) {
+    load(a.c_all + dims.time_of(step - 1, blk.d) * columns + blk.column, n, c_prev, A(0));
+  } else {
+    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
+  }
+  const A* u = widened(a.U + offset * K, n * K, u_scratch);
+  gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
+  const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
+  A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
+  backward_loop<A, K>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5), c_prev,
+                      grad_h, arena.get(slot, 0), grad_u, g_skip, g_wf, g_wr, arena.get(slot, 6));
+  if (K == 4) {
+    for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = dims.skip_from_u ? g_skip[i] : A(0);
+  }
+  finish_output(grad_u, n * K, a.grad_U + offset * K);
+  if (a.grad_x != nullptr) {
+    alignas(64) A grad_x_scratch[kBlock];
+    A* __restrict__ grad_x = output_buffer(a.grad_x + offset, grad_x_scratch);
+    for (int64_t i = 0; i < n; ++i) grad_x[i] = g_skip[i] * scale;
+    finish_output(grad_x, n, a.grad_x + offset);
+  }
+  if (a.grad_weight_c != nullptr) {
+    alignas(64) A pair_scratch[2 * kBlock];
+    A* __restrict__ pairs = output_buffer(a.grad_weight_c + offset * 2, pair_scratch);
+    for (int64_t i = 0; i < n; ++i) {
+      pairs[2 * i] = g_wf[i];
+      pairs[2 * i + 1] = g_wr[i];
+    }
+    finish_output(pairs, 2 * n, a.grad_weight_c + offset * 2);
+  }
+}
+
+template <typename T, int K>
+SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
+                                  int64_t begin, int64_t end) {
+  using A = accumulate_t<T>;
+  const int64_t columns = dims.columns();
+  const int64_t width = dims.directions * dims.hidden;
+  const A scale = a.scale();
+  // Per block: grad_c, bf, br, wf, wr, mask, and the sums of wf, wr, bf, br gradients.
+  BlockArena<A> arena(end - begin, 10);
+  for (int64_t task = begin; task < end; ++task) {
+    const ColumnBlock blk = block_at(dims, task);
+    const int64_t slot = task - begin;
+    load(a.grad_c_last == nullptr ? nullptr : a.grad_c_last + blk.column, blk.n, arena.get(slot, 0), A(0));
+    load_block_constants(dims, a, blk, arena, slot);
+    for (int field = 6; field < 10; ++field) load<T, A>(nullptr, kBlock, arena.get(slot, field), A(0));
+  }
+
+  for (int64_t step = dims.length - 1; step >= 0; --step) {
+    for (int64_t task = begin; task < end; ++task) {
+      const ColumnBlock blk = block_at(dims, task);
+      const int64_t slot = task - begin;
+      const int64_t t = dims.time_of(step, blk.d);
+      if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
+        // Padding passed c through unchanged and emitted h = 0: only grad_c flows on.
+        const int64_t offset = t * columns + blk.column;
+        for (int64_t i = 0; i < blk.n * K; ++i) a.grad_U[offset * K + i] = static_cast<T>(A(0));
+        if (a.grad_x != nullptr)
+          for (int64_t i = 0; i < blk.n; ++i) a.grad_x[offset + i] = static_cast<T>(A(0));
+        if (a.grad_weight_c != nullptr)
+          for (int64_t i = 0; i < 2 * blk.n; ++i) a.grad_weight_c[offset * 2 + i] = static_cast<T>(A(0));
+      } else if (blk.n == kBlock) {
+        backward_block_step<T, K, kBlock>(dims, a, blk, step, scale, arena, slot);
+      } else {
+        backward_block_step<T, K, 0>(dims, a, blk, step, scale, arena, slot);
+      }
+    }
+  }
+  for (int64_t task = begin; task < end; ++task) {
+    const ColumnBlock blk = block_at(dims, task);
+    const int64_t slot = task - begin;
+    store(arena.get(slot, 0), blk.n, a.grad_c0 + blk.column);
+    A* bias_row = a.bias_partials + blk.b * 2 * width;
+    std::copy(arena.get(slot, 8), arena.get(slot, 8) + blk.n, bias_row + blk.weight);
+    std::copy(arena.get(slot, 9), arena.get(slot, 9) + blk.n, bias_row + width + blk.weight);
+    if (a.weight_c_partials != nullptr) {
+      A* weight_row = a.weight_c_partials + blk.b * 2 * width;
+      std::copy(arena.get(slot, 6), arena.get(slot, 6) + blk.n, weight_row + blk.weight);
+      std::copy(arena.get(slot, 7), arena.get(slot, 7) + blk.n, weight_row + width + blk.weight);
+    }
+  }
+}
+
+// The entry points of this level, one per pass (told apart by the argument type): a
+// thread's range of blocks, run in chunks of kChunkBlocks.
+template <typename T, int K>
+SRU_LEVEL_TARGET void blocks_range(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& a,
+                                   int64_t begin, int64_t end) {
+  for (int64_t first = begin; first < end; first += kChunkBlocks) {
+    forward_blocks<T, K>(dims, a, first, std::min(end, first + kChunkBlocks));
+  }
+}
+
+template <typename T, int K>
+SRU_LEVEL_TARGET void blocks_range(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& a,
+                                   int64_t begin, int64_t end) {
+  for (int64_t first = begin; first < end; first += kChunkBlocks) {
+    backward_blocks<T, K>(dims, a, first, std::min(end, first + kChunkBlocks));
+  }
+}
+
+#undef SRU_LEVEL_FN
