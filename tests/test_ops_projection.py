@@ -1,5 +1,6 @@
 """input_projection: the same product and gradients as torch.matmul, on oneDNN for float32
-CPU tensors outside autocast and on torch.matmul otherwise."""
+CPU tensors outside autocast (and for float16 ones where oneDNN has no float16 kernel, through
+float32), and on torch.matmul otherwise."""
 
 from __future__ import annotations
 
@@ -37,6 +38,25 @@ def test_float32_runs_on_onednn_and_matches_matmul(onednn_calls):
     torch.testing.assert_close(u, u_ref)
     torch.testing.assert_close(x.grad, x_ref.grad)
     torch.testing.assert_close(weight.grad, weight_ref.grad)
+
+
+def test_float16_without_a_onednn_float16_kernel_runs_on_the_float32_kernel(onednn_calls):
+    if projection._ONEDNN_FP16_SUPPORTED:
+        pytest.skip("oneDNN has a float16 kernel on this CPU: torch.matmul already runs on it")
+    x = torch.randn(5, 3, 16, dtype=torch.float16, requires_grad=True)
+    weight = torch.randn(16, 24, dtype=torch.float16, requires_grad=True)
+    grad = torch.randn(5, 3, 24, dtype=torch.float16)
+    u = projection.input_projection(x, weight)
+    u.backward(grad)
+    assert len(onednn_calls) == 3
+    assert u.dtype == x.grad.dtype == weight.grad.dtype == torch.float16
+    # float32 products of the float16 values, rounded once to float16
+    x32, weight32 = x.detach().float().requires_grad_(), weight.detach().float().requires_grad_()
+    u32 = x32 @ weight32
+    u32.backward(grad.float())
+    torch.testing.assert_close(u, u32.half(), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(x.grad, x32.grad.half(), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(weight.grad, weight32.grad.half(), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.float64, torch.bfloat16])

@@ -1,11 +1,20 @@
-"""The input projection U = x @ W of an SRU layer, on oneDNN where that is faster.
+"""The input projection U = x @ W of an SRU layer, on the fastest CPU library for its dtype.
 
 On some CPUs (AMD EPYC among them) the BLAS behind ``torch.matmul`` reaches less than half
 the float32 throughput of oneDNN, which ``nn.LSTM`` uses; the projection is most of an SRU
-layer's time, so it decides the SRU-vs-LSTM ratio. :func:`input_projection` computes the
-same product (float32 accuracy, no reduced-precision mode) through oneDNN's linear kernel
-when the inputs are float32 CPU tensors outside autocast, and through ``torch.matmul``
-otherwise (other dtypes, autocast, CUDA, a torch build without that kernel).
+layer's time, so it decides the SRU-vs-LSTM ratio. :func:`input_projection` picks, for CPU
+tensors outside autocast:
+
+* float32: oneDNN's linear kernel (float32 accuracy, no reduced-precision mode);
+* bfloat16: ``torch.matmul``, which already runs on oneDNN (AVX-512 BF16 or AMX where the
+  CPU has them) whenever oneDNN supports bfloat16 on this CPU;
+* float16: ``torch.matmul`` when oneDNN supports float16 on this CPU (AVX-512 FP16, AMX-FP16);
+  otherwise oneDNN's float32 linear kernel on widened copies, rounded back to float16 (the
+  same float32 accumulation, while torch's own float16 product on such a CPU is a slow
+  scalar loop, tens of times slower than float32);
+
+and ``torch.matmul`` for everything else (other dtypes, autocast, CUDA, a torch build
+without oneDNN's linear kernel).
 """
 
 from __future__ import annotations
@@ -15,9 +24,18 @@ import torch
 _LINEAR = getattr(getattr(torch.ops, "mkldnn", None), "_linear_pointwise", None)
 
 
+def _onednn_supports(query: str) -> bool:
+    check = getattr(getattr(torch.ops, "mkldnn", None), query, None)
+    try:
+        return bool(check()) if check is not None else False
+    except RuntimeError:  # a torch build without oneDNN
+        return False
+
+
 # Decided once at import: torch.compile may not trace torch.backends queries, and the answer
 # cannot change while the process runs.
 _ONEDNN_LINEAR_AVAILABLE = _LINEAR is not None and torch.backends.mkldnn.is_available()
+_ONEDNN_FP16_SUPPORTED = _ONEDNN_LINEAR_AVAILABLE and _onednn_supports("_is_mkldnn_fp16_supported")
 
 
 def onednn_linear_available() -> bool:
@@ -31,31 +49,36 @@ def _linear(a, b):
 
 
 class _OneDNNProjection(torch.autograd.Function):
+    """x2d @ weight on oneDNN's float32 linear kernel; inputs of another dtype are widened to
+    float32 for the products and the results rounded back to that dtype."""
+
     @staticmethod
     def forward(ctx, x2d, weight):
         ctx.save_for_backward(x2d, weight)
-        return _linear(x2d, weight.t())
+        return _linear(x2d.float(), weight.float().t()).to(x2d.dtype)
 
     @staticmethod
     def backward(ctx, grad_u):
         x2d, weight = ctx.saved_tensors
+        grad_u = grad_u.float()
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:
-            grad_x = _linear(grad_u, weight)  # dU @ W.T
+            grad_x = _linear(grad_u, weight.float()).to(x2d.dtype)  # dU @ W.T
         if ctx.needs_input_grad[1]:
-            grad_weight = _linear(x2d.t(), grad_u.t())  # x.T @ dU
+            grad_weight = _linear(x2d.float().t(), grad_u.t()).to(weight.dtype)  # x.T @ dU
         return grad_x, grad_weight
 
 
 def _use_onednn(x, weight) -> bool:
-    return (
-        not torch.compiler.is_compiling()
-        and _ONEDNN_LINEAR_AVAILABLE
-        and x.device.type == "cpu"
-        and x.dtype == torch.float32
-        and weight.dtype == torch.float32
-        and not torch.is_autocast_enabled("cpu")
-    )
+    if (
+        torch.compiler.is_compiling()
+        or not _ONEDNN_LINEAR_AVAILABLE
+        or x.device.type != "cpu"
+        or x.dtype != weight.dtype
+        or torch.is_autocast_enabled("cpu")
+    ):
+        return False
+    return x.dtype == torch.float32 or (x.dtype == torch.float16 and not _ONEDNN_FP16_SUPPORTED)
 
 
 def input_projection(x, weight):
