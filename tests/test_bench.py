@@ -27,10 +27,24 @@ def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
     rows = {line.split("  ")[0].strip(): line for line in lines[2:]}
     for model in ("SRU (sru_lightning)", "nn.LSTM", "nn.GRU", "GEMM floor"):
         assert model in rows, output
-    lstm_columns = rows["nn.LSTM"].split()
-    assert lstm_columns[-1] == "1.000" and lstm_columns[2] == "1.000"  # its own ratios
+    lstm_columns, gru_columns = rows["nn.LSTM"].split(), rows["nn.GRU"].split()
+    assert lstm_columns[2] == "1.000" and lstm_columns[-2] == "1.000"  # its own ratios
+    assert gru_columns[3] == "1.000" and gru_columns[-1] == "1.000"
+    assert "recurrence op alone" not in output  # float32 has no half/fp32 ratio to show
     assert "saved for backward, SRU stack" in output and "ratio" in output
     assert chart.exists() and chart.stat().st_size > 1000
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_half_dtype_bench_reports_same_dtype_ratios_and_the_kernel_ratio(capsys, dtype):
+    assert bench.main(TINY + ["--no-peer", "--dtype", dtype]) == 0
+    output = capsys.readouterr().out
+    assert f"dtype={dtype}" in output.splitlines()[0]
+    rows = {line.split("  ")[0].strip(): line.split() for line in output.splitlines()[2:]}
+    assert rows["nn.LSTM"][2] == "1.000" and rows["GEMM floor"][5] == "1.000"  # "GEMM floor" is two words
+    kernel = next(line for line in output.splitlines() if line.startswith("recurrence op alone"))
+    half_ms, fp32_ms, ratio = (float(kernel.split()[i]) for i in (7, 10, 12))
+    assert ratio == pytest.approx(half_ms / fp32_ms, abs=2e-3)
 
 
 def test_half_policy_saves_less_than_fp32():

@@ -2,10 +2,12 @@
 package, in one process, so the ratios are meaningful on a shared, noisy machine.
 
 ``python -m sru_lightning bench [--length 128 --batch 32 --hidden 256 --layers 2
---threads 2 --plot chart.png]`` prints the best (or median) time of forward+backward and of
-inference for each model, the ratios to nn.LSTM and to the GEMM floor (the same input
-matmuls alone, forward and backward), and the bytes autograd saves for an SRU stack under
-the half policy (bf16 autocast on CPU) relative to float32.
+--dtype fp32|bf16|fp16 --threads 2 --plot chart.png]`` prints the best (or median) time of
+forward+backward and of inference for each model with its weights and input in ``--dtype``,
+the ratios to nn.LSTM, nn.GRU and the GEMM floor (the same input matmuls alone, forward and
+backward) in that dtype, and the bytes autograd saves for an SRU stack under the half policy
+(bf16 autocast on CPU) relative to float32. For a half dtype it also times the recurrence op
+alone (one layer, forward+backward) in that dtype and in float32 and prints the ratio.
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class BenchResult:
     train_ms: dict[str, float] = field(default_factory=dict)      # forward + backward
     inference_ms: dict[str, float] = field(default_factory=dict)
     saved_bytes: dict[str, int] = field(default_factory=dict)     # SRU stack, fp32 / half policy
+    kernel_ms: dict[str, float] = field(default_factory=dict)     # recurrence op alone, per storage dtype
     notes: list[str] = field(default_factory=list)
 
     def ratio(self, table: str, model: str, baseline: str) -> float | None:
@@ -191,7 +194,43 @@ def _run_benchmark(config: BenchConfig) -> BenchResult:
         target[name] = min(times) if config.statistic == "min" else statistics.median(times)
 
     result.saved_bytes = measure_saved_bytes(config)
+    if dtype in (torch.bfloat16, torch.float16):
+        result.kernel_ms = measure_kernel(config, (config.dtype, "fp32"))
     return result
+
+
+def measure_kernel(config: BenchConfig, dtype_names) -> dict[str, float]:
+    """Best (or median) forward+backward time of the recurrence op alone, one layer of the
+    benchmark's size (k = 3, skip term from x), for each storage dtype, timed interleaved."""
+    from sru_lightning.ops import functional
+    from sru_lightning.ops.testing import make_case
+
+    steps = {}
+    for name in dtype_names:
+        (U, x, weight_c, bias, c0), kwargs = make_case(
+            config.length, config.batch, config.hidden, dtype=DTYPES[name], seed=0
+        )
+        leaves = [t.requires_grad_(True) for t in (U, x, weight_c, bias, c0)]
+        grad_h = torch.randn(config.length, config.batch, config.hidden).to(DTYPES[name])
+
+        def step(leaves=leaves, kwargs=kwargs, grad_h=grad_h):
+            for leaf in leaves:
+                leaf.grad = None
+            h, _ = functional.sru_recurrence(*leaves, **kwargs)
+            h.backward(grad_h)
+
+        steps[name] = step
+    samples: dict[str, list[float]] = {name: [] for name in steps}
+    for step in steps.values():
+        for _ in range(config.warmup):
+            step()
+    for _ in range(config.repeats):
+        for name, step in steps.items():
+            start = time.perf_counter()
+            step()
+            samples[name].append((time.perf_counter() - start) * 1e3)
+    pick = min if config.statistic == "min" else statistics.median
+    return {name: pick(times) for name, times in samples.items()}
 
 
 def measure_saved_bytes(config: BenchConfig) -> dict[str, int]:
@@ -215,7 +254,8 @@ def format_table(result: BenchResult) -> str:
     lines = [
         f"SRU benchmark: L={cfg.length} B={cfg.batch} D={cfg.hidden} layers={cfg.layers} "
         f"dtype={cfg.dtype} threads={cfg.threads} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats})",
-        f"{'model':<22}{'fwd+bwd ms':>12}{'x LSTM':>9}{'x GEMM':>9}{'infer ms':>11}{'x LSTM':>9}",
+        f"{'model':<22}{'fwd+bwd ms':>12}{'x LSTM':>9}{'x GRU':>8}{'x GEMM':>9}{'infer ms':>11}{'x LSTM':>9}"
+        f"{'x GRU':>8}",
     ]
     def cell(value, width, digits):
         return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
@@ -225,9 +265,17 @@ def format_table(result: BenchResult) -> str:
             f"{name:<22}"
             + cell(result.train_ms.get(name), 12, 2)
             + cell(result.ratio("train", name, "nn.LSTM"), 9, 3)
+            + cell(result.ratio("train", name, "nn.GRU"), 8, 3)
             + cell(result.ratio("train", name, "GEMM floor"), 9, 3)
             + cell(result.inference_ms.get(name), 11, 2)
             + cell(result.ratio("inference", name, "nn.LSTM"), 9, 3)
+            + cell(result.ratio("inference", name, "nn.GRU"), 8, 3)
+        )
+    if result.kernel_ms:
+        half, fp32 = result.kernel_ms[cfg.dtype], result.kernel_ms["fp32"]
+        lines.append(
+            f"recurrence op alone, fwd+bwd, one layer: {cfg.dtype} {half:.2f} ms, fp32 {fp32:.2f} ms, "
+            f"{cfg.dtype}/fp32 {half / fp32:.3f}"
         )
     if result.saved_bytes:
         fp32 = result.saved_bytes["fp32"]
