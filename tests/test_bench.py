@@ -44,7 +44,7 @@ def test_half_dtype_bench_reports_same_dtype_ratios_and_the_kernel_ratio(capsys,
     assert rows["nn.LSTM"][2] == "1.000" and rows["GEMM floor"][5] == "1.000"  # "GEMM floor" is two words
     kernel = next(line for line in output.splitlines() if line.startswith("recurrence op alone"))
     half_ms, fp32_ms, ratio = (float(kernel.split()[i]) for i in (7, 10, 13))
-    assert ratio == pytest.approx(half_ms / fp32_ms, abs=2e-3)
+    assert ratio == pytest.approx(half_ms / fp32_ms, rel=0.05)  # the times are printed rounded
 
 
 def test_half_policy_saves_less_than_fp32():
