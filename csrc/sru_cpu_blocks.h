@@ -104,7 +104,9 @@ SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, 
       bits[i] = source[i] != source[i] ? uint16_t(0x7FC0) : static_cast<uint16_t>(rounded);
     }
   } else if constexpr (std::is_same_v<T, c10::Half>) {
+#if SRU_LEVEL_ID >= 1
     constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
+#endif
 #if SRU_LEVEL_ID >= 2
     for (; i + 16 <= n; i += 16) {
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(target + i), _mm512_cvtps_ph(_mm512_loadu_ps(source + i), kRound));
@@ -114,7 +116,6 @@ SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, 
       _mm_storeu_si128(reinterpret_cast<__m128i*>(target + i), _mm256_cvtps_ph(_mm256_loadu_ps(source + i), kRound));
     }
 #endif
-    (void)kRound;
     for (; i < n; ++i) target[i] = static_cast<c10::Half>(source[i]);
   } else {
     for (; i < n; ++i) target[i] = static_cast<T>(source[i]);
