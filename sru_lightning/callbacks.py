@@ -200,6 +200,7 @@ class SRUPrecisionCallback(Callback):
         if self.register_apex:
             self.apex_registrations = register_with_apex(self.policy)
         self._reported = False
+        self._warned_without_layers = getattr(self, "_warned_without_layers", False)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._apply_and_report(trainer, pl_module)
@@ -242,7 +243,9 @@ class SRUPrecisionCallback(Callback):
             rank_zero_info(self.report)
         for note in self.regime.notes:
             rank_zero_warn(f"SRUPrecisionCallback: {note}")
-        if not self.layers:
+        if not self.layers and not self._warned_without_layers:
+            # Once per callback: a fit followed by a validation of the same model says it once.
+            self._warned_without_layers = True
             rank_zero_warn(
                 f"SRUPrecisionCallback: {type(pl_module).__name__} holds no SRU layer "
                 "(sru_lightning.nn.SRU / SRUCell); the callback has nothing to configure"

@@ -10,6 +10,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
 RNN_TYPES = ("sru", "lstm")
@@ -249,6 +250,7 @@ class SRULanguageModel(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = _build_from_config(self.optimizer_config, params=self.parameters())
+        _make_eps_safe_for_float16(optimizer)
         if self.lr_scheduler_config is None:
             return optimizer
         if callable(self.lr_scheduler_config):
@@ -257,6 +259,47 @@ class SRULanguageModel(pl.LightningModule):
         lightning_keys = {key: settings.pop(key) for key in _SCHEDULER_KEYS if key in settings}
         for key in _TOTAL_STEP_KEYS:
             if key in settings and settings[key] is None:
-                settings[key] = int(self.trainer.estimated_stepping_batches)
+                settings[key] = self._total_optimizer_steps(settings.get("_target_"), key)
         scheduler = _build_from_config(settings, optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
+
+    def _total_optimizer_steps(self, target: Any, key: str) -> int | None:
+        """The trainer's estimate of this run's optimizer steps; None (announced) when unbounded."""
+        estimate = self.trainer.estimated_stepping_batches
+        if math.isfinite(estimate):
+            return max(1, int(estimate))
+        if str(target).endswith("WarmupCosineLR"):
+            from .schedules import FALLBACK_WARMUP_STEPS
+
+            warmup = (self.lr_scheduler_config or {}).get("fallback_warmup_steps", FALLBACK_WARMUP_STEPS)
+            rank_zero_info(
+                "The number of optimizer steps is unknown (max_time or max_epochs=-1): the learning "
+                f"rate warms up over {warmup} steps, then stays at its peak (set trainer.max_steps "
+                "or trainer.max_epochs for the warm-up + cosine schedule)"
+            )
+            return None
+        raise ValueError(
+            f"SRULanguageModel: `model.lr_scheduler.{key}` is null (fill in the run's step count), but "
+            "the run has no step limit (max_time or max_epochs=-1); set trainer.max_steps, or set "
+            f"model.lr_scheduler.{key} to a number, or use the default WarmupCosineLR schedule"
+        )
+
+
+#: Adam-style `eps` below this is zero (or subnormal) in float16, where `sqrt(v) + eps` of a
+#: parameter whose squared gradient underflowed then divides by zero.
+FLOAT16_SAFE_EPS = 1e-4
+
+
+def _make_eps_safe_for_float16(optimizer: torch.optim.Optimizer) -> None:
+    """Raise `eps` of float16 parameter groups (`16-true`) to a value float16 represents."""
+    for group in optimizer.param_groups:
+        eps = group.get("eps")
+        if not isinstance(eps, float) or eps >= FLOAT16_SAFE_EPS:
+            continue
+        if any(param.dtype == torch.float16 for param in group["params"]):
+            group["eps"] = FLOAT16_SAFE_EPS
+            rank_zero_info(
+                f"{type(optimizer).__name__}: eps raised from {eps:g} to {FLOAT16_SAFE_EPS:g} for float16 "
+                f"parameters ({eps:g} rounds to {float(torch.tensor(eps, dtype=torch.float16)):g} in float16, "
+                "which turns the update of a parameter with a tiny gradient into inf/NaN)"
+            )
