@@ -160,11 +160,12 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     finally:
         sys.argv = original_argv
     failed = [row for row in (sweep.last_summary or []) if row["status"] != "completed"]
-    if failed or any(status != "completed" for status in statuses):
-        count = len(failed) or sum(status != "completed" for status in statuses)
-        total = len(sweep.last_summary or statuses)
-        print(f"{PROG}: {count} of {total} runs did not complete; see the summary above", file=sys.stderr)
+    if failed:
+        print(f"{PROG}: {len(failed)} of {len(sweep.last_summary)} runs did not complete; see the summary above",
+              file=sys.stderr)
         return 1
+    if any(status != "completed" for status in statuses):
+        return 1  # the run said why (interrupted, failed)
     return 0
 
 

@@ -261,7 +261,8 @@ class InterruptionCheckpoint(OnExceptionCheckpoint):
         if trainer.global_step < 1:
             log.info("No %s written: the fit was interrupted before its first optimizer step", self.ckpt_path)
             return
-        super().on_exception(trainer, pl_module, exception)
+        # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones.
+        trainer.save_checkpoint(self.ckpt_path, weights_only=False)
 
 
 class SeedEveryBatch(Callback):

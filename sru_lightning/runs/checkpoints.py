@@ -182,21 +182,33 @@ def checkpoint_model_config(cfg, checkpoint: str | Path, user_overrides: list[st
     if not isinstance(saved, dict) or not saved:
         return cfg.model  # saved by something else: trust the config
     configured = OmegaConf.to_container(cfg.model, resolve=True)
-    if any(item.lstrip("+~").startswith("model") for item in user_overrides):
-        differing = sorted(
-            key for key, value in configured.items()
-            if not key.startswith("_") and key not in _NOT_ARCHITECTURE and key in saved and saved[key] != value
+    asked = _overridden_model_keys(user_overrides, configured)
+    differing = [
+        key for key in sorted(asked, key=lambda key: (key != "rnn", key))
+        if key in saved and key in configured and key not in _NOT_ARCHITECTURE and saved[key] != configured[key]
+    ]
+    if differing:
+        trained = ", ".join(f"model.{key}={saved[key]!r}" for key in differing[:3])
+        wanted = ", ".join(f"model.{key}={configured[key]!r}" for key in differing[:3])
+        raise CheckpointError(
+            f"the checkpoint {str(checkpoint)!r} was trained with {trained}, but the overrides ask for "
+            f"{wanted}; the model is rebuilt from the checkpoint, so drop those model overrides"
         )
-        if differing:
-            trained = ", ".join(f"model.{key}={saved[key]!r}" for key in differing)
-            asked = ", ".join(f"model.{key}={configured[key]!r}" for key in differing)
-            raise CheckpointError(
-                f"the checkpoint {str(checkpoint)!r} was trained with {trained}, but the overrides ask for "
-                f"{asked}; the model is rebuilt from the checkpoint, so drop those model overrides"
-            )
     rebuilt = {key: value for key, value in configured.items() if key.startswith("_")}
     rebuilt.update(saved)
     return OmegaConf.create(rebuilt)
+
+
+def _overridden_model_keys(user_overrides: list[str], configured: dict) -> set[str]:
+    """Top-level model keys the command line set: `model=NAME` sets them all."""
+    keys: set[str] = set()
+    for item in user_overrides:
+        name = item.lstrip("+~").split("=", 1)[0]
+        if name == "model":
+            keys.update(configured)
+        elif name.startswith("model."):
+            keys.add(name.split(".")[1])
+    return {key for key in keys if not key.startswith("_")}
 
 
 def checkpoint_data_config(cfg, checkpoint: str | Path, user_overrides: list[str]):

@@ -10,6 +10,7 @@ own directory keeps the story of every attempt (and its overrides).
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import logging
 import math
@@ -39,6 +40,8 @@ _QUIET_WARNINGS = (
     # unless resuming was asked for, so there is nothing to resume and nothing to say.
     r".*\.fit\(ckpt_path=None\)` was called without a model.*",
     r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint.*",
+    # Resuming into the run's own directory: its checkpoints are expected there.
+    r".*Checkpoint directory .* exists and is not empty.*",
 )
 
 
@@ -290,12 +293,12 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
     """Run the trainer command; return the final metrics, and print the headline line."""
     split = "test" if command == "test" else "val"
     if command == "fit":
-        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit))
         _validate_final_weights(trainer, model, datamodule, split)
     elif command == "validate":
-        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.validate))
     else:
-        trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path)
+        trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.test))
     metrics = {
         name: float(value)
         for name, value in trainer.callback_metrics.items()
@@ -312,6 +315,11 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
         else:
             _say(f"final {split}_bpc={value:.4f} (unigram baseline bpc={baseline:.4f})")
     return metrics
+
+
+def _safe_loading(method) -> dict[str, bool]:
+    """`weights_only=True` where this Lightning accepts it: checkpoints are untrusted input."""
+    return {"weights_only": True} if "weights_only" in inspect.signature(method).parameters else {}
 
 
 def _validate_final_weights(trainer, model, datamodule, split: str) -> None:
