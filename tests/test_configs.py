@@ -73,7 +73,9 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
     assert names == {
         "SRUPrecisionCallback", "ModelCheckpoint", "LearningRateMonitor", "RichProgressBar",
         # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
-        "OnExceptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+        "InterruptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+        # honest runs: a NaN loss stops the run
+        "StopOnNonFiniteLoss",
     }
     checkpoint = next(c for c in callbacks if type(c).__name__ == "ModelCheckpoint")
     assert checkpoint.save_last and Path(checkpoint.dirpath) == tmp_path / "checkpoints"

@@ -232,7 +232,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
     from omegaconf import OmegaConf
 
-    from sru_lightning.guards import TrainingThroughput
+    from sru_lightning.guards import TrainingThroughput, ValidateBeforeStop
 
     seed = cfg.get("seed")
     if seed is not None:
@@ -279,6 +279,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     ):
         # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
         callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", save_last=True))
+    # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
+    if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
+        callbacks.append(ValidateBeforeStop())
     callbacks += [TrainingThroughput(), LastValidation()]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     check_sizes = getattr(datamodule, "check_sizes", None)
