@@ -114,19 +114,29 @@ def _say(message: str) -> None:
 
 # --------------------------------------------------------------------------------------------
 # records
-def write_record(output_dir: Path, record: dict[str, Any], *, final: bool) -> None:
-    from sru_lightning.sweep import write_result
+def write_record(output_dir: Path, record: dict[str, Any], *, keep_result: bool = False) -> None:
+    """Append the attempt to history.jsonl and make it the run's result.json, unless
+    `keep_result`: an attempt refused before it started leaves an earlier run's result alone."""
+    from sru_lightning.sweep import RESULT_FILE, write_result
 
-    write_result(output_dir, record)
-    if final:
-        with open(output_dir / HISTORY_FILE, "a") as history:
-            history.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+    if not (keep_result and (output_dir / RESULT_FILE).is_file()):
+        write_result(output_dir, record)
+    with open(output_dir / HISTORY_FILE, "a") as history:
+        history.write(json.dumps(record, sort_keys=True, default=str) + "\n")
 
 
 def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     words = [*PROG.split(), command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
     return " ".join(shlex.quote(word) for word in words)
+
+
+def _interruption_message(command: str, overrides: list[str], output_dir: Path, step: int) -> str:
+    from .checkpoints import newest_resumable
+
+    if command == "fit" and newest_resumable(output_dir / "checkpoints") is not None:
+        return f"interrupted at step {step}; resume with: {resume_command(command, overrides, output_dir)}"
+    return f"interrupted at step {step}; nothing to resume (no checkpoint was written): run the command again"
 
 
 # --------------------------------------------------------------------------------------------
@@ -171,9 +181,10 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             record.update(status="interrupted" if interrupted else "failed", error=describe(error),
                           optimizer_steps=step, wall_seconds=round(time.monotonic() - started, 1))
             if trainer is None or trainer.is_global_zero:
-                write_record(output_dir, record, final=True)
+                write_record(output_dir, record, keep_result=isinstance(error, UsageError))
             if interrupted:
-                _say(f"interrupted at step {step}; resume with: {resume_command(command, overrides, output_dir)}")
+                if trainer is None or trainer.is_global_zero:
+                    _say(_interruption_message(command, overrides, output_dir, step))
                 if multirun:
                     raise
                 return record
@@ -194,7 +205,7 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
         if throughput is not None and throughput.tokens:
             record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
         if trainer.is_global_zero:
-            write_record(output_dir, record, final=True)
+            write_record(output_dir, record)
             _say(f"run directory: {output_dir}")
     return record
 
