@@ -3,6 +3,7 @@ torch's, and choosing the GPU architectures; fake nvcc scripts stand in for real
 
 from __future__ import annotations
 
+import shutil
 import sys
 from pathlib import Path
 
@@ -163,3 +164,13 @@ def test_a_build_covers_devices_of_its_archs_or_above_its_ptx():
     assert cuda_toolkit.archs_cover(("8.0+PTX",), ("9.0",))
     assert not cuda_toolkit.archs_cover(("9.0+PTX",), ("8.0",))
     assert not cuda_toolkit.archs_cover(("8.0",), ())
+
+
+@pytest.mark.skipif(shutil.which("nvcc") is None, reason="needs a CUDA compiler: nvcc is not on PATH")
+def test_this_machines_nvcc_is_found_with_its_toolkit_headers():
+    found = [c for c in cuda_toolkit.find_nvcc_candidates() if c.origin == "PATH"]
+    assert found, "nvcc is on PATH but was not found"
+    nvcc = found[0]
+    assert nvcc.version >= (11, 0)
+    assert (nvcc.root / "include" / "cuda_runtime_api.h").is_file(), nvcc
+    assert cuda_toolkit.select_nvcc(f"{nvcc.version[0]}.0", found) == nvcc
