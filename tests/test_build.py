@@ -8,18 +8,18 @@ import warnings
 import pytest
 import torch
 
-from sru_lightning.ops import build, cuda_toolkit, functional
+from sru_lightning.ops import build, build_command, cuda_toolkit, functional
 from sru_lightning.ops.testing import make_case
 
 
 def test_prebuild_command_prints_what_it_built_and_where(capsys):
     from sru_lightning.ops.op import cpu_vector_level
 
-    assert build.main([]) == 0
+    assert build_command.main([]) == 0
     output = capsys.readouterr().out
     spec = build.cpu_build_spec()
     assert f"CPU  : {spec.directory()}" in output and spec.name.startswith(build.EXTENSION_NAME)
-    levels = ", ".join(build.compiled_vector_levels())
+    levels = ", ".join(build_command.compiled_vector_levels())
     assert f"vector levels built: {levels}; this CPU runs: {cpu_vector_level()}" in output
     if torch.version.cuda is None:
         assert f"CUDA : not built: torch {torch.__version__} has no CUDA" in output
@@ -52,7 +52,7 @@ def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
 def test_cuda_arch_on_a_cpu_only_torch_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.version, "cuda", None)
     with pytest.raises(SystemExit) as exit_info:
-        build.main(["--cuda-arch", "8.0;9.0"])
+        build_command.main(["--cuda-arch", "8.0;9.0"])
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "--cuda-arch: this torch" in err and "has no CUDA" in err
@@ -60,7 +60,7 @@ def test_cuda_arch_on_a_cpu_only_torch_is_a_clear_error(monkeypatch, capsys):
 
 def test_bad_cuda_arch_names_the_argument(capsys):
     with pytest.raises(SystemExit):
-        build.main(["--cuda-arch", "ampere-ish"])
+        build_command.main(["--cuda-arch", "ampere-ish"])
     err = capsys.readouterr().err
     assert "--cuda-arch" in err and "'ampere-ish'" in err and '"8.0;9.0"' in err
 
@@ -74,7 +74,7 @@ def failed_build(monkeypatch):
 
 
 def test_build_command_reports_failure(failed_build, capsys):
-    assert build.main([]) == 1
+    assert build_command.main([]) == 1
     assert "no C++ compiler found" in capsys.readouterr().out
 
 
@@ -163,7 +163,7 @@ def test_failed_cuda_build_is_an_error_when_kernels_are_required(cuda_torch_with
 
 
 def test_build_command_reports_cpu_built_and_cuda_failed(cuda_torch_with_mismatched_nvcc, capsys):
-    assert build.main(["--cuda-arch", "8.0;9.0"]) == 1
+    assert build_command.main(["--cuda-arch", "8.0;9.0"]) == 1
     output = capsys.readouterr().out
     assert "CPU  : " in output
     assert "CUDA : NOT built: sru_lightning: torch was built with CUDA 12.8" in output
@@ -173,5 +173,5 @@ def test_build_command_reports_cpu_built_and_cuda_failed(cuda_torch_with_mismatc
 def test_cuda_torch_without_gpu_or_archs_says_what_to_pass(cuda_torch_with_mismatched_nvcc, monkeypatch, capsys):
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert build.main([]) == 0
+    assert build_command.main([]) == 0
     assert 'CUDA : NOT built: sru_lightning: no GPU is visible and no CUDA architectures were given' in capsys.readouterr().out

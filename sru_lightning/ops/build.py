@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import ctypes
 import os
-import platform
 import shutil
 import sys
 import sysconfig
@@ -171,6 +170,11 @@ def build_extension(verbose: bool = False) -> str:
     except Exception as error:  # compiler errors arrive as RuntimeError/CalledProcessError
         raise ExtensionBuildError(f"sru_lightning: building the CPU recurrence extension failed: {error}") from error
     return str(library)
+
+
+def extension_loaded() -> bool:
+    """True when this process has loaded the CPU extension."""
+    return _library_path is not None
 
 
 def load_extension(verbose: bool = False) -> str:
@@ -372,74 +376,3 @@ def cuda_extension_available() -> bool:
                 stacklevel=3,
             )
         return False
-
-
-# --- the build command ----------------------------------------------------------------------
-
-
-def compiled_vector_levels() -> tuple[str, ...]:
-    """The CPU vector levels in the built library. Mirrors csrc/sru_cpu.cpp: x86-64 builds with
-    GCC or clang carry baseline, AVX2+FMA and AVX-512 code; other builds the baseline only."""
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    return ("baseline", "avx2", "avx512") if x86 and sys.platform != "win32" else ("baseline",)
-
-
-def _origin(compiled: bool) -> str:
-    return "compiled now" if compiled else "already in the cache"
-
-
-def main(argv=None) -> int:
-    """``python -m sru_lightning build``: compile the kernels now and say what was built, where."""
-    import argparse
-
-    parser = argparse.ArgumentParser(
-        prog="python -m sru_lightning build",
-        description="Prebuild the SRU recurrence kernels (CPU always; CUDA when torch has CUDA) into the "
-        "shared extensions cache ($TORCH_EXTENSIONS_DIR or torch's default).",
-    )
-    parser.add_argument(
-        "--cuda-arch",
-        metavar="ARCHS",
-        help='GPU compute capabilities to build the CUDA kernels for, e.g. "8.0;9.0" (a "+PTX" suffix adds '
-        "PTX); works without a GPU, e.g. on a login node. Default: $TORCH_CUDA_ARCH_LIST, else the visible GPUs",
-    )
-    parser.add_argument("--verbose", action="store_true", help="show the compiler commands and output")
-    args = parser.parse_args([] if argv is None else list(argv))
-    if args.cuda_arch is not None:
-        try:
-            cuda_toolkit.parse_arch_list(args.cuda_arch)
-        except ValueError as error:
-            parser.error(str(error))
-        if torch.version.cuda is None:
-            parser.error(
-                f"--cuda-arch: this torch ({torch.__version__}) has no CUDA, so there are no CUDA kernels to "
-                "build; install a CUDA build of torch, or drop --cuda-arch to build the CPU kernels only"
-            )
-
-    cpu_spec = cpu_build_spec()
-    cpu_was_cached = _library_path is not None or build_cache.read_manifest(cpu_spec.directory()) is not None
-    try:
-        cpu_path = load_extension(verbose=args.verbose)
-    except ExtensionBuildError as error:
-        print(error)
-        return 1
-    from .op import cpu_vector_level
-
-    print(f"sru_lightning: recurrence kernels in {build_cache.cache_root()}")
-    print(f"  CPU  : {cpu_path} ({_origin(not cpu_was_cached)})")
-    print(f"         vector levels built: {', '.join(compiled_vector_levels())}; this CPU runs: {cpu_vector_level()}")
-    if torch.version.cuda is None:
-        print(f"  CUDA : not built: torch {torch.__version__} has no CUDA")
-        return 0
-    try:
-        cuda_path, archs, compiled = build_cuda_extension(args.cuda_arch, verbose=args.verbose)
-    except NoCudaArchitectures as error:
-        print(f"  CUDA : NOT built: {error}")
-        return 0
-    except ExtensionBuildError as error:
-        print(f"  CUDA : NOT built: {error}")
-        print("         the CPU kernels above are built; CUDA tensors would run the pure-PyTorch reference")
-        return 1
-    print(f"  CUDA : {cuda_path} ({_origin(compiled)})")
-    print(f"         architectures: {', '.join(archs)} (torch CUDA {torch.version.cuda})")
-    return 0
