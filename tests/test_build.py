@@ -175,3 +175,11 @@ def test_cuda_torch_without_gpu_or_archs_says_what_to_pass(cuda_torch_with_misma
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert build_command.main([]) == 0
     assert 'CUDA : NOT built: sru_lightning: no GPU is visible and no CUDA architectures were given' in capsys.readouterr().out
+
+
+def test_cuda_compiler_failure_keeps_the_tail_and_names_the_host_compiler_fix():
+    output = "x" * 5000 + "error -- unsupported GNU version! gcc versions later than 13 are not supported!"
+    assert build._compiler_output_tail(output).endswith("are not supported!")
+    assert len(build._compiler_output_tail(output)) < 2100
+    assert "NVCC_CCBIN" in build._host_compiler_hint(output)
+    assert build._host_compiler_hint("sru_cuda.cpp:3: error: expected ';'") == ""

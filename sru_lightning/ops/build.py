@@ -270,6 +270,24 @@ def _compile_cuda(folder: Path, name: str, nvcc: cuda_toolkit.Nvcc, archs: tuple
         )
 
 
+# Enough of the compiler's output to show the first error; --verbose shows all of it.
+_OUTPUT_TAIL_CHARS = 2000
+
+
+def _compiler_output_tail(text: str) -> str:
+    return text if len(text) <= _OUTPUT_TAIL_CHARS else "...\n" + text[-_OUTPUT_TAIL_CHARS:]
+
+
+def _host_compiler_hint(text: str) -> str:
+    """The fix for nvcc refusing the host C++ compiler (one newer than it supports)."""
+    if "unsupported GNU version" in text or "unsupported clang version" in text:
+        return (
+            "\nnvcc does not support this host C++ compiler: install one it supports and point nvcc at "
+            "it, e.g. `NVCC_CCBIN=/usr/bin/g++-12`"
+        )
+    return ""
+
+
 def find_cuda_build(archs_needed: tuple[str, ...]) -> Path | None:
     """A finished CUDA build of these sources, flags and torch whose archs cover `archs_needed`
     (e.g. one built on a login node with ``--cuda-arch``)."""
@@ -312,7 +330,7 @@ def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) ->
     spec = cuda_build_spec(archs)
     library = build_cache.library_file(spec.directory(), spec.name)
     nvcc = None
-    if not library.is_file():
+    if build_cache.read_manifest(spec.directory()) is None or not library.is_file():
         try:
             nvcc = cuda_toolkit.select_nvcc(torch.version.cuda)
         except cuda_toolkit.CudaToolkitError as error:
@@ -327,7 +345,7 @@ def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) ->
         where = f" with {nvcc.describe()}" if nvcc else ""
         raise ExtensionBuildError(
             f"sru_lightning: building the CUDA recurrence extension{where} for {';'.join(archs)} "
-            f"({archs_from}) failed: {error}"
+            f"({archs_from}) failed: {_compiler_output_tail(str(error))}{_host_compiler_hint(str(error))}"
         ) from error
     return str(library), archs, compiled
 
