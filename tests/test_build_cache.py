@@ -134,3 +134,20 @@ def test_cache_root_follows_torch_extensions_dir(monkeypatch, tmp_path):
 
     assert build_cache.cache_root() == Path(get_default_build_root())
     assert os.fspath(spec().directory()).startswith(get_default_build_root())
+
+
+def test_without_a_lock_a_build_finished_first_elsewhere_wins(tmp_path, monkeypatch):
+    # Windows has no flock: two processes may compile at once; the second rename finds the
+    # first one's finished folder and uses it.
+    monkeypatch.setattr(build_cache, "fcntl", None)
+
+    def compile_while_another_process_finishes(folder: Path, name: str) -> None:
+        Compiler()(folder, name)
+        other = spec().directory(tmp_path)
+        other.mkdir()
+        build_cache.library_file(other, name).write_bytes(b"\x7fELF other")
+        (other / build_cache.MANIFEST).write_text(json.dumps({"name": name}))
+
+    library, _ = build_cache.ensure_built(spec(), compile_while_another_process_finishes, tmp_path, lambda _: None)
+    assert library.read_bytes() == b"\x7fELF other"
+    assert not list(tmp_path.glob("*.partial-*"))

@@ -176,7 +176,14 @@ def ensure_built(
             manifest = {"variant": spec.variant, "name": spec.name, **spec.key, **spec.notes,
                         "compile_seconds": round(time.monotonic() - started, 1)}
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
-            os.rename(partial, directory)
+            try:
+                os.rename(partial, directory)
+            except OSError:
+                # Without flock (Windows) another process may have finished the same build first.
+                if read_manifest(directory) is None:
+                    raise
+                shutil.rmtree(partial, ignore_errors=True)
+                return library, True
         except BaseException:
             shutil.rmtree(partial, ignore_errors=True)
             raise
