@@ -25,7 +25,7 @@ TRAINER_COMMANDS = {
 # command -> (module, description); imported only when the command runs.
 TOOL_COMMANDS = {
     "bench": ("sru_lightning.diagnostics.bench", "speed and memory of the SRU recurrence vs LSTM and the GEMM floor"),
-    "build": ("sru_lightning.ops.build", "compile the C++/CUDA recurrence extension ahead of time"),
+    "build": ("sru_lightning.ops.build_command", "compile the CPU (and CUDA) recurrence kernels ahead of time"),
     "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
     "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),
 }
