@@ -355,3 +355,17 @@ def test_compile_fullgraph_equals_eager():
     eager[0].sum().backward()
     compiled_out[0].sum().backward()
     torch.testing.assert_close(x_compiled.grad, x_eager.grad)
+
+
+@pytest.mark.slow
+def test_compile_inductor_fullgraph_equals_eager():
+    """The default backend generates kernels around the recurrence op and the attention."""
+    model = attending(SRUpp(D_IN, H, P, num_layers=2, num_heads=2).eval())
+    x = torch.randn(L, B, D_IN)
+    mask = causal_mask(L)
+
+    def forward(x):
+        h, c, _ = model(x, attn_mask=mask)
+        return h, c
+
+    torch.testing.assert_close(torch.compile(forward, fullgraph=True)(x), forward(x))

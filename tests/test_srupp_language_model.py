@@ -156,3 +156,23 @@ def test_advisor_checks_input_size_and_u_width_of_srupp_layers():
     assert set(advice) == {"input_size", "u_width"}
     assert "make the layer input 32 wide" in str(advice["input_size"])
     assert advice["u_width"].value == 180
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+@pytest.mark.slow
+def test_model_sweep_compares_sru_srupp_and_lstm(tmp_path, monkeypatch):
+    import csv
+
+    from sru_lightning import cli
+    from tiny_run import TINY_RUN
+
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    status = cli.main(["fit", "-m", "model=sru,srupp,lstm", *TINY_RUN, f"hydra.sweep.dir={sweep_dir}"])
+    assert status == 0
+    with open(sweep_dir / "summary.csv", newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert [row["overrides"].split()[0] for row in rows] == ["model=sru", "model=srupp", "model=lstm"]
+    assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
