@@ -53,7 +53,11 @@ def _relative_error(actual, expected):
 # --------------------------------------------------------------------------- golden parity
 
 
-@pytest.mark.parametrize("case", GOLDEN["cases"], ids=lambda case: ",".join(f"{k}={v}" for k, v in case["args"].items()))
+def _case_id(case) -> str:
+    return ",".join(f"{key}={value}" for key, value in case["args"].items())
+
+
+@pytest.mark.parametrize("case", GOLDEN["cases"], ids=_case_id)
 def test_matches_reference_numbers(case):
     """Outputs, c, memory bank and every gradient of two calls (the second attends to the
     first's memory under a causal mask and padding) within 1e-6 relative, float64."""

@@ -5,8 +5,9 @@ the ``sru`` 3.0.0-dev ``SRUpp``."""
 
 from .cell import SRUCell
 from .policy import iter_sru_cells, set_recurrence_policy
-from .srupp import SRUpp, SRUppCell
+from .srupp import SRUpp
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
+from .srupp_cell import SRUppCell
 from .stack import SRU
 
 __all__ = [

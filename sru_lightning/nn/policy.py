@@ -7,7 +7,7 @@ from typing import Iterator, List, Tuple, Union
 from torch import nn
 
 from .cell import SRUCell, checked_policy
-from .srupp import SRUppCell
+from .srupp_cell import SRUppCell
 
 RecurrentLayer = Union[SRUCell, SRUppCell]
 
