@@ -176,3 +176,21 @@ def test_model_sweep_compares_sru_srupp_and_lstm(tmp_path, monkeypatch):
         rows = list(csv.DictReader(handle))
     assert [row["overrides"].split()[0] for row in rows] == ["model=sru", "model=srupp", "model=lstm"]
     assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
+
+
+def test_carried_memory_survives_a_weights_only_checkpoint(tmp_path):
+    from types import SimpleNamespace
+
+    model = tiny()
+    tokens = torch.randint(0, VOCAB, (2, 5))
+    model.training_step((tokens, tokens), 0)
+    model._trainer = SimpleNamespace(world_size=1)
+    checkpoint = {}
+    model.on_save_checkpoint(checkpoint)
+    torch.save(checkpoint, tmp_path / "state.ckpt")
+    restored = tiny()
+    restored.on_load_checkpoint(torch.load(tmp_path / "state.ckpt", weights_only=True))
+    carried = restored._initial_state("train", 2)
+    assert len(carried) == 3
+    for a, b in zip(carried, model._carried["train"]):
+        torch.testing.assert_close(a, b)
