@@ -28,6 +28,7 @@ TOOL_COMMANDS = {
     "build": ("sru_lightning.ops.build_command", "compile the CPU (and CUDA) recurrence kernels ahead of time"),
     "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
     "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),
+    "generate": ("sru_lightning.generate", "write text with a trained checkpoint (prompt=... length=...)"),
 }
 
 
@@ -72,6 +73,7 @@ def usage() -> str:
         f"  {PROG} fit -m trainer.precision=32-true,bf16-true    # a sweep, one dir per job + summary",
         f"  {PROG} fit ckpt_path=last                           # resume the latest matching run",
         f"  {PROG} fit --help                                    # composed config, all keys",
+        f"  {PROG} generate ckpt_path=last prompt='The ' length=200",
         f"  {PROG} bench --help",
     ]
     return "\n".join(lines)

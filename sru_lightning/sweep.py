@@ -23,7 +23,10 @@ RESULT_FILE = "result.json"
 SUMMARY_MARKDOWN = "summary.md"
 SUMMARY_CSV = "summary.csv"
 # Metrics shown first when present; any other metric follows in alphabetical order.
-PREFERRED_METRICS = ("val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch")
+PREFERRED_METRICS = (
+    "val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch",
+    "val_bpw", "val_word_ppl", "test_bpw", "test_word_ppl", "unigram_bpw", "train_bpw_epoch",
+)
 
 # How each job ran, after its metrics: optimizer steps, training throughput, wall time.
 RUN_COLUMNS = ("optimizer_steps", "tokens_per_second", "wall_seconds")

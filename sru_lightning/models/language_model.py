@@ -15,6 +15,9 @@ from torchmetrics import MeanMetric
 
 RNN_TYPES = ("sru", "srupp", "lstm")
 STAGES = ("train", "val", "test")
+# Metric names per token unit: bits per character / per word, and the matching perplexity.
+BITS_NAMES = {"char": "bpc", "word": "bpw"}
+PERPLEXITY_NAMES = {"char": "ppl", "word": "word_ppl"}
 _SCHEDULER_KEYS = ("interval", "frequency", "monitor", "strict", "name")
 _TOTAL_STEP_KEYS = ("total_steps", "T_max")
 _DERIVED_FROM_TOTAL_STEPS = ("_schedule_phases",)  # OneCycleLR's phase boundaries
@@ -63,6 +66,9 @@ class SRULanguageModel(pl.LightningModule):
             attention_every_n_layers, ...).
         memory_length: with rnn="srupp", how many earlier tokens each attention layer keeps
             as memory across batches and generation steps (0: none).
+        token_unit: what one token is, "char" (characters or bytes) or "word"; it names the
+            metrics: `{stage}_bpc` / `{stage}_ppl` for characters, `{stage}_bpw` /
+            `{stage}_word_ppl` for words (the data module's `token_unit`).
         optimizer: a `_target_` mapping (e.g. {"_target_": "torch.optim.AdamW", "lr": 3e-3})
             or a callable taking `params`.
         lr_scheduler: None, or a `_target_` mapping / callable taking `optimizer`; Lightning
@@ -85,6 +91,7 @@ class SRULanguageModel(pl.LightningModule):
         optimizer: Mapping[str, Any] | Callable | None = None,
         lr_scheduler: Mapping[str, Any] | Callable | None = None,
         memory_length: int = 0,
+        token_unit: str = "char",
     ) -> None:
         super().__init__()
         if not isinstance(vocab_size, int) or vocab_size < 2:
@@ -103,12 +110,15 @@ class SRULanguageModel(pl.LightningModule):
                 "SRULanguageModel: `model.sru_options.proj_size` (the attention width) is required "
                 f"with model.rnn='srupp', got sru_options={_plain(sru_options)!r}"
             )
+        if token_unit not in BITS_NAMES:
+            raise ValueError(f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}")
         # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
         sru_options, optimizer, lr_scheduler = (_plain(value) for value in (sru_options, optimizer, lr_scheduler))
         self.save_hyperparameters()
         self.rnn_type = rnn
         self.carry_hidden = carry_hidden
         self.memory_length = memory_length
+        self.token_unit = token_unit
         self.optimizer_config = optimizer if optimizer is not None else {"_target_": "torch.optim.Adam", "lr": 1e-3}
         self.lr_scheduler_config = lr_scheduler
 
@@ -176,6 +186,27 @@ class SRULanguageModel(pl.LightningModule):
         kept = self.rnn.extend_memory(memory, bank["saved_inputs"], max_length=self.memory_length)
         return output, (c, *kept)
 
+    def step(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+        """Read `tokens` on from `state`; return the logits of the token after the last one.
+
+        tokens: (B,) one step, or (B, L) (a prompt, read in one pass); state: None (zeros) or
+        what the previous call returned. Returns (logits (B, vocab), state). Decoding calls
+        it once per token, carrying the state, instead of re-reading the whole context.
+        """
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(1)
+        logits, state = self(tokens, state)
+        return logits[:, -1], state
+
+    # -- metric names -----------------------------------------------------------------------
+    def bits_name(self, stage: str) -> str:
+        """Name of the bits-per-token metric of `stage`: e.g. `val_bpc`, or `val_bpw` for words."""
+        return f"{stage}_{BITS_NAMES[self.token_unit]}"
+
+    def perplexity_name(self, stage: str) -> str:
+        """Name of the perplexity metric of `stage`: e.g. `val_ppl`, or `val_word_ppl` for words."""
+        return f"{stage}_{PERPLEXITY_NAMES[self.token_unit]}"
+
     # -- state carry ------------------------------------------------------------------------
     def _initial_state(self, stage: str, batch_size: int) -> Any:
         state = self._carried.get(stage) if self.carry_hidden else None
@@ -238,7 +269,7 @@ class SRULanguageModel(pl.LightningModule):
                  batch_size=inputs.size(0), sync_dist=not on_step)
         if not on_step:
             return loss
-        self.log("train_bpc", loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
+        self.log(self.bits_name("train"), loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
     def _log_epoch_metrics(self, stage: str) -> None:
@@ -249,8 +280,8 @@ class SRULanguageModel(pl.LightningModule):
         metric.reset()
         suffix = "_epoch" if stage == "train" else ""
         # compute() already reduced over processes; sync_dist only averages equal values.
-        self.log(f"{stage}_bpc{suffix}", nats / math.log(2), prog_bar=stage != "train", sync_dist=True)
-        self.log(f"{stage}_ppl{suffix}", torch.exp(nats), sync_dist=True)
+        self.log(f"{self.bits_name(stage)}{suffix}", nats / math.log(2), prog_bar=stage != "train", sync_dist=True)
+        self.log(f"{self.perplexity_name(stage)}{suffix}", torch.exp(nats), sync_dist=True)
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")
@@ -260,6 +291,21 @@ class SRULanguageModel(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        """Next-token log-probabilities for `trainer.predict`.
+
+        A batch is token ids (B, L), or an `(inputs, targets)` pair as the data modules'
+        loaders yield (the targets are not used). Returns float32 log-probabilities
+        (B, L, vocab): entry [b, t] is the distribution of the token after `inputs[b, t]`.
+        Every batch is read from a zero state (nothing is carried between batches).
+        """
+        tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(f"SRULanguageModel.predict_step: a batch must be integer token ids of shape (B, L), got {shape}")
+        logits, _ = self(tokens)
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train")

@@ -168,10 +168,11 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             if ckpt_path is not None:
                 record["ckpt_path"] = str(ckpt_path)
             metrics = execute(command, trainer, model, datamodule, ckpt_path)
-            final = metrics.get("test_bpc" if command == "test" else "val_bpc", 0.0)
+            final_name = bits_name(model, "test" if command == "test" else "val")
+            final = metrics.get(final_name, 0.0)
             if not math.isfinite(final):
                 raise RunFailed(
-                    f"the final {'test' if command == 'test' else 'val'}_bpc is {final}: the model's outputs are "
+                    f"the final {final_name} is {final}: the model's outputs are "
                     "not finite (see the training loss in the logs; a smaller learning rate or bf16 instead of "
                     "fp16 usually helps)"
                 )
@@ -268,6 +269,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         data_config = checkpoint_data_config(cfg, ckpt_path, overrides)
     datamodule = instantiate(data_config)
     model_kwargs = {} if "vocab_size" in model_config and command != "fit" else {"vocab_size": datamodule.vocab_size}
+    if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
+        model_kwargs["token_unit"] = datamodule.token_unit
     model = instantiate(model_config, **model_kwargs)
     if getattr(model.hparams, "vocab_size", datamodule.vocab_size) != datamodule.vocab_size:
         raise UsageError(
@@ -275,7 +278,11 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
             f"the data ({data_config.get('_target_')}) has {datamodule.vocab_size}; evaluate it on the data it was "
             "trained on (see data: in its run directory's .hydra/config.yaml)"
         )
-    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
+    callbacks = [
+        instantiate(node, **metric_names_followed(node, model))
+        for node in (cfg.get("callbacks") or {}).values()
+        if node is not None
+    ]
     loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
     if not loggers:
         monitors = [cb for cb in callbacks if isinstance(cb, LearningRateMonitor)]
@@ -301,14 +308,38 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     return trainer, model, datamodule, ckpt_path
 
 
+def bits_name(model, stage: str) -> str:
+    """The model's bits-per-token metric of `stage`: `val_bpc`, or `val_bpw` for word-level data."""
+    name = getattr(model, "bits_name", None)
+    return name(stage) if callable(name) else f"{stage}_bpc"
+
+
+def metric_names_followed(node, model) -> dict[str, str]:
+    """A callback's `monitor` / `filename` settings that name the character-level metrics
+    (conf/callbacks/model_checkpoint.yaml: val_bpc), renamed to the ones the model logs."""
+    renamed = {}
+    for key in ("monitor", "filename"):
+        value = node.get(key) if hasattr(node, "get") else None
+        if not isinstance(value, str):
+            continue
+        new = value
+        for stage in ("train", "val", "test"):
+            new = new.replace(f"{stage}_bpc", bits_name(model, stage))
+        if new != value:
+            renamed[key] = new
+    return renamed
+
+
 # --------------------------------------------------------------------------------------------
 # executing
 def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = None) -> dict[str, float]:
     """Run the trainer command; return the final metrics, and print the headline line."""
     split = "test" if command == "test" else "val"
+    bits = bits_name(model, split)  # val_bpc, or val_bpw for word-level data
+    unit = bits.split("_", 1)[1]
     if command == "fit":
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit))
-        _validate_final_weights(trainer, model, datamodule, split)
+        _validate_final_weights(trainer, model, datamodule, bits)
     elif command == "validate":
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.validate))
     else:
@@ -318,16 +349,17 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
         for name, value in trainer.callback_metrics.items()
         if getattr(value, "numel", lambda: 1)() == 1
     }
-    baseline = datamodule.unigram_bpc(split)
-    metrics["unigram_bpc"] = baseline
+    baseline = datamodule.unigram_bpc(split)  # bits per token, whatever the token is
+    metrics[f"unigram_{unit}"] = baseline
     if trainer.is_global_zero:
-        value = metrics.get(f"{split}_bpc")
+        value = metrics.get(bits)
         if value is None:
-            train = metrics.get("train_bpc")
-            text = f"train_bpc={train:.4f}" if train is not None else "no metric"
-            _say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline bpc={baseline:.4f})")
+            train_name = bits_name(model, "train")
+            train = metrics.get(train_name)
+            text = f"{train_name}={train:.4f}" if train is not None else "no metric"
+            _say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline {unit}={baseline:.4f})")
         else:
-            _say(f"final {split}_bpc={value:.4f} (unigram baseline bpc={baseline:.4f})")
+            _say(f"final {bits}={value:.4f} (unigram baseline {unit}={baseline:.4f})")
     return metrics
 
 
@@ -336,12 +368,12 @@ def _safe_loading(method) -> dict[str, bool]:
     return {"weights_only": True} if "weights_only" in inspect.signature(method).parameters else {}
 
 
-def _validate_final_weights(trainer, model, datamodule, split: str) -> None:
+def _validate_final_weights(trainer, model, datamodule, final_metric: str) -> None:
     if trainer.limit_val_batches == 0:
         return
     tracker = next((cb for cb in trainer.callbacks if isinstance(cb, LastValidation)), None)
     last_step = tracker.step if tracker is not None else None
-    if f"{split}_bpc" in trainer.callback_metrics and last_step == trainer.global_step:
+    if final_metric in trainer.callback_metrics and last_step == trainer.global_step:
         return
     where = "never ran" if last_step is None else f"ran at step {last_step}"
     log.info("Validating the final weights (step %d): the last validation %s", trainer.global_step, where)
