@@ -123,17 +123,17 @@ def checkpoint_file(setting: str, resume_dir: str) -> Path:
                 f"`ckpt_path=last` found no checkpoints/last.ckpt under resume_dir={resume_dir!r}; "
                 "pass ckpt_path=<run directory or .ckpt file>"
             )
-        return max(found, key=lambda path: path.stat().st_mtime)
+        return max(found, key=lambda path: path.stat().st_mtime).absolute()
     path = Path(setting).expanduser()
     if path.is_dir():
         found = [folder / name for folder in (path / "checkpoints", path) for name in CHECKPOINT_NAMES]
         found = [candidate for candidate in found if candidate.is_file()]
         if not found:
             raise UsageError(f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/last.ckpt")
-        return max(found, key=lambda candidate: candidate.stat().st_mtime)
+        return max(found, key=lambda candidate: candidate.stat().st_mtime).absolute()
     if not path.is_file():
         raise UsageError(f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist")
-    return path
+    return path.absolute()
 
 
 def _run_failed(run_dir: Path) -> bool:
