@@ -57,6 +57,14 @@ def test_bad_settings_get_one_named_error_and_exit_2(argument, message, capsys, 
     assert message in err and "Traceback" not in err
 
 
+def test_generate_is_listed_and_explains_its_settings(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "  generate" in capsys.readouterr().out
+    assert cli.main(["generate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "temperature=0.8" in out and "temperature=0 is greedy" in out and "top_k=0" in out
+
+
 def test_last_without_any_run_is_a_usage_error(tmp_path):
     result = python_m_sru_lightning("generate", "ckpt_path=last", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
