@@ -9,6 +9,7 @@ one recurrent step from the carried state. Text streams to stdout, speed goes to
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 import time
 import warnings
@@ -278,7 +279,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # e.g. `| head`: the reader has seen enough
+        # Point stdout at /dev/null so the interpreter's final flush does not complain again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
     print(file=sys.stdout, flush=True)
     print(
         f"{PROG}: {stats.tokens} tokens in {stats.seconds:.3f} s ({stats.tokens_per_second:.0f} tokens/s; "
