@@ -115,3 +115,18 @@ def test_word_level_runs_log_bits_per_word_and_generate_words_joined_by_spaces(t
     assert len(re.findall(r"[^\s]+|\n", text)) == 25  # a word or an end of line per token
     assert "  " not in text and " \n" not in text and not text.startswith(" ")
     assert "word level" in result.stderr
+
+
+def test_sampling_is_greedy_at_temperature_zero_restricted_by_top_k_and_seeded():
+    from sru_lightning.generate import sample
+
+    logits = torch.randn(4, 50)
+    best = logits.argmax(-1)
+    generator = torch.Generator()
+    assert torch.equal(sample(logits, 0.0, 0, generator), best)
+    assert torch.equal(sample(logits, 5.0, 1, generator), best)
+    top3 = logits.topk(3, dim=-1).indices
+    draws = torch.stack([sample(logits, 10.0, 3, generator) for _ in range(50)], dim=1)
+    assert all(set(row.tolist()) <= set(allowed.tolist()) for row, allowed in zip(draws, top3))
+    first = [sample(logits, 1.0, 0, torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(first[0], first[1])
