@@ -21,7 +21,6 @@ from typing import Any, TextIO
 import torch
 
 PROG = "python -m sru_lightning generate"
-CHECKPOINT_NAMES = ("last.ckpt", "interrupted.ckpt")  # what a run leaves, newest wins
 
 
 @dataclass
@@ -110,50 +109,53 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
 # checkpoint -> model and vocabulary
 def checkpoint_file(setting: str, resume_dir: str) -> Path:
     """Turn `ckpt_path` into a checkpoint file: the file itself, a run directory's newest
-    last/interrupted checkpoint, or for "last" the newest such checkpoint under `resume_dir`."""
+    last/interrupted checkpoint, or for "last" the newest such checkpoint under `resume_dir`
+    that holds at least one optimizer step, of a run that did not fail (any model or data)."""
+    from sru_lightning.runs.checkpoints import (
+        RESUMABLE_NAMES, CheckpointError, checkpoint_step, newest_resumable, run_status,
+    )
+
     if setting == "last":
         root = Path(resume_dir).expanduser()
-        found = [
-            candidate
-            for name in CHECKPOINT_NAMES
-            for candidate in (root.rglob(f"checkpoints/{name}") if root.is_dir() else [])
-            if not _run_failed(candidate.parent.parent)
-        ]
-        if not found:
-            raise UsageError(
-                f"`ckpt_path=last` found no checkpoints/last.ckpt under resume_dir={resume_dir!r}; "
-                "pass ckpt_path=<run directory or .ckpt file>"
-            )
-        return max(found, key=lambda path: path.stat().st_mtime).absolute()
+        found = [path for name in RESUMABLE_NAMES for path in root.rglob(f"checkpoints/{name}")] if root.is_dir() else []
+        for candidate in sorted(found, key=lambda path: path.stat().st_mtime, reverse=True):
+            if run_status(candidate.parent.parent) == "failed":
+                continue
+            try:
+                if checkpoint_step(candidate) < 1:
+                    continue
+            except CheckpointError:
+                continue
+            return candidate.absolute()
+        raise UsageError(
+            f"`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir={resume_dir!r}; "
+            "pass ckpt_path=<run directory or .ckpt file>"
+        )
     path = Path(setting).expanduser()
     if path.is_dir():
-        found = [folder / name for folder in (path / "checkpoints", path) for name in CHECKPOINT_NAMES]
-        found = [candidate for candidate in found if candidate.is_file()]
-        if not found:
-            raise UsageError(f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/last.ckpt")
-        return max(found, key=lambda candidate: candidate.stat().st_mtime).absolute()
+        for folder in (path / "checkpoints", path):
+            candidate = newest_resumable(folder)
+            if candidate is not None:
+                return candidate.absolute()
+        raise UsageError(f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/last.ckpt")
     if not path.is_file():
-        raise UsageError(f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist")
+        raise UsageError(
+            f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
+        )
     return path.absolute()
 
 
-def _run_failed(run_dir: Path) -> bool:
-    import json
-
-    try:
-        return json.loads((run_dir / "result.json").read_text()).get("status") == "failed"
-    except (OSError, ValueError, AttributeError):
-        return False
-
-
 def load_checkpoint(path: Path) -> dict[str, Any]:
+    from sru_lightning.runs.checkpoints import CheckpointError, read_checkpoint
+
     try:
-        # A checkpoint is untrusted input: tensors and plain containers only.
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as error:
-        raise UsageError(f"cannot load the checkpoint {str(path)!r}: {type(error).__name__}: {str(error).splitlines()[0]}") from None
+        checkpoint = read_checkpoint(path)  # weights_only=True: a checkpoint is untrusted input
+    except CheckpointError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
     if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
-        raise UsageError(f"{str(path)!r} is not a checkpoint of sru_lightning's language model (no state_dict / hyper_parameters)")
+        raise UsageError(
+            f"{str(path)!r} is not a checkpoint of sru_lightning's language model (no state_dict / hyper_parameters)"
+        )
     return checkpoint
 
 

@@ -68,7 +68,7 @@ def test_generate_is_listed_and_explains_its_settings(capsys):
 def test_last_without_any_run_is_a_usage_error(tmp_path):
     result = python_m_sru_lightning("generate", "ckpt_path=last", cwd=tmp_path)
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "`ckpt_path=last` found no checkpoints/last.ckpt under resume_dir='outputs'" in result.stderr
+    assert "`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir='outputs'" in result.stderr
 
 
 @pytest.mark.slow

@@ -88,7 +88,9 @@ def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
     codec = datamodule.codec
     with open(os.devnull, "w", encoding="utf-8") as sink:
         for round_index in range(config.warmup + config.repeats):
-            settings = GenerateSettings(prompt="The ", length=config.tokens, temperature=config.temperature, seed=round_index)
+            settings = GenerateSettings(
+                prompt="The ", length=config.tokens, temperature=config.temperature, seed=round_index
+            )
             for name, model in models.items():
                 stats = generate_text(model, codec, settings, sink)
                 layers = _time_layer_steps(model, config.tokens)

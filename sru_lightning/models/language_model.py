@@ -111,7 +111,9 @@ class SRULanguageModel(pl.LightningModule):
                 f"with model.rnn='srupp', got sru_options={_plain(sru_options)!r}"
             )
         if token_unit not in BITS_NAMES:
-            raise ValueError(f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}")
+            raise ValueError(
+                f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}"
+            )
         # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
         sru_options, optimizer, lr_scheduler = (_plain(value) for value in (sru_options, optimizer, lr_scheduler))
         self.save_hyperparameters()
@@ -303,7 +305,9 @@ class SRULanguageModel(pl.LightningModule):
         tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
         if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
             shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
-            raise ValueError(f"SRULanguageModel.predict_step: a batch must be integer token ids of shape (B, L), got {shape}")
+            raise ValueError(
+                f"SRULanguageModel.predict_step: a batch must be integer token ids of shape (B, L), got {shape}"
+            )
         logits, _ = self(tokens)
         return torch.log_softmax(logits.float(), dim=-1)
 
