@@ -126,9 +126,11 @@ def test_a_short_fit_beats_the_unigram_baseline(tmp_path):
     assert result["val_bpc"] < data.unigram_bpc("val") - 0.5
 
 
-@pytest.mark.parametrize("rnn", ["sru", "lstm"])
-def test_step_by_step_decoding_with_the_carried_state_matches_one_pass(rnn):
-    model = tiny(rnn).eval()
+@pytest.mark.parametrize(
+    "rnn,options", [("sru", {}), ("lstm", {}), ("srupp", {"sru_options": {"proj_size": 4}, "memory_length": 8})]
+)
+def test_step_by_step_decoding_with_the_carried_state_matches_one_pass(rnn, options):
+    model = tiny(rnn, **options).eval()
     tokens = torch.randint(0, 11, (2, 7))
     with torch.no_grad():
         full, _ = model(tokens)

@@ -1,6 +1,7 @@
 """Decoding benchmark (`python -m sru_lightning bench --decode`): tokens per second of the
 default language model (conf/model/sru.yaml) against the LSTM of the same size
-(conf/model/lstm.yaml), one token at a time with the carried state, at batch 1.
+(conf/model/lstm.yaml), and SRU++ (conf/model/srupp.yaml), one token at a time with the
+carried state, at batch 1.
 
 Both models run through `generate`'s own decoding loop (prompt pass, sampling, one
 `model.step` per token, decoding to text, writing to a file), interleaved round by round in
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-MODELS = {"SRU (model=sru)": "sru", "nn.LSTM (model=lstm)": "lstm"}
+MODELS = {"SRU (model=sru)": "sru", "SRU++ (model=srupp)": "srupp", "nn.LSTM (model=lstm)": "lstm"}
 BASELINE = "nn.LSTM (model=lstm)"
 
 
@@ -106,10 +107,11 @@ def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
 
 def _time_layer_steps(model, steps: int) -> float:
     """Seconds for `steps` single steps of the recurrent layers alone, carrying the state."""
-    rnn = model.rnn
+    # SRU++ carries its attention memory next to c; the model's own SRU++ pass keeps it.
+    rnn = model._srupp_forward if model.rnn_type == "srupp" else model.rnn
     x = torch.randn(1, 1, model.hparams.embedding_dim)
     with torch.inference_mode():
-        output, state = rnn(x)
+        output, state = rnn(x, None)
         started = time.perf_counter()
         for _ in range(steps):
             output, state = rnn(x, state)
