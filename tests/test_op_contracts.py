@@ -100,6 +100,7 @@ def test_compiled_sru_equals_eager_with_inductor():
     assert max(differences.values()) <= 1e-4, differences
 
 
+@pytest.mark.slow
 def test_inductor_backward_of_batch_first_inputs_equals_eager():
     # U and x arrive transposed (batch_first): inductor checks the backward's real output
     # strides against the fake kernel's, so a fake that copies the input strides fails here.
