@@ -16,8 +16,8 @@ between threads, stream or device-memory mistakes, or the GPU's own rounding of 
 multiply-adds: those need ``gpu-check`` on a GPU.
 
 ``python -m sru_lightning.diagnostics.cuda_emulation`` runs the comparison in every storage
-dtype; ``--source-dir`` compiles another copy of csrc/ (the tests inject bugs that way) and
-``--sanitize`` builds with AddressSanitizer (run it with libasan preloaded, see
+dtype; ``--kernels-dir`` compiles another copy of the kernels (the tests inject bugs that
+way) and ``--sanitize`` builds with AddressSanitizer (run it with libasan preloaded, see
 :func:`sanitizer_environment`).
 """
 
@@ -39,12 +39,12 @@ from sru_lightning._resources import csrc_dir
 from sru_lightning.diagnostics import kernel_parity
 
 NAMESPACE = "sru_lightning_cuda_emulated"
-SOURCES = ("sru_ops.cpp", "sru_cuda_emulated.cpp", "sru_cuda_kernels_emulated.cpp")
-# Every file the build reads: a change to any of them gives a new build directory.
-INPUTS = SOURCES + (
-    "sru_cuda_kernels.cu", "sru_cuda_binding.h", "sru_cuda_emulation.h", "sru_cuda_launch.h", "sru_ops.h",
-    "sru_step.h",
-)
+# The plumbing and the binding always come from csrc/; the kernels (the .cu and its C++
+# wrapper) from csrc/ or from the folder given as kernels_dir. Headers come from the
+# kernels' folder when it has them, else from csrc/.
+BINDING_SOURCES = ("sru_ops.cpp", "sru_cuda_emulated.cpp")
+KERNEL_FILES = ("sru_cuda_kernels_emulated.cpp", "sru_cuda_kernels.cu")
+HEADERS = ("sru_cuda_binding.h", "sru_cuda_emulation.h", "sru_cuda_launch.h", "sru_ops.h", "sru_step.h")
 FLAGS = ("-O1", "-DSRU_CUDA_EMULATION")
 # AddressSanitizer plays compute-sanitizer's memcheck; the alignment check stands in for
 # the GPU's misaligned-address fault (the vector loads of U).
@@ -54,24 +54,40 @@ _lock = threading.Lock()
 _loaded: dict[str, str] = {}
 
 
-def build_name(source_dir: Path, sanitize: bool) -> str:
+def build_name(kernels_dir: Path, sanitize: bool) -> str:
     """Extension name keyed by the sources, the flags and torch, so edits never reuse a stale build."""
     digest = hashlib.sha256()
-    for name in INPUTS:
-        digest.update(name.encode() + b"\0" + (source_dir / name).read_bytes())
+    for name in BINDING_SOURCES + KERNEL_FILES + HEADERS:
+        path = kernels_dir / name if (kernels_dir / name).is_file() and name not in BINDING_SOURCES else csrc_dir() / name
+        digest.update(name.encode() + b"\0" + path.read_bytes())
     flags = FLAGS + (SANITIZE_FLAGS if sanitize else ())
     digest.update(" ".join(flags).encode() + torch.__version__.encode())
     return f"{NAMESPACE}_{'asan_' if sanitize else ''}{digest.hexdigest()[:12]}"
 
 
-def build_emulation(source_dir: str | os.PathLike | None = None, sanitize: bool = False, verbose: bool = False) -> str:
-    """Compile (or reuse) the emulated CUDA kernels from ``source_dir`` (default csrc/) and load them.
+def build_directory(sanitize: bool) -> Path:
+    """One build folder per flag set: a build of other kernels recompiles only the kernels'
+    file, the plumbing's objects (most of the compile time) are reused."""
+    from torch.utils import cpp_extension
+
+    folder = Path(cpp_extension._get_build_directory(NAMESPACE + ("_asan" if sanitize else ""), verbose=False))
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def build_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False,
+                    verbose: bool = False) -> str:
+    """Compile (or reuse) the emulated CUDA kernels and load them. ``kernels_dir`` holds
+    another copy of sru_cuda_kernels.cu and sru_cuda_kernels_emulated.cpp (default csrc/).
 
     One process holds one build: the op namespace can be registered only once.
     """
     from torch.utils import cpp_extension
 
-    folder = Path(source_dir) if source_dir is not None else csrc_dir()
+    folder = Path(kernels_dir) if kernels_dir is not None else csrc_dir()
+    missing = [name for name in KERNEL_FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{NAMESPACE}: kernels_dir {folder} lacks {missing}")
     name = build_name(folder, sanitize)
     with _lock:
         if name in _loaded:
@@ -82,10 +98,11 @@ def build_emulation(source_dir: str | os.PathLike | None = None, sanitize: bool 
         flags = list(FLAGS + (SANITIZE_FLAGS if sanitize else ()))
         path = cpp_extension.load(
             name=name,
-            sources=[str(folder / source) for source in SOURCES],
+            sources=[str(csrc_dir() / source) for source in BINDING_SOURCES] + [str(folder / KERNEL_FILES[0])],
             extra_cflags=flags,
             extra_ldflags=["-fsanitize=address,alignment"] if sanitize else [],
-            extra_include_paths=[str(folder)],
+            extra_include_paths=[str(csrc_dir())],
+            build_directory=str(build_directory(sanitize)),
             with_cuda=False,
             is_python_module=False,
             verbose=verbose,
@@ -151,7 +168,8 @@ def main(argv=None) -> int:
         description="Run the CUDA kernels' source on the CPU and compare it with the CPU kernels and the "
         "float64 reference, every variant. Exit status 0 when all agree, 1 otherwise.",
     )
-    parser.add_argument("--source-dir", help="csrc folder to compile (default: the package's)")
+    parser.add_argument("--kernels-dir", help="folder with another copy of sru_cuda_kernels.cu and "
+                        "sru_cuda_kernels_emulated.cpp (default: the package's csrc/)")
     parser.add_argument("--sanitize", action="store_true", help="build with AddressSanitizer (needs libasan preloaded)")
     parser.add_argument("--dtypes", nargs="+", choices=sorted(kernel_parity.STORAGE_DTYPES),
                         default=list(kernel_parity.STORAGE_DTYPES))
@@ -163,7 +181,7 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--variants: unknown {sorted(unknown)}; known: {[v.name for v in variants]}")
         variants = tuple(variant for variant in variants if variant.name in args.variants)
-    build_emulation(args.source_dir, sanitize=args.sanitize)
+    build_emulation(args.kernels_dir, sanitize=args.sanitize)
     failed = False
     for dtype_name in args.dtypes:
         comparison = compare_emulated_kernels(dtype_name, variants)
