@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sru_lightning.ops import functional, sru_recurrence_reference
+from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.ops import op  # noqa: F401  (registers the fake kernels and autograd)
 from sru_lightning.ops.testing import make_case
 
@@ -147,7 +147,11 @@ def test_second_order_gradients_match_the_reference(variant):
     def reference(*args, **options):
         return sru_recurrence_reference(*args, compute_dtype=torch.float64, **options)
 
-    first, second = second_order(functional.sru_recurrence, tensors, kwargs)
+    with trace_storage_dtypes() as calls:
+        first, second = second_order(functional.sru_recurrence, tensors, kwargs)
+    # the forward ran the kernel, the differentiable first-order gradients came from the
+    # reference (the penalty's own backward reaches the kernel again through grad of c_last)
+    assert [(call.backend, call.direction) for call in calls][:2] == [("cpp", "forward"), ("reference", "backward")]
     expected_first, expected_second = second_order(reference, tensors, kwargs)
     for got, expected in zip(first + second, expected_first + expected_second):
         assert got is not None and expected is not None

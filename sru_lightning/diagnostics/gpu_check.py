@@ -102,7 +102,7 @@ def check_compile(device: str = "cuda") -> list[Check]:
         worst = max(differences, key=differences.get)
         status = PASS if differences[worst] <= 1e-4 else FAIL
         checks.append(Check(f"torch.compile {case.name}", status,
-                            f"{len(differences)} outputs and gradients, largest difference {differences[worst]:.1e} "
+                            f"{len(differences)} outputs and gradients, largest relative difference {differences[worst]:.1e} "
                             f"({worst}), tol 1e-04"))
     return checks
 

@@ -122,6 +122,7 @@ def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
         # backward(create_graph=True): the gradients must be differentiable themselves.
         grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 = _differentiable_gradients(
             ctx.saved_tensors, ctx.options, grad_h, grad_c_last)
+        record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "reference", "backward")
         return (grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 if c0 is not None else None,
                 None, None, None, None, None, None, None)
     grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 = torch.ops.sru_lightning.recurrence_backward(
