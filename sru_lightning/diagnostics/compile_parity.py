@@ -74,3 +74,33 @@ def compare_compiled_with_eager(case: CompileCase, device: str = "cpu", dtype: t
         scale = max(value.float().abs().max().item(), 1e-6)
         differences[name] = (value.float() - other.float()).abs().max().item() / scale
     return differences
+
+
+def compare_compiled_op_with_batch_first_inputs(device: str = "cpu", backend: str = "inductor") -> dict[str, float]:
+    """The op itself under ``torch.compile`` with U and x handed over transposed (what
+    batch_first does): the backward's real output strides must be the fake kernel's, which
+    inductor asserts. Relative differences of the two input gradients."""
+    from sru_lightning.ops import functional
+    from sru_lightning.ops.testing import make_case
+
+    (U, x, weight_c, bias, c0), kwargs = make_case(length=5, batch=3, hidden=4, dtype=torch.float32)
+    weight_c, bias, c0 = weight_c.to(device), bias.to(device), c0.to(device)
+    kwargs = {name: value.to(device) if isinstance(value, torch.Tensor) else value for name, value in kwargs.items()}
+    U_batch_first = U.transpose(0, 1).contiguous().to(device).requires_grad_()
+    x_batch_first = x.transpose(0, 1).contiguous().to(device).requires_grad_()
+    weights = torch.linspace(-1, 1, 3 * 5 * 4, device=device).view(3, 5, 4)
+
+    def loss(U_batch_first, x_batch_first):
+        h, _ = functional.sru_recurrence(U_batch_first.transpose(0, 1), x_batch_first.transpose(0, 1), weight_c,
+                                         bias, c0, **kwargs)
+        return (h.transpose(0, 1) * weights).sum()
+
+    import torch._inductor.config as inductor_config
+
+    # A cached compiled graph would skip the stride check this is about.
+    with inductor_config.patch(force_disable_caches=True):
+        compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend=backend)(
+            U_batch_first, x_batch_first), [U_batch_first, x_batch_first])
+    eager = torch.autograd.grad(loss(U_batch_first, x_batch_first), [U_batch_first, x_batch_first])
+    return {name: ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+            for name, got, expected in zip(("grad U", "grad x"), compiled, eager)}

@@ -104,6 +104,10 @@ def check_compile(device: str = "cuda") -> list[Check]:
         checks.append(Check(f"torch.compile {case.name}", status,
                             f"{len(differences)} outputs and gradients, largest relative difference {differences[worst]:.1e} "
                             f"({worst}), tol 1e-04"))
+    differences = compile_parity.compare_compiled_op_with_batch_first_inputs(device)
+    worst = max(differences.values())
+    checks.append(Check("torch.compile op with batch_first inputs", PASS if worst <= 1e-5 else FAIL,
+                        f"inductor backward strides and gradients, largest relative difference {worst:.1e}"))
     return checks
 
 
