@@ -67,7 +67,7 @@ def test_carried_state_changes_the_next_prediction():
 
 
 def test_bad_arguments_name_the_config_key():
-    with pytest.raises(ValueError, match=r"`model.rnn` must be one of \('sru', 'lstm'\), got 'gru'"):
+    with pytest.raises(ValueError, match=r"`model.rnn` must be one of \('sru', 'srupp', 'lstm'\), got 'gru'"):
         tiny("gru")
     with pytest.raises(ValueError, match="`model.hidden_size` must be a positive integer, got 0"):
         tiny(hidden_size=0)

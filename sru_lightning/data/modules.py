@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sysconfig
 import zipfile
 from dataclasses import dataclass
@@ -69,6 +70,31 @@ class LanguageModelDataModule(pl.LightningDataModule):
         if split not in SPLITS:
             raise ValueError(f"unigram_bpc: `split` must be one of {SPLITS}, got {split!r}")
         return unigram_bits_per_token(self.corpus.train, getattr(self.corpus, split), self.vocab_size)
+
+    def describe_source(self) -> str:
+        """Where the text comes from, for error messages."""
+        return type(self).__name__
+
+    def check_sizes(self, world_size: int = 1) -> None:
+        """Raise ValueError when a split is too short for its batch layout (before training)."""
+        fractions = {"train": 1.0 - getattr(self, "val_fraction", 0.0) - getattr(self, "test_fraction", 0.0),
+                     "val": getattr(self, "val_fraction", None), "test": getattr(self, "test_fraction", None)}
+        for split in SPLITS:
+            batch_size = self.batch_size if split == "train" else self.eval_batch_size
+            tokens = getattr(self.corpus, split).numel()
+            needed = batch_size * world_size * self.seq_len + 1
+            if tokens >= needed:
+                continue
+            size_key = "data.batch_size" if split == "train" else "data.eval_batch_size"
+            hint = ""
+            fraction = fractions.get(split)
+            if fraction:
+                hint = f" (the whole text needs about {math.ceil(needed / fraction)} tokens at {split} fraction {fraction:g})"
+            raise ValueError(
+                f"{type(self).__name__}: the {split} split of {self.describe_source()} has {tokens} tokens, too few "
+                f"for {batch_size} streams x {world_size} process(es) x data.seq_len={self.seq_len}: it needs at "
+                f"least {needed}{hint}; use more text or lower {size_key} / data.seq_len"
+            )
 
     def decode(self, ids: torch.Tensor) -> str:
         itos = self.corpus.itos
@@ -266,9 +292,18 @@ class TextDataModule(LanguageModelDataModule):
         self.test_fraction = test_fraction
         self.encoding = encoding
 
+    def describe_source(self) -> str:
+        return f"data.path={str(self.path)!r}"
+
     def _read_file(self, file: Path) -> str:
         try:
-            return file.read_text(encoding=self.encoding)
+            text = file.read_text(encoding=self.encoding)
+            if not text.strip():
+                raise ValueError(
+                    f"TextDataModule: {str(file)!r} under `data.path` holds no text; a language model needs "
+                    "a file of at least a few thousand characters"
+                )
+            return text
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(
                 f"TextDataModule: cannot read {str(file)!r} under `data.path` as {self.encoding} text "

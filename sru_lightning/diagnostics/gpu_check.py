@@ -242,11 +242,11 @@ def run_checks(parts, budget_s: float) -> list[Check]:
         return budget_s - (time.monotonic() - started)
 
     def build():
-        from sru_lightning.ops import load_extension
+        from sru_lightning.ops import load_cuda_extension
         from sru_lightning.ops.op import cuda_kernels_loaded
 
         t0 = time.monotonic()
-        path = load_extension()
+        path = load_cuda_extension()
         if not cuda_kernels_loaded():
             return Check("build CUDA extension", FAIL, f"{path} has no CUDA kernels registered")
         return Check("build CUDA extension", PASS, f"ready in {time.monotonic() - t0:.0f} s")

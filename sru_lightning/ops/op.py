@@ -19,7 +19,7 @@ _BACKWARD = "sru_lightning::recurrence_backward"
 
 
 def cuda_kernels_loaded() -> bool:
-    """True when the extension was built with its CUDA kernels."""
+    """True when the CUDA extension is loaded (its kernels registered for the CUDA dispatch key)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(_FORWARD, "CUDA")
 
 
