@@ -4,9 +4,12 @@
 #
 # TORCH_SPEC pins the PyTorch build installed first. The default is the CPU build used on
 # CPU-only machines; on a CUDA machine run e.g. `make test TORCH_SPEC="torch>=2.4"`.
+# CUDA_ARCH builds the CUDA kernels for GPUs this machine lacks (a login node), e.g.
+# `make build-ext TORCH_SPEC="torch>=2.4" CUDA_ARCH="8.0;9.0"`.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
+CUDA_ARCH ?=
 PIP = $(VENV)/bin/python -m pip
 PY = $(VENV)/bin/python
 
@@ -24,7 +27,7 @@ $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 setup: $(VENV)/.installed
 
 build-ext: setup
-	$(PY) -m sru_lightning build
+	$(PY) -m sru_lightning build $(if $(CUDA_ARCH),--cuda-arch "$(CUDA_ARCH)")
 
 run: setup
 	$(PY) -m sru_lightning fit

@@ -1,13 +1,26 @@
 // CUDA kernels of the SRU recurrence: one thread per column (batch b, direction d, hidden
 // unit j), each running its whole time loop with the step math of sru_step.h.
 //
-// Only cuda_runtime.h, c10/util/Half.h, c10/util/BFloat16.h and sru_step.h are included,
-// so `nvcc -c` checks all device code against the headers of any torch wheel, CPU or CUDA.
-// The launchers take raw pointers and a stream; csrc/sru_cuda.cpp binds them to tensors.
-#include <cuda_runtime.h>
+// Only the CUDA runtime (through sru_cuda_launch.h), c10/util/Half.h, c10/util/BFloat16.h
+// and sru_step.h are included, so `nvcc -c` checks all device code against the headers of
+// any torch wheel, CPU or CUDA; and the same file compiles as C++ with -DSRU_CUDA_EMULATION,
+// which runs these kernels serially on the CPU for the tests. Kernels are launched through
+// SRU_LAUNCH_KERNEL for that reason. The launchers take raw pointers and a stream;
+// csrc/sru_cuda.cpp binds them to tensors.
+//
+// Memory traffic decides the speed of these kernels (a few flops per byte), so:
+// - every pointer a kernel only reads is __restrict__ where the time loop sees it (the
+//   loops are functions taking the pointers as parameters, inlined into the kernels), so
+//   the compiler may use the read-only data path and reorder loads across stores;
+// - the loads of step s+1 are issued before the math of step s (the cell state is the only
+//   value carried from one step to the next), so their latency hides behind that math;
+// - with k == 4 a column's four values of U are one aligned vector load.
+#include "sru_cuda_launch.h"
 
 #include <c10/util/BFloat16.h>
 #include <c10/util/Half.h>
+
+#include <cstdint>
 
 #include "sru_step.h"
 
@@ -31,16 +44,8 @@ __device__ __forceinline__ ColumnPosition position_of(const RecurrenceDims& dims
   return position;
 }
 
-template <typename T, typename A>
-__device__ __forceinline__ A skip_value(const RecurrenceDims& dims, const T* x, const T* u,
-                                        int64_t offset, A scale) {
-  if (dims.skip_from_x) return static_cast<A>(x[offset]) * scale;
-  if (dims.skip_from_u) return static_cast<A>(u[3]);
-  return A(0);
-}
-
 // What a column's thread reads before its time loop, the same in both passes. wf and wr
-// hold the vector weight_c; with a per-step weight_c, step_weights replaces them each step.
+// hold the vector weight_c; with a per-step weight_c each step's loads replace them.
 template <typename A>
 struct ColumnInputs {
   int64_t column;
@@ -66,92 +71,145 @@ __device__ __forceinline__ bool load_column(const RecurrenceDims& dims,
   return true;
 }
 
-template <typename T, typename A>
-__device__ __forceinline__ void step_weights(const RecurrenceDims& dims,
-                                             const RecurrenceInputs<T, A>& a, int64_t offset,
-                                             ColumnInputs<A>& in) {
-  if (dims.per_step_weight_c) {
-    in.wf = static_cast<A>(a.weight_c[offset * 2]);
-    in.wr = static_cast<A>(a.weight_c[offset * 2 + 1]);
-  }
-}
-
-// Where a column's step lies: its time index, its offset in an (L, B, dirs*D) tensor, and
-// whether mask_pad marks it as padding (both passes skip the step math there).
-struct StepPosition {
-  int64_t t, offset;
-  bool padded;
+// A column's four values of U for one step as one load. U is (L, B, dirs, D, k), so a
+// column's k values of a step are adjacent. With k == 4 they start at 4 * offset elements:
+// one aligned vector (16 bytes in float, 8 in half) whenever U's base is aligned to four
+// elements, which the launcher checks once per call. With k == 3 they start at 3 * offset,
+// so only one column in four would be aligned and the loads stay scalar.
+template <typename T>
+struct alignas(4 * sizeof(T)) FourValues {
+  T value[4];
 };
 
+// Everything one step of a column reads from memory (the step math then needs no loads).
+template <typename A>
+struct StepLoads {
+  int64_t offset;  // position of (t, column) in an (L, B, dirs*D) tensor
+  bool padded;     // mask_pad marks the step as padding: both passes skip its math
+  A u0, u1, u2, skip, wf, wr;
+  A grad_h, c_prev;  // backward only
+};
+
+// The loads of one step shared by both passes: its position, padding, U, the skip term and
+// a per-step weight_c. Padded steps load nothing else.
 template <typename T, typename A>
-__device__ __forceinline__ StepPosition step_position(const RecurrenceDims& dims,
-                                                      const RecurrenceInputs<T, A>& a,
-                                                      const ColumnInputs<A>& in, int64_t step) {
-  StepPosition at;
-  at.t = dims.time_of(step, in.pos.direction);
-  at.offset = at.t * dims.columns() + in.column;
-  at.padded = a.mask_pad != nullptr && a.mask_pad[at.t * dims.batch + in.pos.batch];
-  return at;
+__device__ __forceinline__ StepLoads<A> load_step(const RecurrenceDims& dims, const ColumnInputs<A>& in,
+                                                  bool vector_u, int64_t step,
+                                                  const T* __restrict__ U, const T* __restrict__ x,
+                                                  const T* __restrict__ weight_c,
+                                                  const bool* __restrict__ mask_pad) {
+  StepLoads<A> s{};
+  const int64_t t = dims.time_of(step, in.pos.direction);
+  s.offset = t * dims.columns() + in.column;
+  s.padded = mask_pad != nullptr && mask_pad[t * dims.batch + in.pos.batch];
+  if (s.padded) return s;
+  const T* u = U + s.offset * dims.k;
+  A u3 = A(0);
+  if (vector_u) {
+    const FourValues<T> four = *reinterpret_cast<const FourValues<T>*>(u);
+    s.u0 = static_cast<A>(four.value[0]);
+    s.u1 = static_cast<A>(four.value[1]);
+    s.u2 = static_cast<A>(four.value[2]);
+    u3 = static_cast<A>(four.value[3]);
+  } else {
+    s.u0 = static_cast<A>(u[0]);
+    s.u1 = static_cast<A>(u[1]);
+    s.u2 = static_cast<A>(u[2]);
+    if (dims.skip_from_u) u3 = static_cast<A>(u[3]);
+  }
+  s.skip = dims.skip_from_x ? static_cast<A>(x[s.offset]) * in.scale : (dims.skip_from_u ? u3 : A(0));
+  if (dims.per_step_weight_c) {
+    s.wf = static_cast<A>(weight_c[s.offset * 2]);
+    s.wr = static_cast<A>(weight_c[s.offset * 2 + 1]);
+  } else {
+    s.wf = in.wf;
+    s.wr = in.wr;
+  }
+  return s;
 }
 
-template <typename T>
-__global__ void forward_kernel(RecurrenceDims dims, ForwardArgs<T, accumulate_t<T>> a) {
-  using A = accumulate_t<T>;
-  ColumnInputs<A> in;
-  if (!load_column(dims, a, in)) return;
+template <typename T, typename A>
+__device__ __forceinline__ void forward_column(const RecurrenceDims& dims, const ColumnInputs<A>& in,
+                                               bool vector_u, const T* __restrict__ U,
+                                               const T* __restrict__ x, const T* __restrict__ weight_c,
+                                               const bool* __restrict__ mask_pad, T* __restrict__ h,
+                                               T* __restrict__ c_all, T* __restrict__ c_last) {
   A c = in.c0;
+  StepLoads<A> next{};
+  if (dims.length > 0) next = load_step<T, A>(dims, in, vector_u, 0, U, x, weight_c, mask_pad);
   for (int64_t step = 0; step < dims.length; ++step) {
-    const StepPosition at = step_position(dims, a, in, step);
-    const int64_t offset = at.offset;
-    if (at.padded) {
-      a.h[offset] = static_cast<T>(A(0));
-      if (a.c_all != nullptr) a.c_all[offset] = static_cast<T>(c);
+    const StepLoads<A> now = next;
+    if (step + 1 < dims.length) next = load_step<T, A>(dims, in, vector_u, step + 1, U, x, weight_c, mask_pad);
+    if (now.padded) {
+      h[now.offset] = static_cast<T>(A(0));
+      if (c_all != nullptr) c_all[now.offset] = static_cast<T>(c);
       continue;
     }
-    const T* u = a.U + offset * dims.k;
-    step_weights(dims, a, offset, in);
-    A c_new, h;
-    forward_step<A>(static_cast<A>(u[0]), static_cast<A>(u[1]), static_cast<A>(u[2]),
-                    skip_value<T, A>(dims, a.x, u, offset, in.scale), in.wf, in.wr, in.bf, in.br,
-                    in.mask, c, c_new, h);
+    A c_new, h_value;
+    forward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, now.wr, in.bf, in.br, in.mask, c, c_new,
+                    h_value);
     c = c_new;
-    a.h[offset] = static_cast<T>(h);
-    if (a.c_all != nullptr) a.c_all[offset] = static_cast<T>(c);
+    h[now.offset] = static_cast<T>(h_value);
+    if (c_all != nullptr) c_all[now.offset] = static_cast<T>(c);
   }
-  a.c_last[in.column] = static_cast<T>(c);
+  c_last[in.column] = static_cast<T>(c);
 }
 
 template <typename T>
-__global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_t<T>> a) {
+__global__ void forward_kernel(RecurrenceDims dims, ForwardArgs<T, accumulate_t<T>> a, bool vector_u) {
   using A = accumulate_t<T>;
   ColumnInputs<A> in;
   if (!load_column(dims, a, in)) return;
-  const int64_t columns = dims.columns();
+  forward_column<T, A>(dims, in, vector_u, a.U, a.x, a.weight_c, a.mask_pad, a.h, a.c_all, a.c_last);
+}
+
+// The backward loads of one step: the forward's plus the incoming gradient of h and the
+// state before the step (c0 for the first step).
+template <typename T, typename A>
+__device__ __forceinline__ StepLoads<A> load_backward_step(
+    const RecurrenceDims& dims, const ColumnInputs<A>& in, bool vector_u, int64_t step,
+    const T* __restrict__ U, const T* __restrict__ x, const T* __restrict__ weight_c,
+    const bool* __restrict__ mask_pad, const T* __restrict__ grad_h, const T* __restrict__ c_all) {
+  StepLoads<A> s = load_step<T, A>(dims, in, vector_u, step, U, x, weight_c, mask_pad);
+  if (s.padded) return s;
+  s.grad_h = static_cast<A>(grad_h[s.offset]);
+  s.c_prev = step > 0 ? static_cast<A>(c_all[dims.time_of(step - 1, in.pos.direction) * dims.columns() + in.column])
+                      : in.c0;
+  return s;
+}
+
+template <typename T, typename A>
+__device__ __forceinline__ void backward_column(
+    const RecurrenceDims& dims, const ColumnInputs<A>& in, bool vector_u, const T* __restrict__ U,
+    const T* __restrict__ x, const T* __restrict__ weight_c, const bool* __restrict__ mask_pad,
+    const T* __restrict__ grad_h, const T* __restrict__ c_all, const T* __restrict__ grad_c_last,
+    T* __restrict__ grad_U, T* __restrict__ grad_x, T* __restrict__ grad_weight_c,
+    A* __restrict__ weight_c_partials, A* __restrict__ bias_partials, T* __restrict__ grad_c0) {
   const int64_t width = dims.directions * dims.hidden;
-  A grad_c = a.grad_c_last != nullptr ? static_cast<A>(a.grad_c_last[in.column]) : A(0);
+  A grad_c = grad_c_last != nullptr ? static_cast<A>(grad_c_last[in.column]) : A(0);
   A sum_wf = A(0), sum_wr = A(0), sum_bf = A(0), sum_br = A(0);
+  StepLoads<A> next{};
+  if (dims.length > 0) {
+    next = load_backward_step<T, A>(dims, in, vector_u, dims.length - 1, U, x, weight_c, mask_pad, grad_h, c_all);
+  }
   for (int64_t step = dims.length - 1; step >= 0; --step) {
-    const StepPosition at = step_position(dims, a, in, step);
-    const int64_t offset = at.offset;
-    T* grad_u = a.grad_U + offset * dims.k;
-    if (at.padded) {
+    const StepLoads<A> now = next;
+    if (step > 0) {
+      next = load_backward_step<T, A>(dims, in, vector_u, step - 1, U, x, weight_c, mask_pad, grad_h, c_all);
+    }
+    T* grad_u = grad_U + now.offset * dims.k;
+    if (now.padded) {
       for (int64_t i = 0; i < dims.k; ++i) grad_u[i] = static_cast<T>(A(0));
-      if (a.grad_x != nullptr) a.grad_x[offset] = static_cast<T>(A(0));
-      if (a.grad_weight_c != nullptr) {
-        a.grad_weight_c[offset * 2] = static_cast<T>(A(0));
-        a.grad_weight_c[offset * 2 + 1] = static_cast<T>(A(0));
+      if (grad_x != nullptr) grad_x[now.offset] = static_cast<T>(A(0));
+      if (grad_weight_c != nullptr) {
+        grad_weight_c[now.offset * 2] = static_cast<T>(A(0));
+        grad_weight_c[now.offset * 2 + 1] = static_cast<T>(A(0));
       }
       continue;
     }
-    const A c_prev =
-        step > 0 ? static_cast<A>(a.c_all[dims.time_of(step - 1, in.pos.direction) * columns + in.column])
-                 : in.c0;
-    const T* u = a.U + offset * dims.k;
-    step_weights(dims, a, offset, in);
     StepGradients<A> g;
-    backward_step<A>(static_cast<A>(u[0]), static_cast<A>(u[1]), static_cast<A>(u[2]),
-                     skip_value<T, A>(dims, a.x, u, offset, in.scale), in.wf, in.wr, in.bf, in.br,
-                     in.mask, c_prev, static_cast<A>(a.grad_h[offset]), grad_c, g);
+    backward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, now.wr, in.bf, in.br, in.mask, now.c_prev,
+                     now.grad_h, grad_c, g);
     grad_c = g.c_prev;
     sum_wf += g.wf;
     sum_wr += g.wr;
@@ -161,25 +219,40 @@ __global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_
     grad_u[1] = static_cast<T>(g.u1);
     grad_u[2] = static_cast<T>(g.u2);
     if (dims.k == 4) grad_u[3] = static_cast<T>(dims.skip_from_u ? g.skip : A(0));
-    if (a.grad_x != nullptr) a.grad_x[offset] = static_cast<T>(g.skip * in.scale);
-    if (a.grad_weight_c != nullptr) {
-      a.grad_weight_c[offset * 2] = static_cast<T>(g.wf);
-      a.grad_weight_c[offset * 2 + 1] = static_cast<T>(g.wr);
+    if (grad_x != nullptr) grad_x[now.offset] = static_cast<T>(g.skip * in.scale);
+    if (grad_weight_c != nullptr) {
+      grad_weight_c[now.offset * 2] = static_cast<T>(g.wf);
+      grad_weight_c[now.offset * 2 + 1] = static_cast<T>(g.wr);
     }
   }
-  a.grad_c0[in.column] = static_cast<T>(grad_c);
+  grad_c0[in.column] = static_cast<T>(grad_c);
   // One partial per (batch, column): no atomics, reduced over the batch by the caller.
   const int64_t row = in.pos.batch * 2 * width;
-  a.bias_partials[row + in.pos.weight] = sum_bf;
-  a.bias_partials[row + width + in.pos.weight] = sum_br;
-  if (a.weight_c_partials != nullptr) {
-    a.weight_c_partials[row + in.pos.weight] = sum_wf;
-    a.weight_c_partials[row + width + in.pos.weight] = sum_wr;
+  bias_partials[row + in.pos.weight] = sum_bf;
+  bias_partials[row + width + in.pos.weight] = sum_br;
+  if (weight_c_partials != nullptr) {
+    weight_c_partials[row + in.pos.weight] = sum_wf;
+    weight_c_partials[row + width + in.pos.weight] = sum_wr;
   }
+}
+
+template <typename T>
+__global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_t<T>> a, bool vector_u) {
+  using A = accumulate_t<T>;
+  ColumnInputs<A> in;
+  if (!load_column(dims, a, in)) return;
+  backward_column<T, A>(dims, in, vector_u, a.U, a.x, a.weight_c, a.mask_pad, a.grad_h, a.c_all, a.grad_c_last,
+                        a.grad_U, a.grad_x, a.grad_weight_c, a.weight_c_partials, a.bias_partials, a.grad_c0);
 }
 
 unsigned int grid_for(const RecurrenceDims& dims) {
   return static_cast<unsigned int>((dims.columns() + kThreadsPerBlock - 1) / kThreadsPerBlock);
+}
+
+// Whether the kernels may read a column's k == 4 values of U as one FourValues load.
+template <typename T>
+bool can_load_u_as_vector(const RecurrenceDims& dims, const T* U) {
+  return dims.k == 4 && reinterpret_cast<std::uintptr_t>(U) % alignof(FourValues<T>) == 0;
 }
 
 }  // namespace
@@ -188,7 +261,8 @@ template <typename T>
 cudaError_t launch_forward(const RecurrenceDims& dims, const ForwardArgs<T, accumulate_t<T>>& args,
                            cudaStream_t stream) {
   if (dims.columns() == 0) return cudaSuccess;
-  forward_kernel<T><<<grid_for(dims), kThreadsPerBlock, 0, stream>>>(dims, args);
+  SRU_LAUNCH_KERNEL(forward_kernel<T>, grid_for(dims), kThreadsPerBlock, 0, stream, dims, args,
+                    can_load_u_as_vector(dims, args.U));
   return cudaGetLastError();
 }
 
@@ -196,7 +270,8 @@ template <typename T>
 cudaError_t launch_backward(const RecurrenceDims& dims, const BackwardArgs<T, accumulate_t<T>>& args,
                             cudaStream_t stream) {
   if (dims.columns() == 0) return cudaSuccess;
-  backward_kernel<T><<<grid_for(dims), kThreadsPerBlock, 0, stream>>>(dims, args);
+  SRU_LAUNCH_KERNEL(backward_kernel<T>, grid_for(dims), kThreadsPerBlock, 0, stream, dims, args,
+                    can_load_u_as_vector(dims, args.U));
   return cudaGetLastError();
 }
 

@@ -239,18 +239,15 @@ int64_t release_cached_buffers() {
 
 }  // namespace sru_lightning
 
+// The CPU emulation of the CUDA kernels links this file for its plumbing and registers its
+// own namespace (sru_cuda_emulated.cpp).
+#ifndef SRU_CUDA_EMULATION
+
 TORCH_LIBRARY(sru_lightning, m) {
   // The fake (meta) kernels and the autograd formula are registered from Python.
   m.set_python_module("sru_lightning.ops.op");
-  m.def(
-      "recurrence_forward(Tensor U, Tensor? x, Tensor weight_c, Tensor bias, Tensor? c0, "
-      "Tensor? scale_x, float scale_x_value, Tensor? mask_c, Tensor? mask_pad, "
-      "bool bidirectional, bool has_skip_term, bool store_c) -> (Tensor h, Tensor c_last, Tensor c_all)");
-  m.def(
-      "recurrence_backward(Tensor grad_h, Tensor? grad_c_last, Tensor U, Tensor? x, Tensor weight_c, "
-      "Tensor bias, Tensor? c0, Tensor? scale_x, float scale_x_value, Tensor? mask_c, "
-      "Tensor? mask_pad, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
-      "(Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, Tensor grad_c0)");
+  m.def(sru_lightning::kRecurrenceForwardSchema);
+  m.def(sru_lightning::kRecurrenceBackwardSchema);
   m.def("cpu_vector_level() -> int", &sru_lightning::cpu_vector_level);
   m.def("release_cached_buffers() -> int", &sru_lightning::release_cached_buffers);
 }
@@ -259,3 +256,5 @@ TORCH_LIBRARY_IMPL(sru_lightning, CPU, m) {
   m.impl("recurrence_forward", &sru_lightning::recurrence_forward_cpu);
   m.impl("recurrence_backward", &sru_lightning::recurrence_backward_cpu);
 }
+
+#endif  // SRU_CUDA_EMULATION

@@ -16,6 +16,18 @@ namespace sru_lightning {
 
 using OptionalTensor = std::optional<at::Tensor>;
 
+// Schemas of the two recurrence ops, for every namespace that registers them (sru_lightning,
+// and sru_lightning_cuda_emulated for the CPU emulation of the CUDA kernels).
+constexpr const char* kRecurrenceForwardSchema =
+    "recurrence_forward(Tensor U, Tensor? x, Tensor weight_c, Tensor bias, Tensor? c0, "
+    "Tensor? scale_x, float scale_x_value, Tensor? mask_c, Tensor? mask_pad, "
+    "bool bidirectional, bool has_skip_term, bool store_c) -> (Tensor h, Tensor c_last, Tensor c_all)";
+constexpr const char* kRecurrenceBackwardSchema =
+    "recurrence_backward(Tensor grad_h, Tensor? grad_c_last, Tensor U, Tensor? x, Tensor weight_c, "
+    "Tensor bias, Tensor? c0, Tensor? scale_x, float scale_x_value, Tensor? mask_c, "
+    "Tensor? mask_pad, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
+    "(Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, Tensor grad_c0)";
+
 // Checks shapes, dtypes and devices (raising c10::Error, a Python ValueError/RuntimeError)
 // and returns the sizes of the call.
 RecurrenceDims check_recurrence_args(const at::Tensor& U, const OptionalTensor& x,

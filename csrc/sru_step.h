@@ -60,8 +60,9 @@ SRU_HOST_DEVICE float exp_branch_free(float x) {
   return p * scale;
 }
 
+// Device code (and its CPU emulation, which must run the device's arithmetic) uses expf.
 SRU_HOST_DEVICE float exp_accumulate(float x) {
-#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__)
+#if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(SRU_CUDA_EMULATION)
   return expf(x);
 #else
   return exp_branch_free(x);

@@ -12,6 +12,7 @@ dtype for each regime, so mixed dtypes never reach the kernel.
 from __future__ import annotations
 
 import argparse
+import math
 
 import lightning.pytorch as pl
 import torch
@@ -20,6 +21,7 @@ from torch import nn
 
 from sru_lightning.callbacks import SRUPrecisionCallback
 from sru_lightning.data import PydocDataModule
+from sru_lightning.guards import StopOnNonFiniteLoss
 from sru_lightning.nn import SRU
 
 
@@ -47,7 +49,10 @@ class CharModel(pl.LightningModule):
         self.log("val_loss", self.loss(batch), prog_bar=True)
 
     def configure_optimizers(self):
-        return torch.optim.Adam(self.parameters(), lr=3e-3)
+        # Under 16-true the weights are float16, where Adam's default eps (1e-8) rounds to 0
+        # and a parameter with a tiny gradient then gets an inf/NaN update.
+        eps = 1e-4 if self.dtype == torch.float16 else 1e-8
+        return torch.optim.Adam(self.parameters(), lr=3e-3, eps=eps)
 
 
 def main() -> None:
@@ -67,10 +72,13 @@ def main() -> None:
         limit_val_batches=5,
         logger=False,
         enable_checkpointing=False,
-        callbacks=[SRUPrecisionCallback(policy="auto")],  # the one added line
+        # the one added line, plus a guard that stops on a NaN loss instead of training on
+        callbacks=[SRUPrecisionCallback(policy="auto"), StopOnNonFiniteLoss()],
     )
     trainer.fit(model, datamodule=data)
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
+    if not math.isfinite(result["val_loss"]):
+        raise SystemExit(f"val_loss={result['val_loss']}: the model diverged")
     print(f"val_loss={result['val_loss']:.3f} nats/char")
 
 

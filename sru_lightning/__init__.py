@@ -13,6 +13,7 @@ __version__ = "0.1.0"
 _EXPORTS = {
     "SRU": "sru_lightning.nn",
     "SRUCell": "sru_lightning.nn",
+    "SRUpp": "sru_lightning.nn",
     "set_recurrence_policy": "sru_lightning.nn",
     "sru_recurrence": "sru_lightning.ops",
     "SRUPrecisionCallback": "sru_lightning.callbacks",

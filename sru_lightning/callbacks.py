@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from sru_lightning.apex_support import register_with_apex
-from sru_lightning.nn import SRU, SRUCell, iter_sru_cells, set_recurrence_policy
+from sru_lightning.nn import SRU, SRUCell, SRUpp, SRUppCell, iter_sru_cells, set_recurrence_policy
 from sru_lightning.ops.policy import validate_policy
 from sru_lightning.precision import Regime, detect_regime, dtype_name
 
@@ -33,7 +33,7 @@ class ShapeAdvice:
     """One matmul dimension of one SRU layer that is not a multiple of ``multiple``."""
 
     layer: str
-    dimension: str  # "rows", "input_size", "projection_size" or "u_width"
+    dimension: str  # "rows", "input_size", "projection_size", "proj_size", "head_dim" or "u_width"
     value: int
     suggestion: str
 
@@ -52,8 +52,46 @@ def _smallest_at_least(start: int, accept) -> int:
     return value
 
 
+def _srupp_advice(name: str, cell: SRUppCell, multiple: int) -> list[ShapeAdvice]:
+    """SRU++ matmuls: x @ linear1 (input_size -> proj_size), the attention per head (head_dim
+    wide), and linear2/linear3 (proj_size -> U). Fused attention kernels want head_dim a
+    multiple of 8 as well."""
+    advice: list[ShapeAdvice] = []
+    if cell.input_size % multiple:
+        advice.append(
+            ShapeAdvice(
+                name, "input_size", cell.input_size,
+                f"input_size={cell.input_size} is not a multiple of {multiple} (inner dimension of the "
+                f"attention projection); make the layer input {_next_multiple(cell.input_size, multiple)} wide",
+            )
+        )
+    proj = cell.proj_size
+    if proj % multiple:
+        advice.append(
+            ShapeAdvice(
+                name, "proj_size", proj,
+                f"proj_size={proj} is not a multiple of {multiple}; use proj_size="
+                f"{_next_multiple(proj, multiple * max(cell.num_heads, 1))}",
+            )
+        )
+    heads = cell.num_heads
+    if heads and (proj // heads) % multiple:
+        head_dim = proj // heads
+        better_proj = _next_multiple(head_dim, multiple) * heads
+        fewer_heads = [h for h in range(heads - 1, 0, -1) if proj % h == 0 and (proj // h) % multiple == 0]
+        alternative = f" or num_heads={fewer_heads[0]}" if fewer_heads else ""
+        advice.append(
+            ShapeAdvice(
+                name, "head_dim", head_dim,
+                f"per-head dimension proj_size / num_heads = {proj} / {heads} = {head_dim} is not a "
+                f"multiple of {multiple}; use proj_size={better_proj}{alternative}",
+            )
+        )
+    return advice
+
+
 def tensor_core_advice(
-    cells: Iterable[tuple[str, SRUCell]],
+    cells: Iterable[tuple[str, SRUCell | SRUppCell]],
     rows: Mapping[str, tuple[int, int]] | None = None,
     multiple: int = TENSOR_CORE_MULTIPLE,
 ) -> list[ShapeAdvice]:
@@ -61,7 +99,9 @@ def tensor_core_advice(
 
     Each layer computes ``U = x @ W`` with x of shape (seq_len * batch, input_size) and W of
     shape (input_size, output_size * num_matrices) (through ``projection_size`` when the layer
-    projects). ``rows`` maps a layer name to the (seq_len, batch) it saw; layers absent from
+    projects). SRU++ layers are judged on their own matmuls instead: input_size and
+    proj_size of the projections, the per-head dimension of the attention, and U's width.
+    ``rows`` maps a layer name to the (seq_len, batch) it saw; layers absent from
     it get no row advice. Each advice names the layer and the value to change.
     """
     advice: list[ShapeAdvice] = []
@@ -70,10 +110,14 @@ def tensor_core_advice(
     for name, cell in cells:
         if name in rows:
             row_layers.setdefault(tuple(rows[name]), []).append(name)
-        if getattr(cell, "custom_m", None) is not None:
+        if isinstance(cell, SRUppCell):
+            advice.extend(_srupp_advice(name, cell, multiple))
+            input_size = None
+        elif getattr(cell, "custom_m", None) is not None:
             continue  # the user's module computes U; its shapes are not ours to judge
-        input_size = cell.input_size
-        if input_size % multiple:
+        else:
+            input_size = cell.input_size
+        if input_size is not None and input_size % multiple:
             advice.append(
                 ShapeAdvice(
                     name,
@@ -200,6 +244,7 @@ class SRUPrecisionCallback(Callback):
         if self.register_apex:
             self.apex_registrations = register_with_apex(self.policy)
         self._reported = False
+        self._warned_without_layers = getattr(self, "_warned_without_layers", False)
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self._apply_and_report(trainer, pl_module)
@@ -242,10 +287,12 @@ class SRUPrecisionCallback(Callback):
             rank_zero_info(self.report)
         for note in self.regime.notes:
             rank_zero_warn(f"SRUPrecisionCallback: {note}")
-        if not self.layers:
+        if not self.layers and not self._warned_without_layers:
+            # Once per callback: a fit followed by a validation of the same model says it once.
+            self._warned_without_layers = True
             rank_zero_warn(
                 f"SRUPrecisionCallback: {type(pl_module).__name__} holds no SRU layer "
-                "(sru_lightning.nn.SRU / SRUCell); the callback has nothing to configure"
+                "(sru_lightning.nn.SRU / SRUCell / SRUpp); the callback has nothing to configure"
             )
 
     def format_report(self, regime: Regime) -> str:
@@ -283,9 +330,9 @@ class SRUPrecisionCallback(Callback):
         self._remove_hooks()
         self._rows = {}
         for name, module in pl_module.named_modules():
-            if isinstance(module, SRU):
+            if isinstance(module, (SRU, SRUpp)):
                 cell_names = [f"{name}.{sub}" if name else sub for sub, _ in iter_sru_cells(module)]
-            elif isinstance(module, SRUCell):
+            elif isinstance(module, (SRUCell, SRUppCell)):
                 cell_names = [name]
             else:
                 continue

@@ -5,19 +5,16 @@ from __future__ import annotations
 
 import difflib
 import importlib
-import logging
-import math
 import sys
-import time
-import traceback
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from sru_lightning._resources import conf_dir
-
-log = logging.getLogger("sru_lightning")
+# The run machinery lives in sru_lightning.runs; these names stay importable from here.
+from sru_lightning.runs.checkpoints import (  # noqa: F401
+    CHECKPOINT_NAME, RESUMABLE_NAMES, find_last_checkpoint, newest_resumable, resolve_checkpoint,
+)
 
 PROG = "python -m sru_lightning"
 TRAINER_COMMANDS = {
@@ -28,24 +25,11 @@ TRAINER_COMMANDS = {
 # command -> (module, description); imported only when the command runs.
 TOOL_COMMANDS = {
     "bench": ("sru_lightning.diagnostics.bench", "speed and memory of the SRU recurrence vs LSTM and the GEMM floor"),
-    "build": ("sru_lightning.ops.build", "compile the C++/CUDA recurrence extension ahead of time"),
+    "build": ("sru_lightning.ops.build_command", "compile the CPU (and CUDA) recurrence kernels ahead of time"),
     "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
     "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),
+    "generate": ("sru_lightning.generate", "write text with a trained checkpoint (prompt=... length=...)"),
 }
-CHECKPOINT_NAME = "last.ckpt"
-# What a run leaves to continue from: the last epoch-end/periodic save, and the checkpoint
-# written when a fit is interrupted (conf/callbacks/fault_tolerance.yaml). The newer one wins.
-RESUMABLE_NAMES = (CHECKPOINT_NAME, "interrupted.ckpt")
-
-
-def newest_resumable(folder: Path) -> Path | None:
-    """The most recently written of `folder`'s resumable checkpoints, or None."""
-    found = [folder / name for name in RESUMABLE_NAMES if (folder / name).is_file()]
-    return max(found, key=lambda path: path.stat().st_mtime) if found else None
-
-
-class UsageError(Exception):
-    """A problem with the command line or the configuration; reported without a traceback."""
 
 
 def _hydra_usage_error(message: str, cause: BaseException | None = None) -> Exception:
@@ -89,6 +73,7 @@ def usage() -> str:
         f"  {PROG} fit -m trainer.precision=32-true,bf16-true    # a sweep, one dir per job + summary",
         f"  {PROG} fit ckpt_path=last                           # resume the latest matching run",
         f"  {PROG} fit --help                                    # composed config, all keys",
+        f"  {PROG} generate ckpt_path=last prompt='The ' length=200",
         f"  {PROG} bench --help",
     ]
     return "\n".join(lines)
@@ -113,7 +98,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if command in TRAINER_COMMANDS:
         return _run_trainer_command(command, rest)
     if "=" in command or command.startswith("-"):
-        return _fail(f"the command must come first, got {command!r}; e.g. `{PROG} fit {' '.join(argv)}`")
+        named = [word for word in argv if word in TRAINER_COMMANDS or word in TOOL_COMMANDS]
+        first = named[0] if named else "fit"
+        rest = [word for word in argv if word != first]
+        return _fail(f"the command must come first, got {command!r}; e.g. `{PROG} {first} {' '.join(rest)}`")
     close = difflib.get_close_matches(command, [*TRAINER_COMMANDS, *TOOL_COMMANDS], n=1)
     hint = f" (did you mean {close[0]!r}?)" if close else ""
     choices = ", ".join([*TRAINER_COMMANDS, *TOOL_COMMANDS])
@@ -146,10 +134,16 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     statuses: list[str] = []
 
     def task(cfg: DictConfig) -> dict[str, Any] | None:
+        from sru_lightning.runs.run import RunFailed, UsageError, run
+
         # Lightning's DDP launcher re-runs `sys.argv`; it must include the command again.
         sys.argv = [original_argv[0], command, *overrides]
+        hydra_config = HydraConfig.get()
         try:
-            result = run(cfg, command, multirun=_is_multirun(HydraConfig))
+            result = run(cfg, command, Path(hydra_config.runtime.output_dir), list(hydra_config.overrides.task),
+                         multirun=_is_multirun(HydraConfig))
+        except (UsageError, RunFailed) as error:
+            raise _hydra_usage_error(str(error), error) from error
         finally:
             sys.argv = [original_argv[0], *overrides]
         statuses.append(result["status"])
@@ -168,11 +162,12 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     finally:
         sys.argv = original_argv
     failed = [row for row in (sweep.last_summary or []) if row["status"] != "completed"]
-    if failed or "failed" in statuses:
-        count = len(failed) or statuses.count("failed")
-        total = len(sweep.last_summary or statuses)
-        print(f"{PROG}: {count} of {total} runs did not complete; see the summary above", file=sys.stderr)
+    if failed:
+        print(f"{PROG}: {len(failed)} of {len(sweep.last_summary)} runs did not complete; see the summary above",
+              file=sys.stderr)
         return 1
+    if any(status != "completed" for status in statuses):
+        return 1  # the run said why (interrupted, failed)
     return 0
 
 
@@ -196,200 +191,3 @@ def _is_multirun(hydra_config) -> bool:
     from hydra.types import RunMode
 
     return hydra_config.get().mode == RunMode.MULTIRUN
-
-
-# --------------------------------------------------------------------------------------------
-# one run
-def run(cfg, command: str, *, multirun: bool = False) -> dict[str, Any]:
-    """Build everything from `cfg`, run `command`, record the result in the output dir.
-
-    Configuration problems raise a short error (single run) or mark the job failed (sweep:
-    the other jobs go on). Errors during training keep their traceback.
-    """
-    from hydra.core.hydra_config import HydraConfig
-
-    from sru_lightning.sweep import write_result
-
-    output_dir = Path(HydraConfig.get().runtime.output_dir)
-    overrides = list(HydraConfig.get().overrides.task)
-    record: dict[str, Any] = {"command": command, "overrides": overrides, "status": "running"}
-    started = time.monotonic()
-    try:
-        try:
-            trainer, model, datamodule, ckpt_path = build(cfg, command, output_dir)
-        except Exception as error:
-            if not _is_usage_error(error):
-                raise
-            raise _hydra_usage_error(_describe(error), error) from error
-        metrics = execute(command, trainer, model, datamodule, ckpt_path)
-    except Exception as error:
-        record.update(status="failed", error=_describe(error), seconds=round(time.monotonic() - started, 1))
-        write_result(output_dir, record)
-        if not multirun:
-            raise
-        log.error("job in %s failed: %s\n%s", output_dir, _describe(error), traceback.format_exc())
-        return record
-    record.update(status="completed", metrics=metrics, seconds=round(time.monotonic() - started, 1))
-    if ckpt_path is not None:
-        record["ckpt_path"] = str(ckpt_path)
-    if trainer.is_global_zero:
-        write_result(output_dir, record)
-    return record
-
-
-def _is_usage_error(error: BaseException) -> bool:
-    from hydra.errors import InstantiationException
-    from lightning.fabric.utilities.exceptions import MisconfigurationException
-    from omegaconf.errors import OmegaConfBaseException
-
-    return isinstance(
-        error,
-        (ValueError, TypeError, FileNotFoundError, PermissionError, UsageError,
-         InstantiationException, MisconfigurationException, OmegaConfBaseException, ImportError),
-    )
-
-
-def _describe(error: BaseException) -> str:
-    """The message a user needs: Hydra's instantiate wrapper gives way to the real cause."""
-    from hydra.errors import InstantiationException
-
-    if isinstance(error, InstantiationException) and error.__cause__ is not None:
-        error = error.__cause__
-    text = str(error).strip()
-    if isinstance(error, UsageError):
-        return text
-    return f"{type(error).__name__}: {text}" if text else type(error).__name__
-
-
-def build(cfg, command: str, output_dir: Path):
-    """Instantiate data, model, callbacks, loggers and trainer from `cfg`."""
-    import lightning.pytorch as pl
-    from hydra.utils import instantiate
-
-    seed = cfg.get("seed")
-    if seed is not None:
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise UsageError(f"`seed` must be an integer or null, got {seed!r}")
-        pl.seed_everything(seed, workers=True, verbose=False)
-    datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model, vocab_size=datamodule.vocab_size)
-    callbacks = [instantiate(node) for node in (cfg.get("callbacks") or {}).values() if node is not None]
-    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
-    ckpt_path = resolve_checkpoint(cfg, command, output_dir)
-    earlier = sorted((output_dir / "checkpoints").glob("*.ckpt"))
-    if command == "fit" and ckpt_path is None and earlier:
-        # A fresh fit would write over them; continuing must be asked for.
-        raise UsageError(
-            f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run "
-            f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
-            "or choose another hydra.run.dir"
-        )
-    return trainer, model, datamodule, ckpt_path
-
-
-def execute(command: str, trainer, model, datamodule, ckpt_path) -> dict[str, float]:
-    """Run the trainer command; return the final metrics, and print the headline line."""
-    split = "test" if command == "test" else "val"
-    if command == "fit":
-        with warnings.catch_warnings():
-            # With OnExceptionCheckpoint among the callbacks, Lightning turns a fresh fit's
-            # ckpt_path=None into "last" and warns twice; the run directory is new (build()
-            # refuses one with checkpoints), so there is nothing to resume and nothing to say.
-            warnings.filterwarnings("ignore", message=r".*\.fit\(ckpt_path=None\)` was called without a model")
-            warnings.filterwarnings("ignore", message=r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint")
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path)
-        if f"{split}_bpc" not in trainer.callback_metrics and trainer.limit_val_batches != 0:
-            trainer.validate(model, datamodule=datamodule, verbose=False)
-    elif command == "validate":
-        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    else:
-        trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path)
-    metrics = {
-        name: float(value)
-        for name, value in trainer.callback_metrics.items()
-        if getattr(value, "numel", lambda: 1)() == 1
-    }
-    baseline = datamodule.unigram_bpc(split)
-    metrics["unigram_bpc"] = baseline
-    if trainer.is_global_zero:
-        value = metrics.get(f"{split}_bpc", math.nan)
-        print(f"final {split}_bpc={value:.4f} (unigram baseline bpc={baseline:.4f})", flush=True)
-    return metrics
-
-
-# --------------------------------------------------------------------------------------------
-# checkpoints
-def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
-    """Turn the `ckpt_path` setting into a checkpoint file (or None for a fresh start)."""
-    from omegaconf import OmegaConf
-
-    setting = cfg.get("ckpt_path")
-    if setting is None or str(setting).strip() == "":
-        if command != "fit":
-            log.warning("%s without ckpt_path: evaluating freshly initialised weights", command)
-        return None
-    setting = str(setting)
-    if setting != "last":
-        path = Path(setting).expanduser()
-        if path.is_dir():
-            for folder in (path / "checkpoints", path):
-                candidate = newest_resumable(folder)
-                if candidate is not None:
-                    return str(candidate.absolute())
-            raise UsageError(
-                f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/{CHECKPOINT_NAME} "
-                "or checkpoints/interrupted.ckpt; point ckpt_path at a .ckpt file"
-            )
-        if not path.is_file():
-            raise UsageError(f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist")
-        return str(path.absolute())
-
-    own = newest_resumable(output_dir / "checkpoints")
-    if own is not None:
-        return str(own.absolute())
-    found = find_last_checkpoint(
-        Path(str(cfg.get("resume_dir") or "outputs")),
-        OmegaConf.to_container(cfg.model, resolve=True),
-        OmegaConf.to_container(cfg.data, resolve=True),
-        exclude=output_dir,
-    )
-    if found is not None:
-        log.info("ckpt_path=last: resuming from %s", found)
-        print(f"resuming from {found}", flush=True)
-        return str(found)
-    if command != "fit":
-        raise UsageError(
-            f"`ckpt_path=last` found no {CHECKPOINT_NAME} of a run with this model and data config "
-            f"under resume_dir={cfg.get('resume_dir')!r}; pass ckpt_path=/path/to/file.ckpt"
-        )
-    log.warning("ckpt_path=last: no earlier checkpoint for this model/data config; starting from scratch")
-    return None
-
-
-def find_last_checkpoint(root: Path, model_config: dict, data_config: dict, exclude: Path | None = None) -> Path | None:
-    """Newest resumable checkpoint (`last.ckpt` or `interrupted.ckpt`) under `root` whose run used
-    the same model and data config."""
-    from omegaconf import OmegaConf
-
-    if not root.is_dir():
-        return None
-    candidates = []
-    for checkpoint in (found for name in RESUMABLE_NAMES for found in root.rglob(f"checkpoints/{name}")):
-        run_dir = checkpoint.parent.parent
-        if exclude is not None and run_dir.resolve() == exclude.resolve():
-            continue
-        saved = run_dir / ".hydra" / "config.yaml"
-        if not saved.is_file():
-            continue
-        try:
-            config = OmegaConf.load(saved)
-            same = (
-                OmegaConf.to_container(config.model, resolve=True) == model_config
-                and OmegaConf.to_container(config.data, resolve=True) == data_config
-            )
-        except Exception:  # an unreadable or foreign config is simply not a match
-            continue
-        if same:
-            candidates.append((checkpoint.stat().st_mtime, checkpoint))
-    return max(candidates)[1].absolute() if candidates else None

@@ -44,7 +44,8 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from torch.utils.data import DataLoader, RandomSampler
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,7 @@ log = logging.getLogger(__name__)
 __all__ = [
     "EpochSeededRandomSampler",
     "GracefulInterrupt",
+    "InterruptionCheckpoint",
     "RestoreDataPosition",
     "ResumableDataLoader",
     "SeedEveryBatch",
@@ -234,6 +236,33 @@ class GracefulInterrupt(Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_handler()
+
+
+def is_interruption(exception: BaseException) -> bool:
+    """True for a stop the user or the scheduler asked for: SIGTERM, Ctrl+C."""
+    return isinstance(exception, (SIGTERMException, KeyboardInterrupt))
+
+
+class InterruptionCheckpoint(OnExceptionCheckpoint):
+    """`OnExceptionCheckpoint` that saves only what is worth resuming.
+
+    It writes the checkpoint when the fit is interrupted (SIGTERM, Ctrl+C) after at least one
+    optimizer step. A crash or a diverged loss (see :mod:`sru_lightning.guards`) leaves no
+    new checkpoint: its weights may be NaN or half-updated, and a file named like a resumable
+    one would invite a requeue to continue from them. The run's epoch-end and periodic
+    checkpoints stay where they are.
+    """
+
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not is_interruption(exception):
+            log.info("No %s written: the fit failed (%s), it was not interrupted", self.ckpt_path,
+                     type(exception).__name__)
+            return
+        if trainer.global_step < 1:
+            log.info("No %s written: the fit was interrupted before its first optimizer step", self.ckpt_path)
+            return
+        # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones.
+        trainer.save_checkpoint(self.ckpt_path, weights_only=False)
 
 
 class SeedEveryBatch(Callback):

@@ -23,7 +23,13 @@ RESULT_FILE = "result.json"
 SUMMARY_MARKDOWN = "summary.md"
 SUMMARY_CSV = "summary.csv"
 # Metrics shown first when present; any other metric follows in alphabetical order.
-PREFERRED_METRICS = ("val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch")
+PREFERRED_METRICS = (
+    "val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch",
+    "val_bpw", "val_word_ppl", "test_bpw", "test_word_ppl", "unigram_bpw", "train_bpw_epoch",
+)
+
+# How each job ran, after its metrics: optimizer steps, training throughput, wall time.
+RUN_COLUMNS = ("optimizer_steps", "tokens_per_second", "wall_seconds")
 
 #: The rows of the most recent summary written in this process (for the CLI's exit status).
 last_summary: list[dict[str, Any]] | None = None
@@ -66,6 +72,9 @@ def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
                 "status": record.get("status", "missing"),
                 "overrides": " ".join(overrides or []),
                 "metrics": record.get("metrics", {}),
+                "optimizer_steps": record.get("optimizer_steps"),
+                "tokens_per_second": record.get("tokens_per_second"),
+                "wall_seconds": record.get("wall_seconds", record.get("seconds")),
                 "error": record.get("error", ""),
                 "dir": str(job_dir),
             }
@@ -89,10 +98,10 @@ def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Pa
     """Write summary.md and summary.csv for `rows` into `sweep_dir`; return their paths."""
     sweep_dir = Path(sweep_dir)
     metrics = _metric_columns(rows)
-    header = ["job", "status", "overrides", *metrics, "error"]
+    header = ["job", "status", "overrides", *metrics, *RUN_COLUMNS, "error"]
     table = [
         [row["job"], row["status"], row["overrides"], *(_format(row["metrics"].get(m)) for m in metrics),
-         row["error"].splitlines()[0] if row["error"] else ""]
+         *(_format(row.get(key)) for key in RUN_COLUMNS), row["error"].splitlines()[0] if row["error"] else ""]
         for row in rows
     ]
     csv_path = sweep_dir / SUMMARY_CSV

@@ -70,3 +70,16 @@ def test_bench_restores_the_thread_count():
     bench.run_benchmark(bench.BenchConfig(length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0,
                                           threads=before + 1, include_peer=False))
     assert torch.get_num_threads() == before
+
+
+def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_generate(capsys):
+    assert bench.main(["--decode", "--tokens", "5", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    output = capsys.readouterr().out
+    lines = output.splitlines()
+    assert lines[0].startswith("Decoding benchmark: default model: embedding 64, hidden 256, 3 layers")
+    assert "5 tokens per run, threads=1 (best of 1)" in lines[0]
+    rows = {line.split("  ")[0].strip(): line.split() for line in lines[2:5]}
+    assert set(rows) == {"SRU (model=sru)", "SRU++ (model=srupp)", "nn.LSTM (model=lstm)"}
+    lstm = rows["nn.LSTM (model=lstm)"]
+    assert lstm[-1] == lstm[-3] == "1.00"  # its own ratios
+    assert float(rows["SRU (model=sru)"][-4]) > 0

@@ -22,10 +22,11 @@ def env_with_package():
 
 
 @pytest.mark.slow
-def test_callback_in_an_existing_script_trains_in_bf16_mixed(tmp_path):
+@pytest.mark.parametrize("precision,steps", [("bf16-mixed", 3), ("16-true", 32)])
+def test_callback_in_an_existing_script_trains(precision, steps, tmp_path):
     done = subprocess.run(
-        [sys.executable, str(EXAMPLES / "callback_in_existing_script.py"), "--max-steps", "3",
-         "--precision", "bf16-mixed", "--accelerator", "cpu"],
+        [sys.executable, str(EXAMPLES / "callback_in_existing_script.py"), "--max-steps", str(steps),
+         "--precision", precision, "--accelerator", "cpu"],
         cwd=tmp_path, env=env_with_package(), capture_output=True, text=True, timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]

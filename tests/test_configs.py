@@ -30,7 +30,7 @@ def compose_with(overrides, tmp_path):
 
 def test_the_config_tree_has_the_documented_groups():
     groups = config_groups()
-    assert set(groups["model"]) >= {"sru", "lstm", "sru_large"}
+    assert set(groups["model"]) >= {"sru", "srupp", "lstm", "sru_large"}
     assert set(groups["data"]) >= {"pydoc", "stdlib", "enwik8", "text"}
     assert set(groups["trainer"]) >= {"default", "cpu", "gpu", "ddp", "ddp_cpu", "deepspeed_stage_2",
                                       "deepspeed_stage_3", "fsdp"}
@@ -73,7 +73,9 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
     assert names == {
         "SRUPrecisionCallback", "ModelCheckpoint", "LearningRateMonitor", "RichProgressBar",
         # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
-        "OnExceptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+        "InterruptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+        # honest runs: a NaN loss stops the run
+        "StopOnNonFiniteLoss",
     }
     checkpoint = next(c for c in callbacks if type(c).__name__ == "ModelCheckpoint")
     assert checkpoint.save_last and Path(checkpoint.dirpath) == tmp_path / "checkpoints"
@@ -113,13 +115,15 @@ def test_run_and_sweep_dirs_are_unique_per_run_and_job(tmp_path):
     assert hydra_node["callbacks"]["sweep_summary"]["_target_"] == "sru_lightning.sweep.SweepSummary"
 
 
-@pytest.mark.parametrize("choice", ["model=sru", "model=lstm", "model=sru_large", "experiment=enwik8"])
+@pytest.mark.parametrize("choice", ["model=sru", "model=srupp", "model=lstm", "model=sru_large", "experiment=enwik8"])
 def test_every_model_config_builds_and_runs_when_shrunk(choice, tmp_path):
     import torch
 
     shrink = ["model.hidden_size=16", "model.embedding_dim=8", "model.num_layers=2"]
     if choice in ("model=sru_large", "experiment=enwik8"):
         shrink.append("model.sru_options.projection_size=4")
+    if choice == "model=srupp":
+        shrink.append("model.sru_options.proj_size=4")
     cfg = compose_with([choice, *shrink], tmp_path)
     model = instantiate(cfg.model, vocab_size=7)
     logits, _ = model(torch.randint(0, 7, (2, 5)))

@@ -77,7 +77,8 @@ def test_cuda_binding_compiles_against_the_torch_headers(tmp_path):
 def test_cuda_kernel_matches_cpu_kernel(storage, variant):
     from sru_lightning.ops import op
 
-    assert op.cuda_kernels_loaded(), "extension built without its CUDA kernels on a CUDA machine"
+    ops.load_cuda_extension()  # raises with the cause when the CUDA extension cannot be built
+    assert op.cuda_kernels_loaded(), "CUDA extension loaded but its kernels are not registered"
     tensors, kwargs = make_case(length=7, batch=5, hidden=33, dtype=storage, **variant)
     to_cuda = lambda t: None if t is None else t.cuda()  # noqa: E731
     kwargs_cuda = {k: (to_cuda(v) if torch.is_tensor(v) else v) for k, v in kwargs.items()}

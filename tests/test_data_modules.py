@@ -168,3 +168,35 @@ def test_training_loader_resumes_mid_epoch_from_its_state():
     fresh_loader.load_state_dict(state)
     resumed_x, _ = next(iter(fresh_loader))
     assert torch.equal(resumed_x, expected_x)
+
+
+def test_word_level_decode_joins_words_with_spaces_and_lines_with_newlines(tmp_path):
+    corpus = tmp_path / "story.txt"
+    corpus.write_text("the cat sat\non the mat\n" * 200)
+    words = TextDataModule(path=str(corpus), level="word", batch_size=2, seq_len=8)
+    assert words.token_unit == "word"
+    assert words.decode(words.corpus.train[:10]) == "the cat sat\non the mat\nthe cat"
+    codec = words.codec
+    assert codec.decode(codec.encode("the zebra\non")) == "the <unk>\non"
+    # streaming: a word after text that ends without a space gets one
+    write = codec.decoder(after="the")
+    assert [write(i) for i in codec.encode("cat\nmat")] == [" cat", "\n", "mat"]
+
+
+def test_codecs_are_saved_as_plain_data_and_rebuilt(tmp_path):
+    from sru_lightning.data import TokenCodec
+
+    data = PydocDataModule(batch_size=2, seq_len=8)
+    state = data.state_dict()["token_codec"]
+    assert state["level"] == "char" and all(isinstance(token, str) for token in state["itos"])
+    path = tmp_path / "codec.pt"
+    torch.save(state, path)
+    codec = TokenCodec.from_state_dict(torch.load(path, weights_only=True))
+    assert codec.decode(codec.encode("The end.")) == "The end." and codec.vocab_size == data.vocab_size
+    with pytest.raises(ValueError, match=r"characters '€' are not in the model's vocabulary"):
+        codec.encode("5 €")
+    # bytes: a character split across tokens comes out whole
+    byte_codec = TokenCodec("byte")
+    write = byte_codec.decoder()
+    assert "".join(write(i) for i in byte_codec.encode("né")) == "né"
+    assert Enwik8DataModule.token_level == "byte"

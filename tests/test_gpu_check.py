@@ -164,3 +164,92 @@ def test_fit_worker_runs_in_its_own_process_and_reports(tmp_path):
     assert len(report["losses"]) == 6 and all(math.isfinite(x) for x in report["losses"])
     assert check.status == PASS, check.detail
     json.dumps(report)  # what crosses the process boundary is plain JSON
+
+
+# -- the parts added for streams, devices, compute-sanitizer and speed --------------------------
+from sru_lightning.diagnostics import gpu_speed  # noqa: E402
+
+
+@pytest.mark.parametrize("k, bidirectional, dtype", [(3, False, torch.float32), (4, True, torch.float16)])
+def test_bandwidth_counts_the_bytes_of_every_tensor_the_kernels_touch(k, bidirectional, dtype):
+    from sru_lightning.ops import op  # noqa: F401
+
+    length, batch, hidden = 5, 3, 4
+    width = (2 if bidirectional else 1) * hidden
+    U = torch.randn(length, batch, k * width, dtype=dtype)
+    x = torch.randn(length, batch, width, dtype=dtype) if k == 3 else None
+    weight_c, bias, c0 = torch.randn(2 * width, dtype=dtype), torch.randn(2 * width, dtype=dtype), torch.randn(
+        batch, width, dtype=dtype)
+    forward_in = [U, x, weight_c, bias, c0]
+    forward_out = torch.ops.sru_lightning.recurrence_forward(U, x, weight_c, bias, c0, None, 1.0, None, None,
+                                                             bidirectional, True, True)
+    h, c_last, c_all = forward_out
+    backward_in = [torch.randn_like(h), torch.randn_like(c_last), U, x, weight_c, bias, c0, c_all]
+    backward_out = torch.ops.sru_lightning.recurrence_backward(*backward_in[:7], None, 1.0, None, None, c_all,
+                                                               bidirectional, True)
+
+    def nbytes(tensors):
+        return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+    traffic = gpu_speed.recurrence_traffic(length, batch, hidden, k, U.element_size(), bidirectional)
+    assert traffic.forward == nbytes(forward_in) + nbytes(forward_out)
+    assert traffic.backward == nbytes(backward_in) + nbytes(backward_out)
+    assert gpu_speed.gigabytes_per_second(3_000_000_000, 1500.0) == pytest.approx(2.0)
+
+
+def test_speed_lines_name_sizes_and_ratios():
+    bandwidth = gpu_speed.describe_bandwidth(
+        {(256, 64, 1024): {"forward_gbps": 1800.4, "forward_ms": 0.5, "backward_gbps": 1500.0, "backward_ms": 1.2}})
+    assert bandwidth == "L=256 B=64 D=1024: forward 1800 GB/s (0.500 ms), backward 1500 GB/s (1.200 ms)"
+    models = gpu_speed.describe_models((256, 64, 1024), {"SRU": 2.0, "cuDNN LSTM": 8.0}, {"SRU": 1.0, "cuDNN LSTM": 3.0})
+    assert models == "L=256 B=64 D=1024: SRU 2.00/1.00 ms (0.25x LSTM), cuDNN LSTM 8.00/3.00 ms (1.00x LSTM)"
+    assert gpu_speed.BENCH_SIZES[0] == (256, 64, 1024)
+
+
+def test_a_second_gpu_is_covered_only_when_present():
+    assert gpu_check.extra_devices(1) == []
+    assert gpu_check.extra_devices(4) == ["cuda:1"]
+
+
+def test_compute_sanitizer_is_skipped_when_missing_and_its_summary_judged(monkeypatch):
+    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)
+    assert gpu_check.check_sanitizer(60).status == SKIP
+    command = gpu_check.sanitizer_command("/opt/cuda/bin/compute-sanitizer")
+    assert command[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"]
+    assert command[-1] == gpu_check.SANITIZER_WORKER and sys.executable in command
+    clean = "kernels fp32: PASS ...\n========= ERROR SUMMARY: 0 errors\n"
+    assert gpu_check.judge_sanitizer(0, clean).status == PASS
+    dirty = "========= Invalid __global__ read of size 4 bytes\n========= ERROR SUMMARY: 2 errors\n"
+    check = gpu_check.judge_sanitizer(99, dirty)
+    assert check.status == FAIL and "2 errors" in check.detail
+    assert gpu_check.judge_sanitizer(0, "no summary at all").status == FAIL
+
+
+def test_fits_run_one_at_a_time(monkeypatch):
+    events = []
+
+    class Finished:
+        def __init__(self, name):
+            self.name = name
+
+    def launch(spec):
+        assert not events or events[-1][0] == "collect", "a fit started while another was running"
+        events.append(("launch", spec.name))
+        return Finished(spec.name)
+
+    def collect(spec, process, timeout_s):
+        events.append(("collect", process.name))
+        return Check(spec.name, PASS, "ok"), {"peak_bytes": 1}
+
+    monkeypatch.setattr(gpu_check, "launch_fit", launch)
+    monkeypatch.setattr(gpu_check, "collect_fit", collect)
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    checks = gpu_check.run_checks({"fits", "memory"}, budget_s=300)
+    names = [spec.name for spec in gpu_check.FITS + gpu_check.MEMORY_FITS]
+    assert [name for kind, name in events if kind == "launch"] == names
+    assert [c.name for c in checks if c.name.startswith("fit")] == [spec.name for spec in gpu_check.FITS]
+
+
+def test_the_new_parts_can_be_chosen():
+    for part in ("devices", "compile", "sanitizer", "bandwidth"):
+        assert part in gpu_check.PARTS

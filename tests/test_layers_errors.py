@@ -144,3 +144,14 @@ def test_nan_input_propagates_like_lstm():
     x[1, 0, 0] = float("nan")
     h, c = model(x)
     assert torch.isnan(h[1:, 0]).any() and torch.isfinite(h[:, 1]).all() and torch.isfinite(h[0]).all()
+
+
+@pytest.mark.parametrize("layer_class", [SRU, SRUCell])
+def test_input_dtype_other_than_the_weights_is_named_outside_autocast(layer_class):
+    layer = layer_class(D_IN, H)
+    with pytest.raises(TypeError, match=rf"{layer_class.__name__}: `input` has dtype torch.float16, but the "
+                                        r"layer's weights are torch.float32"):
+        layer(torch.randn(L, B, D_IN, dtype=torch.float16))
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts for the matmul: allowed
+        out = layer(torch.randn(L, B, D_IN, dtype=torch.bfloat16))[0]
+    assert out.dtype == torch.bfloat16

@@ -67,7 +67,7 @@ def test_carried_state_changes_the_next_prediction():
 
 
 def test_bad_arguments_name_the_config_key():
-    with pytest.raises(ValueError, match=r"`model.rnn` must be one of \('sru', 'lstm'\), got 'gru'"):
+    with pytest.raises(ValueError, match=r"`model.rnn` must be one of \('sru', 'srupp', 'lstm'\), got 'gru'"):
         tiny("gru")
     with pytest.raises(ValueError, match="`model.hidden_size` must be a positive integer, got 0"):
         tiny(hidden_size=0)
@@ -124,3 +124,54 @@ def test_a_short_fit_beats_the_unigram_baseline(tmp_path):
     trainer.fit(model, datamodule=data)
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
     assert result["val_bpc"] < data.unigram_bpc("val") - 0.5
+
+
+@pytest.mark.parametrize(
+    "rnn,options", [("sru", {}), ("lstm", {}), ("srupp", {"sru_options": {"proj_size": 4}, "memory_length": 8})]
+)
+def test_step_by_step_decoding_with_the_carried_state_matches_one_pass(rnn, options):
+    model = tiny(rnn, **options).eval()
+    tokens = torch.randint(0, 11, (2, 7))
+    with torch.no_grad():
+        full, _ = model(tokens)
+        logits, state = model.step(tokens[:, :3])  # a prompt in one pass
+        stepped = [logits]
+        for t in range(3, 7):
+            logits, state = model.step(tokens[:, t], state)
+            stepped.append(logits)
+    assert torch.allclose(torch.stack(stepped, dim=1), full[:, 2:], atol=1e-5)
+
+
+def test_predict_step_gives_next_token_log_probabilities_through_trainer_predict(tmp_path):
+    model = tiny()
+    windows = [torch.randint(0, 11, (3, 6)) for _ in range(2)]
+    loader = torch.utils.data.DataLoader(windows, batch_size=None)
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, default_root_dir=tmp_path)
+    predictions = trainer.predict(model, dataloaders=loader)
+    assert len(predictions) == 2 and predictions[0].shape == (3, 6, 11) and predictions[0].dtype == torch.float32
+    with torch.no_grad():
+        expected = torch.log_softmax(model.eval()(windows[1])[0], dim=-1)
+    assert torch.allclose(predictions[1], expected, atol=1e-6)
+    assert torch.allclose(predictions[1].exp().sum(-1), torch.ones(3, 6), atol=1e-5)
+    # an (inputs, targets) pair as the data modules' loaders yield reads the inputs
+    assert torch.equal(model.predict_step((windows[1], windows[0]), 0), model.predict_step(windows[1], 0))
+    with pytest.raises(ValueError, match=r"integer token ids of shape \(B, L\), got \(3, 6, 2\)"):
+        model.predict_step(torch.zeros(3, 6, 2), 0)
+
+
+def test_word_level_models_log_bits_per_word_and_word_perplexity(tmp_path):
+    corpus = tmp_path / "story.txt"
+    corpus.write_text("the cat sat on the mat and the dog sat on the log\n" * 100)
+    from sru_lightning.data import TextDataModule
+
+    data = TextDataModule(path=str(corpus), level="word", batch_size=2, seq_len=8)
+    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1,
+                             token_unit=data.token_unit)
+    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, limit_val_batches=3, default_root_dir=tmp_path)
+    (result,) = trainer.validate(model, datamodule=data, verbose=False)
+    assert set(result) == {"val_loss", "val_bpw", "val_word_ppl"}
+    assert result["val_bpw"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-5)
+    with pytest.raises(ValueError, match="`token_unit` must be one of"):
+        tiny(token_unit="sentence")

@@ -71,3 +71,11 @@ def test_autocast_uses_matmul_so_the_output_follows_autocast(onednn_calls):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         u = projection.input_projection(x, weight)
     assert u.dtype == torch.bfloat16 and onednn_calls == []
+
+
+def test_a_single_row_uses_matmul(onednn_calls):
+    x, weight = torch.randn(1, 1, 16), torch.randn(16, 48)  # one decoding step at batch 1
+    assert torch.equal(projection.input_projection(x, weight), x @ weight)
+    assert onednn_calls == []
+    projection.input_projection(torch.randn(2, 1, 16), weight)
+    assert len(onednn_calls) == 1

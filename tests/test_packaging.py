@@ -1,7 +1,8 @@
-"""The wheel built from the repository ships the kernel sources and the Hydra configs."""
+"""The wheel built from the repository ships every subpackage, the kernel sources and the Hydra configs."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -14,8 +15,16 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_wheel_contains_kernel_sources_and_configs(tmp_path):
+    # Built from a clean copy: a checkout's leftover build/ folder would supply files the
+    # package list forgot.
+    source = tmp_path / "source"
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in ("sru_lightning", "csrc", "conf"):
+        shutil.copytree(REPO / name, source / name, ignore=ignore)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", str(REPO), "--no-deps", "--no-build-isolation",
+        [sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
          "--quiet", "-w", str(tmp_path)],
         check=True,
     )
@@ -26,6 +35,11 @@ def test_wheel_contains_kernel_sources_and_configs(tmp_path):
     assert {"sru_step.h", "sru_cuda_kernels.cu", "sru_ops.cpp"} <= expected_sources
     for name in expected_sources:
         assert f"sru_lightning/csrc/{name}" in names, f"{name} missing from the wheel"
+
+    subpackages = {p.parent.relative_to(REPO).as_posix() for p in (REPO / "sru_lightning").rglob("__init__.py")}
+    assert {"sru_lightning/ops", "sru_lightning/precision"} <= subpackages
+    for package in subpackages:
+        assert f"{package}/__init__.py" in names, f"{package} missing from the wheel (list it in pyproject.toml)"
 
     expected_configs = {str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")}
     assert "config.yaml" in expected_configs and len(expected_configs) > 5

@@ -9,7 +9,9 @@ a few steps, well inside the first epoch, so the resume starts mid-epoch.
 from __future__ import annotations
 
 import csv
+import json
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -98,7 +100,7 @@ def uninterrupted_losses(tmp_path_factory) -> dict[int, float]:
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, uninterrupted_losses):
-    interrupted_dir, resumed_dir = tmp_path / "interrupted", tmp_path / "resumed"
+    interrupted_dir = tmp_path / "interrupted"
     stopped = interrupt(interrupted_dir, signum)
     assert stopped.returncode != 0, "an interrupted fit must not report success"
     checkpoint = interrupted_dir / "checkpoints" / "interrupted.ckpt"
@@ -114,8 +116,23 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
     for step, loss in before.items():
         assert loss == pytest.approx(uninterrupted_losses[step], **LOSS_TOLERANCE), f"step {step}"
 
-    resumed = run_to_completion(resumed_dir, f"ckpt_path={checkpoint}")
-    assert sorted(resumed) == list(range(stop_step, MAX_STEPS)), "the resumed fit must continue at the next step"
+    # The run says where it stopped and how to continue; result.json agrees.
+    announced = f"interrupted at step {stop_step}; resume with: "
+    assert announced in stopped.stdout, stopped.stdout[-2000:]
+    record = json.loads((interrupted_dir / "result.json").read_text())
+    assert record["status"] == "interrupted" and record["optimizer_steps"] == stop_step
+
+    # The printed command (the requeue pattern: same run directory) continues the run and
+    # keeps the rows logged before the stop.
+    command = shlex.split(stopped.stdout.split(announced, 1)[1].splitlines()[0])
+    assert command[:4] == ["python", "-m", "sru_lightning", "fit"]
+    completed = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=environment(),
+                               capture_output=True, text=True, timeout=300)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    resumed = step_losses(interrupted_dir)
+    assert sorted(resumed) == list(range(MAX_STEPS)), "earlier rows kept, the resumed fit continues at the next step"
     mismatches = {step: (loss, uninterrupted_losses[step]) for step, loss in resumed.items()
                   if loss != pytest.approx(uninterrupted_losses[step], **LOSS_TOLERANCE)}
     assert not mismatches, f"resumed losses differ from the uninterrupted run at {mismatches}"
+    attempts = [json.loads(line) for line in (interrupted_dir / "history.jsonl").read_text().splitlines()]
+    assert [a["status"] for a in attempts] == ["interrupted", "completed"]

@@ -54,14 +54,17 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     for job, overrides in (("0", ["lr=1"]), ("1", ["lr=2"]), ("10", ["lr=3"])):
         (tmp_path / job / ".hydra").mkdir(parents=True)
         (tmp_path / job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    write_result(tmp_path / "0", {"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5, "zeta": 1.0}})
+    write_result(tmp_path / "0", {"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5, "zeta": 1.0},
+                                  "optimizer_steps": 40, "tokens_per_second": 1234.5, "wall_seconds": 9.5})
     write_result(tmp_path / "10", {"status": "failed", "overrides": ["lr=3"], "error": "ValueError: bad\nmore"})
     rows = collect_results(tmp_path)
     assert [row["job"] for row in rows] == ["0", "1", "10"]  # numeric order
     assert [row["status"] for row in rows] == ["completed", "missing", "failed"]
     markdown, table = write_summary(tmp_path, rows)
     lines = read_csv(table)
-    assert list(lines[0]) == ["job", "status", "overrides", "val_bpc", "zeta", "error"]
-    assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == ""
+    assert list(lines[0]) == ["job", "status", "overrides", "val_bpc", "zeta", "optimizer_steps",
+                              "tokens_per_second", "wall_seconds", "error"]
+    assert lines[0]["tokens_per_second"] == "1234.5000" and lines[0]["wall_seconds"] == "9.5000"
+    assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == "" and lines[1]["tokens_per_second"] == ""
     assert lines[2]["error"] == "ValueError: bad"
     assert "1 of 3 jobs completed." in markdown.read_text()

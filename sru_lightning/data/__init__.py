@@ -9,6 +9,7 @@ from .modules import (
     TextDataModule,
 )
 from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
+from .tokens import TokenCodec
 
 __all__ = [
     "ContiguousStreams",
@@ -18,6 +19,7 @@ __all__ = [
     "PydocDataModule",
     "StdlibDataModule",
     "TextDataModule",
+    "TokenCodec",
     "Vocabulary",
     "unigram_bits_per_token",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sysconfig
 import zipfile
 from dataclasses import dataclass
@@ -12,6 +13,7 @@ import torch
 from torch.utils.data import DataLoader
 
 from .streams import ContiguousStreams, Vocabulary, split_by_fractions, unigram_bits_per_token, word_tokens
+from .tokens import UNKNOWN_WORD, TokenCodec, token_unit
 
 SPLITS = ("train", "val", "test")
 
@@ -31,8 +33,11 @@ class LanguageModelDataModule(pl.LightningDataModule):
     """Shared batching for all corpora: contiguous `(batch_size, seq_len)` windows per split.
 
     Subclasses implement `load_corpus()`; it runs once, on first use, and is cached, so the
-    vocabulary size is known before the model is built.
+    vocabulary size is known before the model is built. Checkpoints written by a Trainer keep
+    the vocabulary (`state_dict()`), so a model can be used without its corpus.
     """
+
+    token_level = "char"  # "byte", "char" or "word": what one token id stands for
 
     def __init__(self, batch_size: int = 32, seq_len: int = 128, eval_batch_size: int | None = None) -> None:
         super().__init__()
@@ -70,11 +75,49 @@ class LanguageModelDataModule(pl.LightningDataModule):
             raise ValueError(f"unigram_bpc: `split` must be one of {SPLITS}, got {split!r}")
         return unigram_bits_per_token(self.corpus.train, getattr(self.corpus, split), self.vocab_size)
 
+    def describe_source(self) -> str:
+        """Where the text comes from, for error messages."""
+        return type(self).__name__
+
+    def check_sizes(self, world_size: int = 1) -> None:
+        """Raise ValueError when a split is too short for its batch layout (before training)."""
+        fractions = {"train": 1.0 - getattr(self, "val_fraction", 0.0) - getattr(self, "test_fraction", 0.0),
+                     "val": getattr(self, "val_fraction", None), "test": getattr(self, "test_fraction", None)}
+        for split in SPLITS:
+            batch_size = self.batch_size if split == "train" else self.eval_batch_size
+            tokens = getattr(self.corpus, split).numel()
+            needed = batch_size * world_size * self.seq_len + 1
+            if tokens >= needed:
+                continue
+            size_key = "data.batch_size" if split == "train" else "data.eval_batch_size"
+            hint = ""
+            fraction = fractions.get(split)
+            if fraction:
+                hint = f" (the whole text needs about {math.ceil(needed / fraction)} tokens at {split} fraction {fraction:g})"
+            raise ValueError(
+                f"{type(self).__name__}: the {split} split of {self.describe_source()} has {tokens} tokens, too few "
+                f"for {batch_size} streams x {world_size} process(es) x data.seq_len={self.seq_len}: it needs at "
+                f"least {needed}{hint}; use more text or lower {size_key} / data.seq_len"
+            )
+
+    @property
+    def token_unit(self) -> str:
+        """What metrics count per token: "char" (characters and bytes) or "word"."""
+        return token_unit(self.token_level)
+
+    @property
+    def codec(self) -> TokenCodec:
+        """Text <-> token ids for this corpus."""
+        unknown = UNKNOWN_WORD if self.token_level == "word" else None
+        return TokenCodec(self.token_level, self.corpus.itos, unknown=unknown)
+
     def decode(self, ids: torch.Tensor) -> str:
-        itos = self.corpus.itos
-        if itos is None:
-            return bytes(ids.tolist()).decode("utf-8", errors="replace")
-        return "".join(itos[i] for i in ids.tolist())
+        """Text of `ids`: characters (or UTF-8 bytes) joined, words separated by spaces."""
+        return self.codec.decode(ids.tolist())
+
+    def state_dict(self) -> dict:
+        # Saved in every Trainer checkpoint: what `generate` needs to read and write text.
+        return {"token_codec": self.codec.state_dict()}
 
     # -- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
@@ -194,6 +237,8 @@ class Enwik8DataModule(LanguageModelDataModule):
     Byte values are the token ids (vocabulary 256), as in the character-level LM literature.
     """
 
+    token_level = "byte"
+
     def __init__(
         self,
         path: str | None = None,
@@ -262,13 +307,23 @@ class TextDataModule(LanguageModelDataModule):
             raise ValueError(f"TextDataModule: `data.level` must be one of {self.LEVELS}, got {level!r}")
         split_by_fractions(1, val_fraction, test_fraction)
         self.level = level
+        self.token_level = level
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         self.encoding = encoding
 
+    def describe_source(self) -> str:
+        return f"data.path={str(self.path)!r}"
+
     def _read_file(self, file: Path) -> str:
         try:
-            return file.read_text(encoding=self.encoding)
+            text = file.read_text(encoding=self.encoding)
+            if not text.strip():
+                raise ValueError(
+                    f"TextDataModule: {str(file)!r} under `data.path` holds no text; a language model needs "
+                    "a file of at least a few thousand characters"
+                )
+            return text
         except (OSError, UnicodeDecodeError) as error:
             raise ValueError(
                 f"TextDataModule: cannot read {str(file)!r} under `data.path` as {self.encoding} text "
@@ -310,6 +365,6 @@ class TextDataModule(LanguageModelDataModule):
             split_tokens = (tokens[train_slice], tokens[val_slice], tokens[test_slice])
         else:
             split_tokens = tuple(word_tokens(text) for text in texts)
-        vocab = Vocabulary(split_tokens[0], unknown="<unk>")
+        vocab = Vocabulary(split_tokens[0], unknown=UNKNOWN_WORD)
         train, val, test = (vocab.encode(tokens) for tokens in split_tokens)
         return Corpus(train, val, test, len(vocab), vocab.itos)

@@ -13,6 +13,8 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch.utils.data import IterableDataset
 
+from .tokens import END_OF_LINE
+
 
 class ContiguousStreams(IterableDataset):
     """Yields `(inputs, targets)` pairs of shape `(batch_size, seq_len)`, in order.
@@ -141,7 +143,7 @@ def split_by_fractions(length: int, val_fraction: float, test_fraction: float) -
     return slice(0, n_train), slice(n_train, n_train + n_val), slice(n_train + n_val, length)
 
 
-def word_tokens(text: str, end_of_line: str = "<eos>") -> list[str]:
+def word_tokens(text: str, end_of_line: str = END_OF_LINE) -> list[str]:
     """Whitespace-separated words with an end-of-line token per line (the wikitext convention)."""
     tokens: list[str] = []
     for line in text.splitlines():

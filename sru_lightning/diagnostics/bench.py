@@ -8,6 +8,9 @@ the ratios to nn.LSTM, nn.GRU and the GEMM floor (the same input matmuls alone, 
 backward) in that dtype, and the bytes autograd saves for an SRU stack under the half policy
 (bf16 autocast on CPU) relative to float32. For a half dtype it also times the recurrence op
 alone (one layer, forward+backward) in that dtype and in float32 and prints the ratio.
+
+``bench --decode [--tokens 200]`` times text generation instead: the default language model
+against the LSTM of the same size, one token at a time (see ``decode_bench``).
 """
 
 from __future__ import annotations
@@ -336,11 +339,25 @@ def main(argv=None) -> int:
                         help="best (min, default) or median of the repeats")
     parser.add_argument("--no-peer", dest="include_peer", action="store_false", help="leave out the `sru` package")
     parser.add_argument("--plot", metavar="FILE", help="also draw the times as a bar chart into FILE")
+    parser.add_argument("--decode", action="store_true",
+                        help="time step-by-step text generation of the default model (conf/model/sru.yaml) "
+                             "vs the same-size LSTM (conf/model/lstm.yaml) instead; uses --tokens, --threads, "
+                             "--repeats, --warmup, --statistic")
+    parser.add_argument("--tokens", type=int, default=200, help="with --decode: tokens generated per run")
     args = parser.parse_args([] if argv is None else list(argv))
-    for name in ("length", "batch", "hidden", "layers", "threads", "repeats"):
+    for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
-    config = BenchConfig(**vars(args))
+    if args.decode:
+        from sru_lightning.diagnostics import decode_bench
+
+        decode_config = decode_bench.DecodeBenchConfig(
+            tokens=args.tokens, threads=args.threads, repeats=args.repeats, warmup=args.warmup, statistic=args.statistic
+        )
+        print(decode_bench.format_table(decode_bench.run_decode_benchmark(decode_config)))
+        return 0
+    settings = {key: value for key, value in vars(args).items() if key not in ("decode", "tokens")}
+    config = BenchConfig(**settings)
     result = run_benchmark(config)
     print(format_table(result))
     if config.plot:

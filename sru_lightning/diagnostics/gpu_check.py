@@ -4,24 +4,26 @@ One command, one summary. It builds the extension with its CUDA kernels, compare
 kernels with the CPU kernels and the float64 reference in every storage dtype and every
 variant of the recurrence (forward, backward, inference), trains the language model under
 16-mixed, bf16-mixed and 16-true (and DeepSpeed ZeRO-2 fp16/bf16 when deepspeed imports),
-compares peak GPU memory of 16-mixed with 32-true, and times SRU against cuDNN nn.LSTM and
-the `sru` package. Every part is guarded: a failure is reported and the next part runs.
+compares peak GPU memory of 16-mixed with 32-true, reports the recurrence kernels' achieved
+memory bandwidth, and times SRU against cuDNN nn.LSTM and the `sru` package at a few sizes.
+It also runs the kernel comparison on a non-default stream and on a second GPU when there is
+one, compares torch.compile with eager on CUDA, and runs the kernels under compute-sanitizer
+when it is installed. Fits run one at a time, so the times they report are their own.
+Every part is guarded: a failure is reported and the next part runs.
 Exit status: 0 all passed, 1 a check failed, 2 no CUDA device.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
-import math
 import os
-import statistics
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 import traceback
-from dataclasses import dataclass
 
 import torch
 
@@ -32,25 +34,124 @@ from sru_lightning.diagnostics.kernel_parity import (
     error_for_c0_on_the_cpu,
     nonfinite_mismatches,
 )
+from sru_lightning.diagnostics import gpu_speed
+from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
+# Re-exported: gpu_check is where the fits' names have always been found.
+from sru_lightning.diagnostics.gpu_fits import (  # noqa: F401
+    DEEPSPEED_FITS,
+    FITS,
+    MEMORY_FITS,
+    RESULT_PREFIX,
+    FitSpec,
+    collect_fit,
+    fit_worker,
+    judge_fit,
+    judge_memory,
+    launch_fit,
+)
 
-PASS, FAIL, SKIP = "PASS", "FAIL", "SKIP"
-PARTS = ("build", "kernels", "fits", "deepspeed", "memory", "bench")
-RESULT_PREFIX = "GPU_CHECK_RESULT "
+PARTS = ("build", "kernels", "devices", "compile", "sanitizer", "fits", "deepspeed", "memory", "bandwidth", "bench")
 
 
-@dataclass
-class Check:
-    name: str
-    status: str
-    detail: str = ""
-
-
-def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> Check:
-    comparison = compare_kernels(dtype_name, variants, device)
+def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda",
+                  kernels_under_test=contextlib.nullcontext, label: str = "") -> Check:
+    comparison = compare_kernels(dtype_name, variants, device, kernels_under_test)
     detail = comparison.describe()
+    name = f"kernels {dtype_name}{label}"
     if not comparison.passed:
-        return Check(f"kernels {dtype_name}", FAIL, detail + "; " + "; ".join(comparison.failures[:4]))
-    return Check(f"kernels {dtype_name}", PASS, detail)
+        return Check(name, FAIL, detail + "; " + "; ".join(comparison.failures[:4]))
+    return Check(name, PASS, detail)
+
+
+SMALL_VARIANTS = tuple(variant for variant in VARIANTS if variant.name != "large")
+
+
+@contextlib.contextmanager
+def side_stream():
+    """Run the block on a new CUDA stream (the binding must launch on the current stream)."""
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream):
+        yield
+    stream.synchronize()
+
+
+def extra_devices(device_count: int) -> list[str]:
+    """The GPUs besides the first one that the device checks cover (one is enough to
+    exercise the device guard: tensors on a GPU other than the current one)."""
+    return ["cuda:1"] if device_count > 1 else []
+
+
+def check_devices(device_count: int) -> list[Check]:
+    """The kernels on a non-default stream, and on a second GPU while the first stays current."""
+    checks = [check_kernels("fp32", SMALL_VARIANTS, "cuda", side_stream, label=" on a non-default stream")]
+    second = extra_devices(device_count)
+    if not second:
+        checks.append(Check("kernels fp32 on a second GPU", SKIP, f"{device_count} GPU visible"))
+    for device in second:
+        checks.append(check_kernels("fp32", SMALL_VARIANTS, device, label=f" on {device}"))
+    return checks
+
+
+def check_compile(device: str = "cuda") -> list[Check]:
+    """torch.compile(fullgraph=True) of SRU against eager, outputs and every gradient."""
+    from sru_lightning.diagnostics import compile_parity
+
+    checks = []
+    for case in compile_parity.CASES:
+        differences = compile_parity.compare_compiled_with_eager(case, device=device)
+        worst = max(differences, key=differences.get)
+        status = PASS if differences[worst] <= 1e-4 else FAIL
+        checks.append(Check(f"torch.compile {case.name}", status,
+                            f"{len(differences)} outputs and gradients, largest relative difference {differences[worst]:.1e} "
+                            f"({worst}), tol 1e-04"))
+    differences = compile_parity.compare_compiled_op_with_batch_first_inputs(device)
+    worst = max(differences.values())
+    checks.append(Check("torch.compile op with batch_first inputs", PASS if worst <= 1e-5 else FAIL,
+                        f"inductor backward strides and gradients, largest relative difference {worst:.1e}"))
+    return checks
+
+
+SANITIZER_WORKER = "--sanitizer-worker"
+
+
+def sanitizer_command(executable: str | None) -> list[str] | None:
+    """compute-sanitizer's memcheck around a small kernel comparison; None when not installed."""
+    if executable is None:
+        return None
+    return [executable, "--tool", "memcheck", "--error-exitcode", "99", sys.executable, "-m",
+            "sru_lightning.diagnostics.gpu_check", SANITIZER_WORKER]
+
+
+def judge_sanitizer(returncode: int, output: str) -> Check:
+    name = "compute-sanitizer memcheck"
+    summary = next((line.strip() for line in reversed(output.splitlines()) if "ERROR SUMMARY" in line), None)
+    if returncode == 0 and summary is not None and " 0 errors" in summary:
+        return Check(name, PASS, f"{summary} (kernels fp32/fp16, small variants)")
+    tail = " | ".join(line.strip() for line in output.splitlines()[-6:] if line.strip())
+    return Check(name, FAIL, f"exit status {returncode}: {summary or tail}"[:400])
+
+
+def check_sanitizer(timeout_s: float) -> Check:
+    command = sanitizer_command(shutil.which("compute-sanitizer"))
+    if command is None:
+        return Check("compute-sanitizer memcheck", SKIP, "compute-sanitizer is not on PATH")
+    try:
+        completed = subprocess.run(command, capture_output=True, text=True, timeout=max(timeout_s, 1.0))
+    except subprocess.TimeoutExpired:
+        return Check("compute-sanitizer memcheck", FAIL, f"did not finish within {timeout_s:.0f} s")
+    return judge_sanitizer(completed.returncode, completed.stdout + completed.stderr)
+
+
+def sanitizer_worker() -> int:
+    """What runs under compute-sanitizer: the kernel comparison, small and quick."""
+    variants = tuple(v for v in SMALL_VARIANTS if v.name in ("basic", "bidirectional k4 + mask_pad",
+                                                             "per-step weight_c", "several blocks, last partial"))
+    failed = False
+    for dtype_name in ("fp32", "fp16"):
+        check = check_kernels(dtype_name, variants)
+        print(f"{check.name}: {check.status} {check.detail}", flush=True)
+        failed |= check.status != PASS
+    return 1 if failed else 0
 
 
 def check_nonfinite(device: str = "cuda") -> Check:
@@ -76,218 +177,27 @@ def check_device_mismatch(device: str = "cuda") -> Check:
     return Check(name, PASS, f"ValueError: {str(error).splitlines()[0][:120]}")
 
 
-# -- fits (each in its own process: DeepSpeed and CUDA state never leak between them) ----------
-@dataclass
-class FitSpec:
-    name: str
-    precision: str
-    strategy: str = "auto"
-    expected_storage: str | None = None  # "fp16" / "bf16" / "fp32"
-    steps: int = 40
-    batch: int = 16
-    seq_len: int = 64
-    hidden: int = 256
-    layers: int = 2
-    adam_eps: float = 1e-8
-    peak_memory: bool = False
-    accelerator: str = "gpu"  # "cpu" runs the same worker without a GPU (the worker's own test)
+# -- speed ---------------------------------------------------------------------------------------
+def check_bandwidth(dtype_name: str, sizes=gpu_speed.BANDWIDTH_SIZES) -> Check:
+    """The recurrence kernels alone: bytes they must move over their time (informational)."""
+    results = {size: gpu_speed.measure_bandwidth(STORAGE_DTYPES[dtype_name], *size) for size in sizes}
+    return Check(f"bandwidth {dtype_name} recurrence kernels", PASS, gpu_speed.describe_bandwidth(results))
 
 
-FITS = (
-    FitSpec("fit 16-mixed", "16-mixed", expected_storage="fp16"),
-    FitSpec("fit bf16-mixed", "bf16-mixed", expected_storage="bf16"),
-    # fp16 weights need an Adam eps that fp16 can represent
-    FitSpec("fit 16-true", "16-true", expected_storage="fp16", adam_eps=1e-4),
-)
-DEEPSPEED_FITS = (
-    FitSpec("fit DeepSpeed ZeRO-2 fp16", "16-mixed", strategy="deepspeed_stage_2", expected_storage="fp16"),
-    FitSpec("fit DeepSpeed ZeRO-2 bf16", "bf16-mixed", strategy="deepspeed_stage_2", expected_storage="bf16"),
-)
-# Activation-heavy shapes, so the memory comparison measures what 16-mixed saves.
-MEMORY_FITS = (
-    FitSpec("memory 32-true", "32-true", steps=3, batch=64, seq_len=256, hidden=1024, layers=4, peak_memory=True),
-    FitSpec("memory 16-mixed", "16-mixed", steps=3, batch=64, seq_len=256, hidden=1024, layers=4, peak_memory=True),
-)
-
-
-def fit_worker(spec: FitSpec) -> dict:
-    """Train the language model for ``spec.steps`` steps on this process's GPU; report what happened.
-
-    ``storage`` and ``backends`` describe the recurrence calls on the fit's device.
-    """
-    import lightning.pytorch as pl
-
-    from sru_lightning.callbacks import SRUPrecisionCallback
-    from sru_lightning.data import PydocDataModule
-    from sru_lightning.models import SRULanguageModel
-    from sru_lightning.ops import trace_storage_dtypes
-
-    class RecordLoss(pl.Callback):
-        def __init__(self):
-            self.losses = []
-
-        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            self.losses.append(float(outputs["loss"]))
-
-    pl.seed_everything(0, verbose=False)
-    data = PydocDataModule(batch_size=spec.batch, seq_len=spec.seq_len)
-    model = SRULanguageModel(
-        vocab_size=data.vocab_size, embedding_dim=min(spec.hidden, 256), hidden_size=spec.hidden,
-        num_layers=spec.layers, dropout=0.0,
-        optimizer={"_target_": "torch.optim.AdamW", "lr": 3e-3, "eps": spec.adam_eps},
-    )
-    recorder = RecordLoss()
-    strategy = spec.strategy
-    if strategy.startswith("deepspeed_stage_"):
-        from lightning.pytorch.strategies import DeepSpeedStrategy
-
-        # The data module's loader yields whole batches (batch_size=None), so Lightning cannot
-        # read DeepSpeed's micro-batch size from it; say it.
-        strategy = DeepSpeedStrategy(stage=int(strategy.rsplit("_", 1)[1]), logging_batch_size_per_gpu=spec.batch)
-    trainer = pl.Trainer(
-        accelerator=spec.accelerator, devices=1, precision=spec.precision, strategy=strategy,
-        max_steps=spec.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-        callbacks=[SRUPrecisionCallback(verbose=False), recorder],
-    )
-    on_gpu = spec.accelerator == "gpu"
-    device_type = "cuda" if on_gpu else "cpu"
-    if on_gpu:
-        torch.cuda.reset_peak_memory_stats()
-    started = time.perf_counter()
-    with trace_storage_dtypes() as calls:
-        trainer.fit(model, datamodule=data)
-    if on_gpu:
-        torch.cuda.synchronize()
-    dtype_names = {dtype: name for name, dtype in STORAGE_DTYPES.items()}
-    ours = [call for call in calls if call.device_type == device_type]
-    return {
-        "losses": recorder.losses,
-        "seconds": time.perf_counter() - started,
-        "peak_bytes": torch.cuda.max_memory_allocated() if on_gpu else 0,
-        "storage": sorted({dtype_names.get(c.storage_dtype, str(c.storage_dtype)) for c in ours}),
-        "backends": sorted({c.backend for c in ours}),
-    }
-
-
-def judge_fit(spec: FitSpec, report: dict) -> Check:
-    """PASS when the loss stayed finite and fell, and the recurrence ran in the expected dtype on the GPU."""
-    losses = report.get("losses", [])
-    problems = []
-    if len(losses) < min(spec.steps, 10):
-        problems.append(f"only {len(losses)} of {spec.steps} steps ran")
-    if not all(math.isfinite(loss) for loss in losses):
-        problems.append("non-finite loss")
-    window = max(1, min(5, len(losses) // 4))
-    first, last = (statistics.fmean(losses[:window]), statistics.fmean(losses[-window:])) if losses else (math.nan, math.nan)
-    if not spec.peak_memory and not last < first:
-        problems.append("loss did not fall")
-    if report.get("backends") != ["cpp"]:
-        problems.append(f"recurrence backend on the device {report.get('backends')}, expected ['cpp']")
-    if spec.expected_storage and report.get("storage") != [spec.expected_storage]:
-        problems.append(f"recurrence stored {report.get('storage')}, expected ['{spec.expected_storage}']")
-    detail = (f"loss {first:.3f} -> {last:.3f} in {len(losses)} steps, recurrence {report.get('storage')} "
-              f"on cuda, peak {report.get('peak_bytes', 0) / 2**30:.2f} GiB, {report.get('seconds', 0):.1f} s")
-    return Check(spec.name, FAIL if problems else PASS, detail + ("; " + "; ".join(problems) if problems else ""))
-
-
-def launch_fit(spec: FitSpec) -> subprocess.Popen:
-    command = [sys.executable, "-m", "sru_lightning.diagnostics.gpu_check", "--fit-worker", json.dumps(spec.__dict__)]
-    # Output goes to a file, not a pipe: workers running side by side never block on a full pipe.
-    log = tempfile.TemporaryFile(mode="w+")
-    process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, text=True)
-    process.log = log
-    return process
-
-
-def collect_fit(spec: FitSpec, process: subprocess.Popen, timeout_s: float) -> tuple[Check, dict]:
-    try:
-        process.wait(timeout=max(timeout_s, 1.0))
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        return Check(spec.name, FAIL, "did not finish within the time budget (--budget)"), {}
-    process.log.seek(0)
-    output = process.log.read()
-    process.log.close()
-    for line in reversed(output.splitlines()):
-        if line.startswith(RESULT_PREFIX):
-            report = json.loads(line[len(RESULT_PREFIX):])
-            return judge_fit(spec, report), report
-    tail = " | ".join(line for line in output.splitlines()[-6:] if line.strip())
-    return Check(spec.name, FAIL, f"worker exited with status {process.returncode}: {tail}"), {}
-
-
-def judge_memory(reports: dict) -> Check:
-    full, mixed = reports.get("memory 32-true", {}), reports.get("memory 16-mixed", {})
-    if not full.get("peak_bytes") or not mixed.get("peak_bytes"):
-        return Check("memory 16-mixed / 32-true", FAIL, "a memory fit did not report its peak")
-    ratio = mixed["peak_bytes"] / full["peak_bytes"]
-    detail = (f"peak {mixed['peak_bytes'] / 2**30:.2f} GiB vs {full['peak_bytes'] / 2**30:.2f} GiB = {ratio:.2f} "
-              "(LM, B=64 L=256 D=1024 x4 layers)")
-    return Check("memory 16-mixed / 32-true", PASS if ratio < 1.0 else FAIL, detail)
-
-
-# -- benchmark -----------------------------------------------------------------------------------
-def cuda_median_ms(step, repeats: int = 20, warmup: int = 5) -> float:
-    """Median wall time of ``step()`` on the GPU, measured with CUDA events."""
-    for _ in range(warmup):
-        step()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(repeats):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        step()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
-
-
-def benchmark_models(dtype: torch.dtype, hidden: int, layers: int) -> tuple[dict, list[str]]:
-    from torch import nn
-
-    from sru_lightning.nn import SRU
-
-    models, notes = {"SRU": SRU(hidden, hidden, num_layers=layers), "cuDNN LSTM": nn.LSTM(hidden, hidden, layers)}
-    try:
-        import sru as sru_package
-
-        models["sru package"] = sru_package.SRU(hidden, hidden, num_layers=layers)
-    except Exception as error:  # not installed, or its own CUDA build failed
-        notes.append(f"sru package left out ({type(error).__name__}: {str(error)[:80]})")
-    return {name: model.to(device="cuda", dtype=dtype) for name, model in models.items()}, notes
-
-
-def check_benchmark(dtype_name: str, length=256, batch=64, hidden=512, layers=2) -> Check:
-    dtype = STORAGE_DTYPES[dtype_name]
-    models, notes = benchmark_models(dtype, hidden, layers)
-    x = torch.randn(length, batch, hidden, device="cuda", dtype=dtype, requires_grad=True)
-    train_ms, inference_ms = {}, {}
-    for name, model in list(models.items()):
-        def train_step(model=model):
-            output = model(x)[0]
-            output.float().sum().backward()
-
-        def inference_step(model=model):
-            with torch.no_grad():
-                model(x)
-
-        try:
-            train_ms[name] = cuda_median_ms(train_step)
-            inference_ms[name] = cuda_median_ms(inference_step)
-        except Exception as error:
-            if name == "SRU":
-                raise
-            notes.append(f"{name} failed ({type(error).__name__}: {str(error)[:80]})")
-    lstm = train_ms["cuDNN LSTM"]
-    rows = [f"{name} {train_ms[name]:.2f}/{inference_ms[name]:.2f} ms ({train_ms[name] / lstm:.2f}x LSTM)"
-            for name in train_ms]
-    detail = f"fwd+bwd/inference, L={length} B={batch} D={hidden} x{layers}: " + ", ".join(rows + notes)
-    faster = train_ms["SRU"] <= lstm
+def check_benchmark(dtype_name: str, sizes=gpu_speed.BENCH_SIZES, layers: int = 2) -> Check:
+    """SRU vs cuDNN LSTM (and the sru package), fwd+bwd and inference, at each size; FAIL
+    when SRU's fwd+bwd is slower than the LSTM's at the first (largest) size."""
+    lines, notes, first_ratio = [], [], None
+    for size in sizes:
+        train_ms, inference_ms, size_notes = gpu_speed.time_models(STORAGE_DTYPES[dtype_name], *size, layers=layers)
+        lines.append(gpu_speed.describe_models(size, train_ms, inference_ms))
+        notes += [note for note in size_notes if note not in notes]
+        if first_ratio is None:
+            first_ratio = train_ms["SRU"] / train_ms["cuDNN LSTM"]
+    faster = first_ratio <= 1.0
+    detail = f"fwd+bwd/inference x{layers} layers; " + "; ".join(lines + notes)
     return Check(f"bench {dtype_name} SRU vs cuDNN LSTM", PASS if faster else FAIL,
-                 detail + ("" if faster else "; SRU fwd+bwd slower than cuDNN LSTM"))
+                 detail + ("" if faster else "; SRU fwd+bwd slower than cuDNN LSTM at the first size"))
 
 
 # -- orchestration -------------------------------------------------------------------------------
@@ -332,11 +242,11 @@ def run_checks(parts, budget_s: float) -> list[Check]:
         return budget_s - (time.monotonic() - started)
 
     def build():
-        from sru_lightning.ops import load_extension
+        from sru_lightning.ops import load_cuda_extension
         from sru_lightning.ops.op import cuda_kernels_loaded
 
         t0 = time.monotonic()
-        path = load_extension()
+        path = load_cuda_extension()
         if not cuda_kernels_loaded():
             return Check("build CUDA extension", FAIL, f"{path} has no CUDA kernels registered")
         return Check("build CUDA extension", PASS, f"ready in {time.monotonic() - t0:.0f} s")
@@ -354,6 +264,10 @@ def run_checks(parts, budget_s: float) -> list[Check]:
             guarded(f"kernels {dtype_name}", lambda d=dtype_name: check_kernels(d), checks)
         guarded("bad input: c0 on the CPU, U on the GPU", check_device_mismatch, checks)
         guarded("NaN input: same non-finite pattern as CPU", check_nonfinite, checks)
+    if "devices" in parts:
+        guarded("kernels on other streams and devices", lambda: check_devices(torch.cuda.device_count()), checks)
+    if "compile" in parts:
+        guarded("torch.compile on CUDA", check_compile, checks)
 
     specs = list(FITS if "fits" in parts else ()) + list(MEMORY_FITS if "memory" in parts else ())
     if "deepspeed" in parts:
@@ -365,17 +279,20 @@ def run_checks(parts, budget_s: float) -> list[Check]:
     if not bf16:
         checks += [Check(spec.name, SKIP, "this GPU has no bf16 support") for spec in specs if "bf16" in spec.precision]
         specs = [spec for spec in specs if "bf16" not in spec.precision]
-    # The fits are small: they share the GPU, in parallel, each in its own process.
-    processes = {}
+    # One fit at a time, each in its own process: the seconds a fit reports are its own, and
+    # no fit's memory peak or speed depends on another one sharing the GPU.
+    reports = {}
     for spec in specs:
+        if remaining() < 20:
+            checks.append(Check(spec.name, SKIP, "time budget spent"))
+            continue
         try:
-            processes[spec.name] = (spec, launch_fit(spec))
+            process = launch_fit(spec)
         except Exception as error:
             checks.append(Check(spec.name, FAIL, f"could not start: {error}"))
-    reports = {}
-    for name, (spec, process) in processes.items():
+            continue
         check, report = collect_fit(spec, process, remaining())
-        reports[name] = report
+        reports[spec.name] = report
         if not spec.peak_memory:
             checks.append(check)
         elif check.status == FAIL:
@@ -383,28 +300,42 @@ def run_checks(parts, budget_s: float) -> list[Check]:
     if "memory" in parts:
         guarded("memory 16-mixed / 32-true", lambda: judge_memory(reports), checks)
 
+    if "bandwidth" in parts:
+        for dtype_name in ("fp32", "fp16"):
+            guarded(f"bandwidth {dtype_name}", lambda d=dtype_name: check_bandwidth(d), checks)
     if "bench" in parts:
         for dtype_name in ("fp32", "fp16"):
             if remaining() < 30:
                 checks.append(Check(f"bench {dtype_name}", SKIP, "time budget spent"))
                 continue
             guarded(f"bench {dtype_name}", lambda d=dtype_name: check_benchmark(d), checks)
+    # Last: memcheck slows the kernels down a hundredfold, so it gets what time is left.
+    if "sanitizer" in parts:
+        if remaining() < 30:
+            checks.append(Check("compute-sanitizer memcheck", SKIP, "time budget spent"))
+        else:
+            guarded("compute-sanitizer memcheck", lambda: check_sanitizer(min(150.0, remaining())), checks)
     return checks
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m sru_lightning gpu-check",
-        description="Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference, fits in "
-        "16-mixed, bf16-mixed, 16-true and DeepSpeed ZeRO-2, peak memory, speed vs cuDNN LSTM. One summary; "
+        description="Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference (also on a "
+        "non-default stream, a second GPU and under compute-sanitizer), torch.compile vs eager, fits in "
+        "16-mixed, bf16-mixed, 16-true and DeepSpeed ZeRO-2, peak memory, kernel bandwidth, speed vs cuDNN "
+        "LSTM. One summary; "
         "exit status 0 all passed, 1 a check failed, 2 no CUDA device.",
     )
     parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
     parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole check (default 420)")
     parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
     parser.add_argument("--fit-worker", metavar="SPEC", help=argparse.SUPPRESS)
+    parser.add_argument(SANITIZER_WORKER, action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args([] if argv is None else list(argv))
 
+    if args.sanitizer_worker:
+        return sanitizer_worker()
     if args.fit_worker:
         report = fit_worker(FitSpec(**json.loads(args.fit_worker)))
         print(RESULT_PREFIX + json.dumps(report), flush=True)

@@ -8,6 +8,7 @@ weight_c, scale_x, one step, ...) in each storage dtype, forward, backward and i
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass, field
 
@@ -65,6 +66,8 @@ VARIANTS = (
     Variant("scale_x float", scale_x="float"),
     Variant("scale_x tensor", scale_x="tensor"),
     Variant("single step", single_step=True),
+    # 600 columns: two full blocks of 256 threads and a partial third (a GPU block size).
+    Variant("several blocks, last partial", bidirectional=True, mask_pad=True, shape=(9, 3, 100)),
     Variant("large", shape=(64, 32, 256)),
 )
 
@@ -154,16 +157,23 @@ def compare_outputs(actual: dict, expected: dict) -> dict[str, float]:
     return errors
 
 
-def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") -> KernelComparison:
-    """``device`` kernel vs the CPU kernel and vs the float64 reference, every variant, one dtype."""
+def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda",
+                    kernels_under_test=contextlib.nullcontext) -> KernelComparison:
+    """``device`` kernel vs the CPU kernel and vs the float64 reference, every variant, one dtype.
+
+    ``kernels_under_test()`` is entered around the calls on ``device`` only: a non-default
+    CUDA stream, or the CPU emulation of the CUDA kernels (with ``device="cpu"``).
+    """
     from sru_lightning.ops import trace_storage_dtypes
 
     dtype = STORAGE_DTYPES[dtype_name]
+    device_type = torch.device(device).type
     result = KernelComparison(dtype_name, len(variants))
     with trace_storage_dtypes() as calls:
         for index, variant in enumerate(variants):
             inputs = make_inputs(variant, dtype, seed=index)
-            on_device = run_recurrence(inputs, variant, device)
+            with kernels_under_test():
+                on_device = run_recurrence(inputs, variant, device)
             versus_cpu = compare_outputs(on_device, run_recurrence(inputs, variant, "cpu"))
             versus_reference = compare_outputs(on_device, run_recurrence(inputs, variant, "cpu", reference=True))
             result.worst_versus_cpu = max(result.worst_versus_cpu, *versus_cpu.values())
@@ -173,8 +183,8 @@ def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda") ->
                 if bad:
                     result.failures.append(
                         f"{variant.name} vs {against}: " + ", ".join(f"{n} {e:.1e}" for n, e in bad.items()))
-    backends = {call.backend for call in calls if call.device_type == device}
-    stored = {call.storage_dtype for call in calls if call.device_type == device}
+    backends = {call.backend for call in calls if call.device_type == device_type}
+    stored = {call.storage_dtype for call in calls if call.device_type == device_type}
     if backends != {"cpp"}:
         result.failures.append(f"{device} calls ran on backend(s) {sorted(backends)}, expected the C++ kernels")
     if stored != {dtype}:

@@ -1,4 +1,4 @@
-"""Character/word language model: embedding -> SRU stack (or LSTM baseline) -> softmax."""
+"""Character/word language model: embedding -> SRU or SRU++ stack (or LSTM baseline) -> softmax."""
 
 from __future__ import annotations
 
@@ -10,10 +10,14 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
+from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import MeanMetric
 
-RNN_TYPES = ("sru", "lstm")
+RNN_TYPES = ("sru", "srupp", "lstm")
 STAGES = ("train", "val", "test")
+# Metric names per token unit: bits per character / per word, and the matching perplexity.
+BITS_NAMES = {"char": "bpc", "word": "bpw"}
+PERPLEXITY_NAMES = {"char": "ppl", "word": "word_ppl"}
 _SCHEDULER_KEYS = ("interval", "frequency", "monitor", "strict", "name")
 _TOTAL_STEP_KEYS = ("total_steps", "T_max")
 _DERIVED_FROM_TOTAL_STEPS = ("_schedule_phases",)  # OneCycleLR's phase boundaries
@@ -44,17 +48,27 @@ class SRULanguageModel(pl.LightningModule):
 
     Args:
         vocab_size: number of token ids (the data module's `vocab_size`).
-        rnn: "sru" (sru_lightning.nn.SRU) or "lstm" (torch.nn.LSTM baseline, same harness).
+        rnn: "sru" (sru_lightning.nn.SRU), "srupp" (sru_lightning.nn.SRUpp: attention inside
+            the recurrence's input projection, causal, attending to the previous tokens kept as
+            memory) or "lstm" (torch.nn.LSTM baseline, same harness).
         embedding_dim, hidden_size, num_layers: model size.
         dropout: on the embeddings, between layers and before the output layer.
         rnn_dropout: SRU's variational dropout on the hidden state (ignored by the LSTM).
         tie_weights: share the embedding matrix with the output layer; when hidden_size
             differs from embedding_dim a linear projection maps the RNN output down first.
         carry_hidden: keep the (detached) final state of each batch as the initial state
-            of the next one; the data streams are contiguous. Reset at every epoch start
+            of the next one; the data streams are contiguous. For "srupp" the state also holds
+            each layer's last `memory_length` inputs, which the next batch attends to. Reset at every epoch start
             and whenever the batch shape changes.
         sru_options: extra keyword arguments for `sru_lightning.nn.SRU` (highway_bias,
-            layer_norm, projection_size, recurrence_policy, ...).
+            layer_norm, projection_size, recurrence_policy, ...), or for
+            `sru_lightning.nn.SRUpp` with rnn="srupp" (proj_size is required; num_heads,
+            attention_every_n_layers, ...).
+        memory_length: with rnn="srupp", how many earlier tokens each attention layer keeps
+            as memory across batches and generation steps (0: none).
+        token_unit: what one token is, "char" (characters or bytes) or "word"; it names the
+            metrics: `{stage}_bpc` / `{stage}_ppl` for characters, `{stage}_bpw` /
+            `{stage}_word_ppl` for words (the data module's `token_unit`).
         optimizer: a `_target_` mapping (e.g. {"_target_": "torch.optim.AdamW", "lr": 3e-3})
             or a callable taking `params`.
         lr_scheduler: None, or a `_target_` mapping / callable taking `optimizer`; Lightning
@@ -76,6 +90,8 @@ class SRULanguageModel(pl.LightningModule):
         sru_options: Mapping[str, Any] | None = None,
         optimizer: Mapping[str, Any] | Callable | None = None,
         lr_scheduler: Mapping[str, Any] | Callable | None = None,
+        memory_length: int = 0,
+        token_unit: str = "char",
     ) -> None:
         super().__init__()
         if not isinstance(vocab_size, int) or vocab_size < 2:
@@ -87,11 +103,24 @@ class SRULanguageModel(pl.LightningModule):
                 raise ValueError(f"SRULanguageModel: `model.{name}` must be a positive integer, got {value!r}")
         if not 0.0 <= dropout < 1.0:
             raise ValueError(f"SRULanguageModel: `model.dropout` must be in [0, 1), got {dropout!r}")
+        if isinstance(memory_length, bool) or not isinstance(memory_length, int) or memory_length < 0:
+            raise ValueError(f"SRULanguageModel: `model.memory_length` must be an integer >= 0, got {memory_length!r}")
+        if rnn == "srupp" and "proj_size" not in (sru_options or {}):
+            raise ValueError(
+                "SRULanguageModel: `model.sru_options.proj_size` (the attention width) is required "
+                f"with model.rnn='srupp', got sru_options={_plain(sru_options)!r}"
+            )
+        if token_unit not in BITS_NAMES:
+            raise ValueError(
+                f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}"
+            )
         # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
         sru_options, optimizer, lr_scheduler = (_plain(value) for value in (sru_options, optimizer, lr_scheduler))
         self.save_hyperparameters()
         self.rnn_type = rnn
         self.carry_hidden = carry_hidden
+        self.memory_length = memory_length
+        self.token_unit = token_unit
         self.optimizer_config = optimizer if optimizer is not None else {"_target_": "torch.optim.Adam", "lr": 1e-3}
         self.lr_scheduler_config = lr_scheduler
 
@@ -104,6 +133,10 @@ class SRULanguageModel(pl.LightningModule):
                 embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout,
                 rnn_dropout=rnn_dropout, **dict(sru_options or {}),
             )
+        elif rnn == "srupp":
+            from sru_lightning.nn import SRUpp
+
+            self.rnn = SRUpp(embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout, **dict(sru_options))
         else:
             self.rnn = nn.LSTM(embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout if num_layers > 1 else 0.0)
         self.projection = (
@@ -121,13 +154,60 @@ class SRULanguageModel(pl.LightningModule):
 
     # -- model ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
-        """tokens (B, L) -> logits (B, L, vocab), final recurrent state."""
+        """tokens (B, L) -> logits (B, L, vocab), final recurrent state.
+
+        Feeding the returned state back with the next tokens continues the sequence, one token
+        at a time for generation as well as segment by segment in training.
+        """
         embedded = self.dropout(self.embedding(tokens.t()))  # time-major (L, B, E)
-        output, state = self.rnn(embedded, state)
+        if self.rnn_type == "srupp":
+            output, state = self._srupp_forward(embedded, state)
+        else:
+            output, state = self.rnn(embedded, state)
         output = self.dropout(output)
         if self.projection is not None:
             output = self.projection(output)
         return self.decoder(output).transpose(0, 1), state
+
+    def _srupp_forward(self, embedded: torch.Tensor, state: tuple | None) -> tuple[torch.Tensor, tuple]:
+        """SRU++ over (L, B, E) with a causal mask over memory + segment.
+
+        The state is the flat tuple (c, memory_0, ..., memory_{n-1}): c (num_layers, B, H) and
+        each layer's last `memory_length` inputs (M, B, width), detached; (c,) alone when
+        `memory_length` is 0. A flat tuple of tensors detaches, moves and checkpoints like the
+        LSTM's (h, c).
+        """
+        c0, memory = (None, None) if state is None else (state[0], list(state[1:]) or None)
+        memory_steps = 0 if memory is None else memory[0].shape[0]
+        length = embedded.shape[0]
+        causal = torch.full((length, memory_steps + length), float("-inf"), device=embedded.device)
+        causal = torch.triu(causal, diagonal=memory_steps + 1)
+        output, c, bank = self.rnn(embedded, c0, attn_mask=causal, memory=memory)
+        if self.memory_length == 0:
+            return output, (c,)
+        kept = self.rnn.extend_memory(memory, bank["saved_inputs"], max_length=self.memory_length)
+        return output, (c, *kept)
+
+    def step(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+        """Read `tokens` on from `state`; return the logits of the token after the last one.
+
+        tokens: (B,) one step, or (B, L) (a prompt, read in one pass); state: None (zeros) or
+        what the previous call returned. Returns (logits (B, vocab), state). Decoding calls
+        it once per token, carrying the state, instead of re-reading the whole context.
+        """
+        if tokens.dim() == 1:
+            tokens = tokens.unsqueeze(1)
+        logits, state = self(tokens, state)
+        return logits[:, -1], state
+
+    # -- metric names -----------------------------------------------------------------------
+    def bits_name(self, stage: str) -> str:
+        """Name of the bits-per-token metric of `stage`: e.g. `val_bpc`, or `val_bpw` for words."""
+        return f"{stage}_{BITS_NAMES[self.token_unit]}"
+
+    def perplexity_name(self, stage: str) -> str:
+        """Name of the perplexity metric of `stage`: e.g. `val_ppl`, or `val_word_ppl` for words."""
+        return f"{stage}_{PERPLEXITY_NAMES[self.token_unit]}"
 
     # -- state carry ------------------------------------------------------------------------
     def _initial_state(self, stage: str, batch_size: int) -> Any:
@@ -191,7 +271,7 @@ class SRULanguageModel(pl.LightningModule):
                  batch_size=inputs.size(0), sync_dist=not on_step)
         if not on_step:
             return loss
-        self.log("train_bpc", loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
+        self.log(self.bits_name("train"), loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
         return loss
 
     def _log_epoch_metrics(self, stage: str) -> None:
@@ -202,8 +282,8 @@ class SRULanguageModel(pl.LightningModule):
         metric.reset()
         suffix = "_epoch" if stage == "train" else ""
         # compute() already reduced over processes; sync_dist only averages equal values.
-        self.log(f"{stage}_bpc{suffix}", nats / math.log(2), prog_bar=stage != "train", sync_dist=True)
-        self.log(f"{stage}_ppl{suffix}", torch.exp(nats), sync_dist=True)
+        self.log(f"{self.bits_name(stage)}{suffix}", nats / math.log(2), prog_bar=stage != "train", sync_dist=True)
+        self.log(f"{self.perplexity_name(stage)}{suffix}", torch.exp(nats), sync_dist=True)
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")
@@ -213,6 +293,23 @@ class SRULanguageModel(pl.LightningModule):
 
     def test_step(self, batch, batch_idx):
         self._step(batch, "test")
+
+    def predict_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> torch.Tensor:
+        """Next-token log-probabilities for `trainer.predict`.
+
+        A batch is token ids (B, L), or an `(inputs, targets)` pair as the data modules'
+        loaders yield (the targets are not used). Returns float32 log-probabilities
+        (B, L, vocab): entry [b, t] is the distribution of the token after `inputs[b, t]`.
+        Every batch is read from a zero state (nothing is carried between batches).
+        """
+        tokens = batch[0] if isinstance(batch, (tuple, list)) else batch
+        if not isinstance(tokens, torch.Tensor) or tokens.dim() != 2 or tokens.is_floating_point():
+            shape = tuple(tokens.shape) if isinstance(tokens, torch.Tensor) else type(tokens).__name__
+            raise ValueError(
+                f"SRULanguageModel.predict_step: a batch must be integer token ids of shape (B, L), got {shape}"
+            )
+        logits, _ = self(tokens)
+        return torch.log_softmax(logits.float(), dim=-1)
 
     def on_train_epoch_end(self) -> None:
         self._log_epoch_metrics("train")
@@ -249,6 +346,7 @@ class SRULanguageModel(pl.LightningModule):
 
     def configure_optimizers(self):
         optimizer = _build_from_config(self.optimizer_config, params=self.parameters())
+        _make_eps_safe_for_float16(optimizer)
         if self.lr_scheduler_config is None:
             return optimizer
         if callable(self.lr_scheduler_config):
@@ -257,6 +355,47 @@ class SRULanguageModel(pl.LightningModule):
         lightning_keys = {key: settings.pop(key) for key in _SCHEDULER_KEYS if key in settings}
         for key in _TOTAL_STEP_KEYS:
             if key in settings and settings[key] is None:
-                settings[key] = int(self.trainer.estimated_stepping_batches)
+                settings[key] = self._total_optimizer_steps(settings.get("_target_"), key)
         scheduler = _build_from_config(settings, optimizer=optimizer)
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, **lightning_keys}}
+
+    def _total_optimizer_steps(self, target: Any, key: str) -> int | None:
+        """The trainer's estimate of this run's optimizer steps; None (announced) when unbounded."""
+        estimate = self.trainer.estimated_stepping_batches
+        if math.isfinite(estimate):
+            return max(1, int(estimate))
+        if str(target).endswith("WarmupCosineLR"):
+            from .schedules import FALLBACK_WARMUP_STEPS
+
+            warmup = (self.lr_scheduler_config or {}).get("fallback_warmup_steps", FALLBACK_WARMUP_STEPS)
+            rank_zero_info(
+                "The number of optimizer steps is unknown (max_time or max_epochs=-1): the learning "
+                f"rate warms up over {warmup} steps, then stays at its peak (set trainer.max_steps "
+                "or trainer.max_epochs for the warm-up + cosine schedule)"
+            )
+            return None
+        raise ValueError(
+            f"SRULanguageModel: `model.lr_scheduler.{key}` is null (fill in the run's step count), but "
+            "the run has no step limit (max_time or max_epochs=-1); set trainer.max_steps, or set "
+            f"model.lr_scheduler.{key} to a number, or use the default WarmupCosineLR schedule"
+        )
+
+
+#: Adam-style `eps` below this is zero (or subnormal) in float16, where `sqrt(v) + eps` of a
+#: parameter whose squared gradient underflowed then divides by zero.
+FLOAT16_SAFE_EPS = 1e-4
+
+
+def _make_eps_safe_for_float16(optimizer: torch.optim.Optimizer) -> None:
+    """Raise `eps` of float16 parameter groups (`16-true`) to a value float16 represents."""
+    for group in optimizer.param_groups:
+        eps = group.get("eps")
+        if not isinstance(eps, float) or eps >= FLOAT16_SAFE_EPS:
+            continue
+        if any(param.dtype == torch.float16 for param in group["params"]):
+            group["eps"] = FLOAT16_SAFE_EPS
+            rank_zero_info(
+                f"{type(optimizer).__name__}: eps raised from {eps:g} to {FLOAT16_SAFE_EPS:g} for float16 "
+                f"parameters ({eps:g} rounds to {float(torch.tensor(eps, dtype=torch.float16)):g} in float16, "
+                "which turns the update of a parameter with a tiny gradient into inf/NaN)"
+            )

@@ -1,9 +1,22 @@
 """Drop-in SRU layers: ``SRUCell`` and ``SRU`` with the keyword names of the ``sru`` package
 and the calling convention of ``nn.LSTM``; state dicts of ``sru.SRU``/``sru.SRUCell`` load
-directly."""
+directly. ``SRUpp`` (SRU++, attention inside the input projection) loads the state dicts of
+the ``sru`` 3.0.0-dev ``SRUpp``."""
 
 from .cell import SRUCell
 from .policy import iter_sru_cells, set_recurrence_policy
+from .srupp import SRUpp
+from .srupp_attention import SRUppAttention, SRUppProjectedLinear
+from .srupp_cell import SRUppCell
 from .stack import SRU
 
-__all__ = ["SRU", "SRUCell", "iter_sru_cells", "set_recurrence_policy"]
+__all__ = [
+    "SRU",
+    "SRUCell",
+    "SRUpp",
+    "SRUppAttention",
+    "SRUppCell",
+    "SRUppProjectedLinear",
+    "iter_sru_cells",
+    "set_recurrence_policy",
+]

@@ -25,6 +25,7 @@ from sru_lightning.ops.policy import HALF_DTYPES, active_autocast_dtype, resolve
 
 from .checks import (
     check_floating_tensor,
+    check_input_dtype,
     check_non_negative_int,
     check_positive_int,
     check_probability,
@@ -255,6 +256,8 @@ class SRUCell(nn.Module):
         device = self.bias.device
         x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]
+        if self.custom_m is None:
+            check_input_dtype(owner, x, self.weight.dtype)
         if c0 is not None:
             check_floating_tensor(owner, "c0", c0)
             check_shape(owner, "c0", c0, (batch, self.output_size), "(batch, dirs*hidden_size)")

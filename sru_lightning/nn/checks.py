@@ -47,6 +47,16 @@ def check_floating_tensor(owner: str, name: str, value) -> Tensor:
     return value
 
 
+def check_input_dtype(owner: str, value: Tensor, weight_dtype: torch.dtype) -> None:
+    """Outside autocast the input projection needs the input in the weights' dtype."""
+    if value.dtype == weight_dtype or torch.is_autocast_enabled(value.device.type):
+        return
+    raise TypeError(
+        f"{owner}: `input` has dtype {value.dtype}, but the layer's weights are {weight_dtype}; cast one to "
+        f"the other (input.to({weight_dtype}) or layer.to({value.dtype})), or run under torch.autocast"
+    )
+
+
 def check_same_device(owner: str, name: str, value: Tensor, expected: torch.device, what: str) -> None:
     if value.device != expected:
         raise ValueError(f"{owner}: `{name}` must be on {what} device {expected}, got device {value.device}")

@@ -1,25 +1,29 @@
-"""Find the SRU layers inside any model and set their recurrence precision policy at once."""
+"""Find the SRU and SRU++ layers inside any model and set their recurrence precision policy at once."""
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple
+from typing import Iterator, List, Tuple, Union
 
 from torch import nn
 
 from .cell import SRUCell, checked_policy
+from .srupp_cell import SRUppCell
+
+RecurrentLayer = Union[SRUCell, SRUppCell]
 
 
-def iter_sru_cells(module: nn.Module) -> Iterator[Tuple[str, SRUCell]]:
-    """Yield ``(qualified_name, cell)`` for every :class:`SRUCell` in ``module`` (itself included)."""
+def iter_sru_cells(module: nn.Module) -> Iterator[Tuple[str, RecurrentLayer]]:
+    """Yield ``(qualified_name, cell)`` for every :class:`SRUCell` and :class:`SRUppCell` in
+    ``module`` (itself included)."""
     if not isinstance(module, nn.Module):
         raise TypeError(f"iter_sru_cells: `module` must be an nn.Module, got {type(module).__name__}")
     for name, child in module.named_modules():
-        if isinstance(child, SRUCell):
+        if isinstance(child, (SRUCell, SRUppCell)):
             yield name, child
 
 
-def set_recurrence_policy(module: nn.Module, policy: str) -> List[Tuple[str, SRUCell]]:
-    """Set ``recurrence_policy`` on every SRU layer in ``module``; return the layers changed.
+def set_recurrence_policy(module: nn.Module, policy: str) -> List[Tuple[str, RecurrentLayer]]:
+    """Set ``recurrence_policy`` on every SRU and SRU++ layer in ``module``; return the layers changed.
 
     ``policy`` is "auto" (half storage in a half-precision regime, float32/float64
     otherwise), "fp32" (float32 storage, float64 for float64 models) or "half" (the half

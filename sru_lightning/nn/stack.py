@@ -13,6 +13,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from .cell import SRUCell, checked_policy, resolve_amp_flag
 from .checks import (
     check_floating_tensor,
+    check_input_dtype,
     check_non_negative_int,
     check_positive_int,
     check_probability,
@@ -190,6 +191,9 @@ class SRU(nn.Module):
         else:
             x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]
+        first = self.rnn_lst[0]
+        if self.input_to_hidden is None and first.custom_m is None:
+            check_input_dtype(owner, x, first.weight.dtype)
         if mask_pad is not None and lengths is None:
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
 

@@ -1,7 +1,7 @@
 """The SRU elementwise recurrence: entry points, precision policy, reference and extension."""
 
 from . import functional
-from .build import extension_available, load_extension
+from .build import cuda_extension_available, extension_available, load_cuda_extension, load_extension
 from .functional import sru_recurrence, sru_recurrence_inference
 from .policy import POLICIES, accumulation_dtype, resolve_storage_dtype, validate_policy
 from .reference import sru_recurrence_reference
@@ -11,8 +11,10 @@ __all__ = [
     "POLICIES",
     "KernelCall",
     "accumulation_dtype",
+    "cuda_extension_available",
     "extension_available",
     "functional",
+    "load_cuda_extension",
     "load_extension",
     "resolve_storage_dtype",
     "sru_recurrence",

@@ -1,31 +1,45 @@
-"""Build and load the C++/CUDA recurrence extension with torch.utils.cpp_extension.
+"""Build and load the recurrence kernels: a CPU extension always, a CUDA one when torch has CUDA.
 
-The build is cached by torch (``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``):
-the first call compiles (tens of seconds), later calls and later processes just load the
-library. A CPU build of torch compiles the CPU sources only; a CUDA build adds the kernels.
+Two libraries, both registering into the ``torch.ops.sru_lightning`` namespace:
 
-``python -m sru_lightning build`` prebuilds it. At run time, when the build fails, the
-recurrence warns once and runs the pure-PyTorch reference instead.
+* the CPU extension (csrc/sru_ops.cpp + csrc/sru_cpu.cpp) holds the op schemas and the CPU
+  kernels, and needs only the C++ compiler;
+* the CUDA extension (csrc/sru_cuda.cpp + csrc/sru_cuda_kernels.cu) registers the CUDA
+  kernels of the same ops. It is built on the first CUDA call (or by ``python -m sru_lightning
+  build``) and needs an nvcc whose CUDA major equals torch's (see :mod:`.cuda_toolkit`).
+
+A failed CUDA build keeps the CPU kernels: CUDA tensors then run the pure-PyTorch reference
+after one warning naming the cause and the fix. ``SRU_LIGHTNING_REQUIRE_KERNELS=1`` turns
+every such fallback, CPU or CUDA, into an error. Both libraries live in the content-keyed cache
+of :mod:`.build_cache`.
 """
 
 from __future__ import annotations
 
-import argparse
+import ctypes
 import os
 import shutil
 import sys
+import sysconfig
 import threading
 import warnings
+from contextlib import contextmanager
+from pathlib import Path
 
 import torch
 
 from .._resources import csrc_dir
+from . import build_cache, cuda_toolkit
+from .build_cache import BuildSpec
 
-EXTENSION_NAME = "sru_lightning_ops"
+# Prefix of every cached library's folder and module name.
+EXTENSION_NAME = "sru_lightning"
 CPU_SOURCES = ("sru_ops.cpp", "sru_cpu.cpp")
 CUDA_SOURCES = ("sru_cuda.cpp", "sru_cuda_kernels.cu")
-# Set to 0 to skip the extension and run the reference implementation.
+# Set to 0 to skip the extensions and run the reference implementation.
 DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
+# Set to 1 to make any fallback to the reference an error (clusters that would rather fail than crawl).
+REQUIRE_ENV = "SRU_LIGHTNING_REQUIRE_KERNELS"
 
 # No trapping math: lets the compiler turn the clamps of the step math into vector selects.
 # No loop-to-memcpy rewriting: the short per-block copies of the CPU kernels are faster as
@@ -41,10 +55,22 @@ class ExtensionBuildError(RuntimeError):
     """The recurrence extension could not be compiled or loaded."""
 
 
-_lock = threading.Lock()
+class NoCudaArchitectures(ExtensionBuildError):
+    """No GPU is visible and no architectures were named: nothing to build the CUDA kernels for."""
+
+
+_lock = threading.RLock()
 _library_path: str | None = None
 _failure: BaseException | None = None
 _warned = False
+_cuda_library_path: str | None = None
+_cuda_failure: BaseException | None = None
+_cuda_warned = False
+
+
+def kernels_required() -> bool:
+    """True when ``SRU_LIGHTNING_REQUIRE_KERNELS=1``: no silent fallback to the reference."""
+    return os.environ.get(REQUIRE_ENV, "0").strip().lower() in ("1", "true", "yes")
 
 
 def _find_cxx_compiler() -> str | None:
@@ -53,50 +79,106 @@ def _find_cxx_compiler() -> str | None:
 
 
 def wants_cuda_sources() -> bool:
-    """True when this torch can run CUDA code, so the CUDA kernels are built too."""
+    """True when this torch can run CUDA code, so CUDA kernels are worth building."""
     return torch.version.cuda is not None and torch.cuda.is_available()
 
 
-def extension_sources(with_cuda: bool | None = None) -> list[str]:
-    with_cuda = wants_cuda_sources() if with_cuda is None else with_cuda
-    names = CPU_SOURCES + (CUDA_SOURCES if with_cuda else ())
+def extension_sources(with_cuda: bool = False) -> list[str]:
+    """The CPU extension's sources, or the CUDA extension's when `with_cuda`."""
     folder = csrc_dir()
-    return [str(folder / name) for name in names]
+    return [str(folder / name) for name in (CUDA_SOURCES if with_cuda else CPU_SOURCES)]
+
+
+def _headers() -> list[Path]:
+    return sorted(csrc_dir().glob("*.h"))
+
+
+def _common_key() -> dict:
+    return {
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "python": f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}",
+        "platform": sysconfig.get_platform(),
+        "cxx": os.environ.get("CXX", "c++"),
+        "cxx_flags": list(CXX_FLAGS + OPENMP_FLAGS),
+    }
+
+
+def cpu_build_spec() -> BuildSpec:
+    """What the CPU extension is built from; its hash names the cache folder."""
+    sources = extension_sources(with_cuda=False)
+    key = {**_common_key(), "sources": build_cache.digest_files([*sources, *_headers()])}
+    return BuildSpec("cpu", "CPU recurrence kernels", key, "about a minute")
+
+
+def cuda_build_spec(archs: tuple[str, ...]) -> BuildSpec:
+    """What the CUDA extension for `archs` is built from. The nvcc used is not part of the key
+    (only its major, which must equal torch's): compute nodes without a toolkit find the build
+    made on a login node."""
+    sources = extension_sources(with_cuda=True)
+    key = {
+        **_common_key(),
+        "sources": build_cache.digest_files([*sources, *_headers()]),
+        "cuda_flags": list(CUDA_FLAGS),
+        "archs": list(archs),
+    }
+    return BuildSpec("cuda", f"CUDA recurrence kernels for {', '.join(archs)}", key, "a few minutes")
+
+
+# --- CPU ------------------------------------------------------------------------------------
+
+
+def _compile_cpu(folder: Path, name: str, verbose: bool) -> None:
+    from torch.utils import cpp_extension
+
+    cpp_extension.load(
+        name=name,
+        sources=extension_sources(with_cuda=False),
+        extra_cflags=list(CXX_FLAGS + OPENMP_FLAGS),
+        extra_ldflags=list(OPENMP_FLAGS),
+        extra_include_paths=[str(csrc_dir())],
+        with_cuda=False,
+        is_python_module=False,
+        build_directory=str(folder),
+        verbose=verbose,
+    )
+
+
+def _load_library(path: Path) -> None:
+    # Global symbols: the CUDA extension uses the tensor plumbing (argument checks, output
+    # allocation) defined once in the CPU library instead of carrying a second copy.
+    ctypes.CDLL(str(path), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+    torch.ops.load_library(str(path))
 
 
 def build_extension(verbose: bool = False) -> str:
-    """Compile (or load from the cache) the extension; return the loaded library's path.
+    """Compile the CPU extension (or find it in the cache) and load it; return its path.
 
     Raises :class:`ExtensionBuildError` with the reason when it cannot be built.
     """
-    if _find_cxx_compiler() is None:
+    spec = cpu_build_spec()
+    library = build_cache.library_file(spec.directory(), spec.name)
+    if not library.is_file() and _find_cxx_compiler() is None:
         raise ExtensionBuildError(
             "sru_lightning: no C++ compiler found (looked for "
             f"{os.environ.get('CXX', 'c++')!r} on PATH); install one (e.g. `apt-get install g++`) "
             "or set CXX, then run `python -m sru_lightning build`"
         )
-    from torch.utils import cpp_extension
-
-    with_cuda = wants_cuda_sources()
     try:
-        path = cpp_extension.load(
-            name=EXTENSION_NAME,
-            sources=extension_sources(with_cuda),
-            extra_cflags=list(CXX_FLAGS + OPENMP_FLAGS) + (["-DSRU_WITH_CUDA"] if with_cuda else []),
-            extra_ldflags=list(OPENMP_FLAGS),
-            extra_cuda_cflags=list(CUDA_FLAGS),
-            extra_include_paths=[str(csrc_dir())],
-            with_cuda=with_cuda,
-            is_python_module=False,
-            verbose=verbose,
-        )
+        library, _ = build_cache.ensure_built(spec, lambda folder, name: _compile_cpu(folder, name, verbose))
+        _load_library(library)
     except Exception as error:  # compiler errors arrive as RuntimeError/CalledProcessError
-        raise ExtensionBuildError(f"sru_lightning: building the recurrence extension failed: {error}") from error
-    return str(path)
+        raise ExtensionBuildError(f"sru_lightning: building the CPU recurrence extension failed: {error}") from error
+    return str(library)
+
+
+def extension_loaded() -> bool:
+    """True when this process has loaded the CPU extension."""
+    return _library_path is not None
 
 
 def load_extension(verbose: bool = False) -> str:
-    """Build/load once per process; raise :class:`ExtensionBuildError` on failure."""
+    """Build/load the CPU extension once per process; raise :class:`ExtensionBuildError` on failure."""
     global _library_path, _failure
     with _lock:
         if _library_path is not None:
@@ -114,8 +196,18 @@ def load_extension(verbose: bool = False) -> str:
         return _library_path
 
 
+def _fallback(error: BaseException, device: str, fix: str) -> None:
+    """Raise under SRU_LIGHTNING_REQUIRE_KERNELS=1; otherwise the caller warns (once)."""
+    if kernels_required():
+        raise ExtensionBuildError(
+            f"{error}. {REQUIRE_ENV}=1 forbids running the {device} recurrence on the pure-PyTorch "
+            f"reference. {fix}"
+        ) from error
+
+
 def extension_available() -> bool:
-    """True when the C++ ops are loaded; otherwise warn once and return False."""
+    """True when the CPU ops are loaded; otherwise warn once and return False (raise under
+    ``SRU_LIGHTNING_REQUIRE_KERNELS=1``)."""
     global _warned
     if _library_path is not None:
         return True
@@ -123,30 +215,182 @@ def extension_available() -> bool:
         load_extension()
         return True
     except ExtensionBuildError as error:
+        fix = "Run `python -m sru_lightning build --verbose` to see the compiler output."
+        _fallback(error, "CPU", fix)
         if not _warned:
             _warned = True
             warnings.warn(
-                f"{error}. Falling back to the pure-PyTorch SRU recurrence (correct, but slower). "
-                "Run `python -m sru_lightning build --verbose` to see the compiler output.",
+                f"{error}. Falling back to the pure-PyTorch SRU recurrence (correct, but slower). {fix}",
                 RuntimeWarning,
                 stacklevel=3,
             )
         return False
 
 
-def main(argv=None) -> int:
-    """``python -m sru_lightning build``: compile the extension now and say where it lives."""
-    parser = argparse.ArgumentParser(
-        prog="python -m sru_lightning build",
-        description="Prebuild the SRU recurrence C++/CUDA extension into the torch extensions cache.",
-    )
-    parser.add_argument("--verbose", action="store_true", help="show the compiler commands and output")
-    args = parser.parse_args([] if argv is None else list(argv))
+# --- CUDA -----------------------------------------------------------------------------------
+
+
+@contextmanager
+def _torch_cuda_home(root: Path):
+    # torch's cpp_extension reads its module-level CUDA_HOME for nvcc, headers and libcudart;
+    # point it at the toolkit picked here for the length of one build.
+    from torch.utils import cpp_extension
+
+    saved = cpp_extension.CUDA_HOME
+    cpp_extension.CUDA_HOME = str(root)
     try:
-        path = load_extension(verbose=args.verbose)
+        yield
+    finally:
+        cpp_extension.CUDA_HOME = saved
+
+
+def _compile_cuda(folder: Path, name: str, nvcc: cuda_toolkit.Nvcc, archs: tuple[str, ...], verbose: bool) -> None:
+    from torch.utils import cpp_extension
+
+    ldflags = []
+    if nvcc.cudart_dir is not None:
+        # The runtime wheel ships libcudart.so.<major> only; the linker's -lcudart wants libcudart.so.
+        link_dir = folder / "cudart"
+        link_dir.mkdir()
+        target = next(iter(sorted(nvcc.cudart_dir.glob("libcudart.so*"))))
+        (link_dir / "libcudart.so").symlink_to(target)
+        ldflags.append(f"-L{link_dir}")
+    with _torch_cuda_home(nvcc.root):
+        cpp_extension.load(
+            name=name,
+            sources=extension_sources(with_cuda=True),
+            extra_cflags=list(CXX_FLAGS),
+            extra_cuda_cflags=list(CUDA_FLAGS) + cuda_toolkit.gencode_flags(archs),
+            extra_ldflags=ldflags,
+            extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)],
+            with_cuda=True,
+            is_python_module=False,
+            build_directory=str(folder),
+            verbose=verbose,
+        )
+
+
+# Enough of the compiler's output to show the first error; --verbose shows all of it.
+_OUTPUT_TAIL_CHARS = 2000
+
+
+def _compiler_output_tail(text: str) -> str:
+    return text if len(text) <= _OUTPUT_TAIL_CHARS else "...\n" + text[-_OUTPUT_TAIL_CHARS:]
+
+
+def _host_compiler_hint(text: str) -> str:
+    """The fix for nvcc refusing the host C++ compiler (one newer than it supports)."""
+    if "unsupported GNU version" in text or "unsupported clang version" in text:
+        return (
+            "\nnvcc does not support this host C++ compiler: install one it supports and point nvcc at "
+            "it, e.g. `NVCC_CCBIN=/usr/bin/g++-12`"
+        )
+    return ""
+
+
+def find_cuda_build(archs_needed: tuple[str, ...]) -> Path | None:
+    """A finished CUDA build of these sources, flags and torch whose archs cover `archs_needed`
+    (e.g. one built on a login node with ``--cuda-arch``)."""
+    wanted = {k: v for k, v in cuda_build_spec(()).key.items() if k != "archs"}
+    for directory, manifest in build_cache.finished_builds(build_cache.cache_root(), f"{EXTENSION_NAME}_cuda_"):
+        same_inputs = all(manifest.get(k) == v for k, v in wanted.items())
+        library = build_cache.library_file(directory, manifest.get("name", ""))
+        if same_inputs and library.is_file() and cuda_toolkit.archs_cover(tuple(manifest.get("archs", ())), archs_needed):
+            return library
+    return None
+
+
+def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) -> tuple[str, tuple[str, ...], bool]:
+    """Compile the CUDA extension (or find it in the cache) and load it.
+
+    `cuda_arch` ("8.0;9.0") overrides ``TORCH_CUDA_ARCH_LIST`` and the visible GPUs. Returns
+    (library path, archs built for, compiled now?). The CPU extension must be loaded first.
+    Raises :class:`ExtensionBuildError` naming the cause and the fix.
+    """
+    if torch.version.cuda is None:
+        raise ExtensionBuildError(
+            f"sru_lightning: torch {torch.__version__} has no CUDA, so there are no CUDA kernels to "
+            "build; install a CUDA build of torch (https://pytorch.org/get-started)"
+        )
+    try:
+        archs, archs_from = cuda_toolkit.resolve_archs(cuda_arch)
+    except ValueError as error:
+        raise ExtensionBuildError(f"sru_lightning: {error}") from error
+    if not archs:
+        raise NoCudaArchitectures(
+            "sru_lightning: no GPU is visible and no CUDA architectures were given, so the CUDA kernels "
+            "were not built; pass --cuda-arch \"8.0;9.0\" (the compute capabilities of your GPUs) or set "
+            f"{cuda_toolkit.ARCH_ENV}"
+        )
+    if cuda_arch is None:
+        existing = find_cuda_build(archs)
+        if existing is not None:
+            _load_library(existing)
+            return str(existing), tuple(build_cache.read_manifest(existing.parent)["archs"]), False
+    spec = cuda_build_spec(archs)
+    library = build_cache.library_file(spec.directory(), spec.name)
+    nvcc = None
+    if build_cache.read_manifest(spec.directory()) is None or not library.is_file():
+        try:
+            nvcc = cuda_toolkit.select_nvcc(torch.version.cuda)
+        except cuda_toolkit.CudaToolkitError as error:
+            raise ExtensionBuildError(str(error)) from error
+        spec.notes["nvcc"] = nvcc.describe()
+    try:
+        library, compiled = build_cache.ensure_built(
+            spec, lambda folder, name: _compile_cuda(folder, name, nvcc, archs, verbose)
+        )
+        _load_library(library)
+    except Exception as error:
+        where = f" with {nvcc.describe()}" if nvcc else ""
+        raise ExtensionBuildError(
+            f"sru_lightning: building the CUDA recurrence extension{where} for {';'.join(archs)} "
+            f"({archs_from}) failed: {_compiler_output_tail(str(error))}{_host_compiler_hint(str(error))}"
+        ) from error
+    return str(library), archs, compiled
+
+
+def load_cuda_extension(verbose: bool = False) -> str:
+    """Build/load the CUDA extension once per process (after the CPU one); raise
+    :class:`ExtensionBuildError` on failure."""
+    global _cuda_library_path, _cuda_failure
+    with _lock:
+        if _cuda_library_path is not None:
+            return _cuda_library_path
+        if _cuda_failure is not None:
+            raise ExtensionBuildError(str(_cuda_failure)) from _cuda_failure
+        load_extension(verbose=verbose)
+        try:
+            _cuda_library_path, _, _ = build_cuda_extension(verbose=verbose)
+        except ExtensionBuildError as error:
+            _cuda_failure = error
+            raise
+        return _cuda_library_path
+
+
+def cuda_extension_available() -> bool:
+    """True when the CUDA kernels are loaded; otherwise one loud warning naming the cause and
+    the fix, and False (CUDA tensors then run the reference); an error under
+    ``SRU_LIGHTNING_REQUIRE_KERNELS=1``."""
+    global _cuda_warned
+    if _cuda_library_path is not None:
+        return True
+    try:
+        load_cuda_extension()
+        return True
     except ExtensionBuildError as error:
-        print(error)
-        return 1
-    kind = "CPU + CUDA" if wants_cuda_sources() else "CPU"
-    print(f"sru_lightning: recurrence extension ({kind}) ready at {path}")
-    return 0
+        fix = (
+            "After fixing it, `python -m sru_lightning build --verbose` rebuilds and shows the compiler "
+            "output (add --cuda-arch \"8.0;9.0\" to build for GPUs this machine does not have)."
+        )
+        _fallback(error, "CUDA", fix)
+        if not _cuda_warned:
+            _cuda_warned = True
+            warnings.warn(
+                f"\n*** sru_lightning: the CUDA recurrence kernels are NOT available; CUDA tensors run the "
+                f"pure-PyTorch reference recurrence (correct, but many times slower). ***\nCause: {error}\n"
+                f"{fix} Set {REQUIRE_ENV}=1 to make this an error instead.",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return False

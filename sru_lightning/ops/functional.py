@@ -16,7 +16,7 @@ import contextlib
 
 import torch
 
-from .build import extension_available
+from .build import cuda_extension_available, extension_available
 from .policy import accumulation_dtype, resolve_storage_dtype, validate_policy
 from .reference import sru_recurrence_reference
 from .shapes import check_recurrence_inputs
@@ -39,9 +39,9 @@ def _cpp_backend_ready(device_type: str) -> bool:
     if not extension_available():
         return False
     if device_type == "cuda":
-        from .op import cuda_kernels_loaded
-
-        return cuda_kernels_loaded()
+        # The CUDA kernels are a separate library, built on first use; when they cannot be
+        # built, CUDA tensors run the reference after one warning naming the cause.
+        return cuda_extension_available()
     return True
 
 

@@ -19,7 +19,7 @@ _BACKWARD = "sru_lightning::recurrence_backward"
 
 
 def cuda_kernels_loaded() -> bool:
-    """True when the extension was built with its CUDA kernels."""
+    """True when the CUDA extension is loaded (its kernels registered for the CUDA dispatch key)."""
     return torch._C._dispatch_has_kernel_for_dispatch_key(_FORWARD, "CUDA")
 
 
@@ -63,14 +63,16 @@ def _forward_fake(U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask
 @torch.library.register_fake(_BACKWARD)
 def _backward_fake(grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c,
                    mask_pad, c_all, bidirectional, has_skip_term):
+    # The kernels return contiguous gradients whatever the inputs' strides (a batch_first
+    # U or x arrives transposed): new_empty, not empty_like, which would copy the strides.
     width = _width(bias)
     skip_from_x = has_skip_term and U.shape[-1] == 3 * width
-    grad_x = torch.empty_like(x) if skip_from_x else U.new_empty((0,))
+    grad_x = U.new_empty(x.shape) if skip_from_x else U.new_empty((0,))
     return (
-        torch.empty_like(U),
+        U.new_empty(U.shape),
         grad_x,
-        torch.empty_like(weight_c),
-        torch.empty_like(bias),
+        U.new_empty(weight_c.shape),
+        U.new_empty(bias.shape),
         U.new_empty((U.shape[1], width)),
     )
 
@@ -87,11 +89,46 @@ def _setup_context(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
+def _differentiable_gradients(saved, options, grad_h, grad_c_last):
+    """First-order gradients as a graph of the inputs (``create_graph=True``), through the reference.
+
+    The backward kernel has no derivative of its own; recomputing the recurrence with the
+    differentiable reference gives exact second-order gradients (slower, and rarely needed:
+    gradient penalties, meta-learning).
+    """
+    from .reference import sru_recurrence_reference
+
+    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, _ = saved
+    scale_x_value, bidirectional, has_skip_term, skip_from_x = options
+    inputs = [U, x if skip_from_x else None, weight_c, bias, c0]
+    # A fresh leaf for an input without grad: its gradient is still returned, as by the kernel.
+    inputs = [None if t is None else (t if t.requires_grad else t.detach().requires_grad_()) for t in inputs]
+    h, c_last = sru_recurrence_reference(
+        *inputs, scale_x=scale_x if scale_x is not None else scale_x_value, mask_c=mask_c, mask_pad=mask_pad,
+        bidirectional=bidirectional, has_skip_term=has_skip_term, compute_dtype=accumulation_dtype(U.dtype),
+    )
+    outputs, grads = [h.to(U.dtype)], [grad_h]
+    if grad_c_last is not None:
+        outputs.append(c_last.to(U.dtype))
+        grads.append(grad_c_last)
+    wanted = [t for t in inputs if t is not None]
+    found = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
+    gradients = [None if t is None else next(found) for t in inputs]
+    return [g if g is not None or t is None else torch.zeros_like(t) for g, t in zip(gradients, inputs)]
+
+
 def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
     U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, c_all = ctx.saved_tensors
     scale_x_value, bidirectional, has_skip_term, skip_from_x = ctx.options
     if grad_h is None:
         grad_h = torch.zeros_like(c_all)
+    if torch.is_grad_enabled() and not torch.compiler.is_compiling():
+        # backward(create_graph=True): the gradients must be differentiable themselves.
+        grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 = _differentiable_gradients(
+            ctx.saved_tensors, ctx.options, grad_h, grad_c_last)
+        record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "reference", "backward")
+        return (grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 if c0 is not None else None,
+                None, None, None, None, None, None, None)
     grad_U, grad_x, grad_weight_c, grad_bias, grad_c0 = torch.ops.sru_lightning.recurrence_backward(
         grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad,
         c_all, bidirectional, has_skip_term,
@@ -109,6 +146,22 @@ def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
 
 
 torch.library.register_autograd(_FORWARD, _backward, setup_context=_setup_context)
+
+
+def _no_derivative_of_the_backward(ctx, *grads):
+    raise RuntimeError(
+        "sru_lightning::recurrence_backward has no derivative of its own. For second-order gradients "
+        "call backward/autograd.grad with create_graph=True on the output of sru_recurrence (or an SRU "
+        "layer): the recurrence then differentiates through its reference implementation."
+    )
+
+
+def _setup_backward_context(ctx, inputs, output):
+    pass
+
+
+# Without a rule, differentiating the backward op would give zeros with only a warning.
+torch.library.register_autograd(_BACKWARD, _no_derivative_of_the_backward, setup_context=_setup_backward_context)
 
 
 def _split_scale(scale_x):

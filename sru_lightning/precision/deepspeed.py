@@ -9,7 +9,9 @@ from typing import Mapping
 import torch
 
 from sru_lightning.ops.policy import HALF_DTYPES
-from sru_lightning.precision import Regime, apex_regime, dtype_name, regime_from_dtypes
+
+from .apex import apex_regime
+from .regime import Regime, dtype_name, regime_from_dtypes
 
 __all__ = ["AUTOCAST_NAMES", "amp_notes", "deepspeed_regime", "section_enabled"]
 

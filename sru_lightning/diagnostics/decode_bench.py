@@ -1,0 +1,138 @@
+"""Decoding benchmark (`python -m sru_lightning bench --decode`): tokens per second of the
+default language model (conf/model/sru.yaml) against the LSTM of the same size
+(conf/model/lstm.yaml), and SRU++ (conf/model/srupp.yaml), one token at a time with the
+carried state, at batch 1.
+
+Both models run through `generate`'s own decoding loop (prompt pass, sampling, one
+`model.step` per token, decoding to text, writing to a file), interleaved round by round in
+one process, so the ratio holds on a busy machine. The recurrent layers alone (one step from
+the carried state, no embedding, output layer or sampling) are timed the same way.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+MODELS = {"SRU (model=sru)": "sru", "SRU++ (model=srupp)": "srupp", "nn.LSTM (model=lstm)": "lstm"}
+BASELINE = "nn.LSTM (model=lstm)"
+
+
+@dataclass
+class DecodeBenchConfig:
+    tokens: int = 200
+    threads: int = 2
+    repeats: int = 15
+    warmup: int = 3
+    statistic: str = "min"  # of the per-round times: "min" (best) or "median"
+    temperature: float = 0.8
+
+
+@dataclass
+class DecodeBenchResult:
+    config: DecodeBenchConfig
+    description: str = ""
+    generate_tokens_per_s: dict[str, float] = field(default_factory=dict)
+    layer_steps_per_s: dict[str, float] = field(default_factory=dict)
+
+    def ratio(self, table: dict[str, float], model: str) -> float | None:
+        if model not in table or BASELINE not in table:
+            return None
+        return table[model] / table[BASELINE]
+
+
+def default_models():
+    """The data module and the two language models `fit` builds by default (model=sru / model=lstm)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.utils import instantiate
+
+    from sru_lightning._resources import conf_dir
+
+    models = {}
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        datamodule = None
+        for name, option in MODELS.items():
+            cfg = compose("config", overrides=[f"model={option}"])
+            if datamodule is None:
+                datamodule = instantiate(cfg.data)
+            model = instantiate(cfg.model, vocab_size=datamodule.vocab_size, token_unit=datamodule.token_unit)
+            models[name] = model.eval()
+    return datamodule, models
+
+
+def run_decode_benchmark(config: DecodeBenchConfig) -> DecodeBenchResult:
+    previous_threads = torch.get_num_threads()
+    torch.set_num_threads(config.threads)
+    try:
+        return _run(config)
+    finally:
+        torch.set_num_threads(previous_threads)
+
+
+def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
+    from sru_lightning.generate import GenerateSettings, generate_text
+
+    torch.manual_seed(0)
+    datamodule, models = default_models()
+    sru = models["SRU (model=sru)"].hparams
+    result = DecodeBenchResult(
+        config,
+        f"default model: embedding {sru.embedding_dim}, hidden {sru.hidden_size}, {sru.num_layers} layers, "
+        f"vocabulary {datamodule.vocab_size} ({type(datamodule).__name__}), batch 1",
+    )
+    generate_seconds: dict[str, list[float]] = {name: [] for name in models}
+    layer_seconds: dict[str, list[float]] = {name: [] for name in models}
+    codec = datamodule.codec
+    with open(os.devnull, "w", encoding="utf-8") as sink:
+        for round_index in range(config.warmup + config.repeats):
+            settings = GenerateSettings(
+                prompt="The ", length=config.tokens, temperature=config.temperature, seed=round_index
+            )
+            for name, model in models.items():
+                stats = generate_text(model, codec, settings, sink)
+                layers = _time_layer_steps(model, config.tokens)
+                if round_index >= config.warmup:
+                    generate_seconds[name].append(stats.seconds)
+                    layer_seconds[name].append(layers)
+    pick = min if config.statistic == "min" else statistics.median
+    for name in models:
+        result.generate_tokens_per_s[name] = config.tokens / pick(generate_seconds[name])
+        result.layer_steps_per_s[name] = config.tokens / pick(layer_seconds[name])
+    return result
+
+
+def _time_layer_steps(model, steps: int) -> float:
+    """Seconds for `steps` single steps of the recurrent layers alone, carrying the state."""
+    # SRU++ carries its attention memory next to c; the model's own SRU++ pass keeps it.
+    rnn = model._srupp_forward if model.rnn_type == "srupp" else model.rnn
+    x = torch.randn(1, 1, model.hparams.embedding_dim)
+    with torch.inference_mode():
+        output, state = rnn(x, None)
+        started = time.perf_counter()
+        for _ in range(steps):
+            output, state = rnn(x, state)
+        return time.perf_counter() - started
+
+
+def format_table(result: DecodeBenchResult) -> str:
+    cfg = result.config
+    statistic = "best" if cfg.statistic == "min" else "median"
+    lines = [
+        f"Decoding benchmark: {result.description}, {cfg.tokens} tokens per run, threads={cfg.threads} "
+        f"({statistic} of {cfg.repeats})",
+        f"{'model':<24}{'generate tok/s':>16}{'x LSTM':>9}{'layers steps/s':>17}{'x LSTM':>9}",
+    ]
+    for name in result.generate_tokens_per_s:
+        generate_ratio = result.ratio(result.generate_tokens_per_s, name)
+        layer_ratio = result.ratio(result.layer_steps_per_s, name)
+        lines.append(
+            f"{name:<24}{result.generate_tokens_per_s[name]:>16.0f}{generate_ratio:>9.2f}"
+            f"{result.layer_steps_per_s[name]:>17.0f}{layer_ratio:>9.2f}"
+        )
+    lines.append("generate tok/s: `generate`'s loop after the prompt (sample, step, decode, write); "
+                 "layers: the recurrent stack alone")
+    return "\n".join(lines)

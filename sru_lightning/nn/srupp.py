@@ -1,0 +1,396 @@
+"""SRU++ (Lei, 2021): stacked SRU layers whose input projection holds a small attention
+sub-layer.
+
+``SRUpp`` takes the constructor arguments and defaults of the ``sru`` 3.0.0-dev ``SRUpp``
+and uses its parameter names and layouts, so its state dicts load unchanged. The recurrence
+runs through this package's op and precision policy (as in :class:`SRUCell`); the attention
+runs through ``torch.nn.functional.scaled_dot_product_attention``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+from .cell import checked_policy
+from .checks import (
+    as_padding_mask,
+    check_floating_tensor,
+    check_positive_int,
+    check_probability,
+    check_same_device,
+    check_shape,
+)
+from .srupp_attention import SRUppAttention, SRUppProjectedLinear
+from .srupp_cell import SRUppCell
+
+MemoryBank = Dict[str, List[Tensor]]
+
+
+class SRUpp(nn.Module):
+    """Stacked SRU++ layers, state-dict compatible with the ``sru`` 3.0.0-dev ``SRUpp``.
+
+    Layer i has attention when ``(i + 1) % attention_every_n_layers == 0`` or, with
+    ``attention_last_n_layers`` set, when it is among the last that many layers (setting
+    both is an error); the other layers use :class:`SRUppProjectedLinear`.
+
+    forward(input, c0=None, mask_pad=None, attn_mask=None, memory=None,
+    memory_mask_pad=None) -> (output, c, memory_bank)
+
+    * ``input``: (L, B, input_size), (B, L, input_size) with ``batch_first=True``, or a
+      ``PackedSequence`` (padding is then masked and the output is packed);
+    * ``c0``: (num_layers, B, dirs*hidden_size), zeros when omitted;
+    * ``mask_pad``: (L, B) ((B, L) with ``batch_first``), True/non-zero on padding: padded
+      steps keep c, emit h = 0 and are never attended to;
+    * ``attn_mask``: additive float (L, M + L) added to the attention scores (e.g. a causal
+      mask with -inf above the diagonal), M the memory length (0 without memory);
+    * ``memory``: a list with one entry per layer, None or that layer's earlier inputs
+      (M, B, layer input width) ((B, M, width) with ``batch_first``), attended to before
+      the current input -- typically the previous call's ``memory_bank["saved_inputs"]``;
+    * ``memory_mask_pad``: (M, B) ((B, M) with ``batch_first``), padding in the memory;
+    * ``output``: (L, B, dirs*hidden_size) in the input's layout;
+    * ``c``: (num_layers, B, dirs*hidden_size), or (num_layers*dirs, B, hidden_size) with
+      ``nn_rnn_compatible_return=True``;
+    * ``memory_bank["saved_inputs"]``: each layer's input for this call, in the input's layout.
+
+    Step-by-step decoding: call with one step (L = 1), ``c0`` the previous ``c`` and
+    ``memory`` the concatenation of earlier ``saved_inputs`` (see :meth:`extend_memory`).
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        hidden_size: int,
+        proj_size: int,
+        num_layers: int = 2,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        num_heads: int = 1,
+        bidirectional: bool = False,
+        layer_norm: bool = False,
+        normalize_after: bool = False,
+        attn_layer_norm: bool = True,
+        highway_bias: float = -2.0,
+        attention_every_n_layers: int = 1,
+        attention_last_n_layers: int = -1,
+        rescale: bool = False,
+        nn_rnn_compatible_return: bool = False,
+        proj_input_to_hidden_first: bool = False,
+        weight_c_init: float = 1.0,
+        batch_first: bool = False,
+        *,
+        recurrence_policy: str = "auto",
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        self.input_size = check_positive_int(owner, "input_size", input_size)
+        self.hidden_size = check_positive_int(owner, "hidden_size", hidden_size)
+        self.proj_size = check_positive_int(owner, "proj_size", proj_size)
+        self.num_layers = check_positive_int(owner, "num_layers", num_layers)
+        self.num_heads = check_positive_int(owner, "num_heads", num_heads)
+        if self.proj_size % self.num_heads:
+            raise ValueError(
+                f"{owner}: `num_heads` must divide proj_size={self.proj_size}, got num_heads={self.num_heads}"
+            )
+        self.dropout = check_probability(owner, "dropout", dropout)
+        self.attn_dropout = check_probability(owner, "attn_dropout", attn_dropout)
+        every = check_positive_int(owner, "attention_every_n_layers", attention_every_n_layers)
+        if isinstance(attention_last_n_layers, bool) or not isinstance(attention_last_n_layers, numbers.Integral):
+            raise TypeError(
+                f"{owner}: `attention_last_n_layers` must be an int, got {type(attention_last_n_layers).__name__}"
+            )
+        last = int(attention_last_n_layers)
+        if last != -1 and last < 0:
+            raise ValueError(f"{owner}: `attention_last_n_layers` must be -1 (unset) or >= 0, got {last}")
+        if every != 1 and last != -1:
+            raise ValueError(
+                f"{owner}: give at most one of `attention_every_n_layers` and `attention_last_n_layers`, "
+                f"got attention_every_n_layers={every} and attention_last_n_layers={last}"
+            )
+        self.attention_every_n_layers = every
+        self.attention_last_n_layers = last
+        self.bidirectional = bool(bidirectional)
+        self.num_directions = 2 if self.bidirectional else 1
+        self.output_size = self.hidden_size * self.num_directions
+        self.use_layer_norm = bool(layer_norm)
+        self.normalize_after = bool(normalize_after)
+        self.attn_layer_norm = bool(attn_layer_norm)
+        self.highway_bias = highway_bias
+        self.rescale = bool(rescale)
+        self.nn_rnn_compatible_return = bool(nn_rnn_compatible_return)
+        self.weight_c_init = weight_c_init
+        self.batch_first = bool(batch_first)
+        policy = checked_policy(owner, recurrence_policy)
+
+        # Construction order follows the reference, so one seed gives the same initial weights.
+        first_input_size = self.input_size
+        if proj_input_to_hidden_first and self.input_size != self.output_size:
+            self.input_to_hidden = nn.Linear(self.input_size, self.output_size, bias=False)
+            nn.init.xavier_uniform_(self.input_to_hidden.weight)
+            first_input_size = self.output_size
+        else:
+            self.input_to_hidden = None
+
+        layers = []
+        for index in range(self.num_layers):
+            in_features = first_input_size if index == 0 else self.output_size
+            out_features = self.output_size * (3 if in_features == self.output_size else 4)
+            if self.layer_has_attention(index):
+                transform = SRUppAttention(
+                    in_features, out_features, self.proj_size, num_heads=self.num_heads, dropout=self.dropout,
+                    attn_dropout=self.attn_dropout, layer_norm=self.attn_layer_norm,
+                )
+            else:
+                transform = SRUppProjectedLinear(
+                    in_features, out_features, self.proj_size, dropout=self.dropout,
+                    layer_norm=self.attn_layer_norm,
+                )
+            layers.append(
+                SRUppCell(
+                    in_features,
+                    self.hidden_size,
+                    transform,
+                    dropout=self.dropout if index + 1 < self.num_layers else 0.0,
+                    bidirectional=self.bidirectional,
+                    layer_norm=self.use_layer_norm,
+                    normalize_after=self.normalize_after,
+                    highway_bias=highway_bias,
+                    rescale=self.rescale,
+                    weight_c_init=weight_c_init,
+                    recurrence_policy=policy,
+                )
+            )
+        self.rnn_lst = nn.ModuleList(layers)
+
+    def layer_has_attention(self, index: int) -> bool:
+        if self.attention_last_n_layers != -1:
+            return self.num_layers - index <= self.attention_last_n_layers
+        return (index + 1) % self.attention_every_n_layers == 0
+
+    def __getitem__(self, index: int) -> SRUppCell:
+        return self.rnn_lst[index]
+
+    @property
+    def recurrence_policy(self) -> str:
+        """The layers' policy ("mixed" if they were set differently one by one)."""
+        policies = {layer.recurrence_policy for layer in self.rnn_lst}
+        return policies.pop() if len(policies) == 1 else "mixed"
+
+    @recurrence_policy.setter
+    def recurrence_policy(self, policy: str) -> None:
+        policy = checked_policy(type(self).__name__, policy)
+        for layer in self.rnn_lst:
+            layer.recurrence_policy = policy
+
+    def reset_parameters(self) -> None:
+        for layer in self.rnn_lst:
+            layer.reset_parameters()
+        if self.input_to_hidden is not None:
+            nn.init.xavier_uniform_(self.input_to_hidden.weight)
+
+    def layer_input_sizes(self) -> List[int]:
+        first = self.output_size if self.input_to_hidden is not None else self.input_size
+        return [first] + [self.output_size] * (self.num_layers - 1)
+
+    # ------------------------------------------------------------------ forward
+    def forward(
+        self,
+        input: Union[Tensor, PackedSequence],
+        c0: Optional[Tensor] = None,
+        mask_pad: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        memory: Optional[Sequence[Optional[Tensor]]] = None,
+        memory_mask_pad: Optional[Tensor] = None,
+    ) -> Tuple[Union[Tensor, PackedSequence], Tensor, MemoryBank]:
+        owner = type(self).__name__
+        device = self.rnn_lst[0].bias.device
+        batch_first = self.batch_first
+        lengths = None
+        if isinstance(input, PackedSequence):
+            if mask_pad is not None:
+                raise ValueError(
+                    f"{owner}: `mask_pad` must be None for a PackedSequence input (padding is "
+                    f"taken from its lengths), got a tensor of shape {tuple(mask_pad.shape)}"
+                )
+            input, lengths = pad_packed_sequence(input)
+            batch_first = False
+            steps = torch.arange(input.shape[0]).unsqueeze(1)
+            mask_pad = (steps >= lengths.unsqueeze(0)).to(device)
+        x = self._time_major_input(owner, input, batch_first, device)
+        length, batch = x.shape[0], x.shape[1]
+        if mask_pad is not None and lengths is None:
+            mask_pad = self._time_major_mask(owner, "mask_pad", mask_pad, length, batch, batch_first, device)
+
+        layer_c0: List[Optional[Tensor]] = [None] * self.num_layers
+        if c0 is not None:
+            check_floating_tensor(owner, "c0", c0)
+            check_shape(
+                owner, "c0", c0, (self.num_layers, batch, self.output_size), "(num_layers, batch, dirs*hidden_size)"
+            )
+            check_same_device(owner, "c0", c0, device, "the input's")
+            layer_c0 = list(c0.unbind(0))
+
+        layer_memory = self._time_major_memory(owner, memory, batch, batch_first, device)
+        memory_length = self._memory_length(owner, layer_memory)
+        if memory_mask_pad is not None:
+            if memory_length is None:
+                raise ValueError(
+                    f"{owner}: `memory_mask_pad` must be None when no `memory` is given, "
+                    f"got a tensor of shape {tuple(memory_mask_pad.shape)}"
+                )
+            memory_mask_pad = self._time_major_mask(
+                owner, "memory_mask_pad", memory_mask_pad, memory_length, batch, batch_first, device
+            )
+        if attn_mask is not None:
+            check_floating_tensor(owner, "attn_mask", attn_mask)
+            context = (memory_length or 0) + length
+            check_shape(owner, "attn_mask", attn_mask, (length, context), "(length, memory length + length), additive")
+            check_same_device(owner, "attn_mask", attn_mask, device, "the input's")
+
+        h = x if self.input_to_hidden is None else self.input_to_hidden(x)
+        saved_inputs = []
+        last_states = []
+        for layer, c_init, layer_mem in zip(self.rnn_lst, layer_c0, layer_memory):
+            saved_inputs.append(h)
+            h, c_last = layer(
+                h, c_init, mask_pad=mask_pad, attn_mask=attn_mask, memory=layer_mem,
+                memory_mask_pad=memory_mask_pad if layer_mem is not None else None,
+            )
+            last_states.append(c_last)
+        c_stack = torch.stack(last_states)
+        if self.nn_rnn_compatible_return:
+            c_stack = (
+                c_stack.view(self.num_layers, batch, self.num_directions, self.hidden_size)
+                .transpose(1, 2)
+                .reshape(self.num_layers * self.num_directions, batch, self.hidden_size)
+            )
+
+        if lengths is not None:
+            return pack_padded_sequence(h, lengths, enforce_sorted=False), c_stack, {"saved_inputs": saved_inputs}
+        if batch_first:
+            h = h.transpose(0, 1)
+            saved_inputs = [saved.transpose(0, 1) for saved in saved_inputs]
+        return h, c_stack, {"saved_inputs": saved_inputs}
+
+    def extend_memory(
+        self,
+        memory: Optional[Sequence[Optional[Tensor]]],
+        saved_inputs: Sequence[Tensor],
+        max_length: Optional[int] = None,
+    ) -> List[Tensor]:
+        """The memory for the next call: ``memory`` followed by ``saved_inputs`` along time,
+        keeping the last ``max_length`` steps (all when None). Detached: the next call does
+        not backpropagate into this one (Transformer-XL style)."""
+        time_dim = 1 if self.batch_first else 0
+        result = []
+        for index, saved in enumerate(saved_inputs):
+            earlier = None if memory is None else memory[index]
+            merged = saved.detach() if earlier is None else torch.cat([earlier.detach(), saved.detach()], time_dim)
+            steps = merged.shape[time_dim]
+            if max_length is not None and steps > max_length:
+                merged = merged.narrow(time_dim, steps - max_length, max_length)
+            result.append(merged)
+        return result
+
+    # ------------------------------------------------------------------ checks
+    def _time_major_input(self, owner: str, input, batch_first: bool, device: torch.device) -> Tensor:
+        check_floating_tensor(owner, "input", input)
+        layout = "(B, L, input_size)" if batch_first else "(L, B, input_size)"
+        if input.dim() != 3:
+            raise ValueError(f"{owner}: `input` must be 3-D {layout}, got shape {tuple(input.shape)}")
+        if input.shape[-1] != self.input_size:
+            raise ValueError(
+                f"{owner}: `input` last dimension must be input_size={self.input_size}, got shape {tuple(input.shape)}"
+            )
+        check_same_device(owner, "input", input, device, "the parameters'")
+        return input.transpose(0, 1) if batch_first else input
+
+    @staticmethod
+    def _time_major_mask(
+        owner: str, name: str, mask, length: int, batch: int, batch_first: bool, device: torch.device
+    ) -> Tensor:
+        if batch_first:
+            expected, meaning = (batch, length), "(batch, length) with batch_first=True"
+        else:
+            expected, meaning = (length, batch), "(length, batch)"
+        try:
+            checked = as_padding_mask(owner, mask, expected, meaning, device)
+        except (TypeError, ValueError) as error:
+            raise type(error)(str(error).replace("`mask_pad`", f"`{name}`")) from None
+        return checked.t() if batch_first else checked
+
+    def _time_major_memory(
+        self, owner: str, memory, batch: int, batch_first: bool, device: torch.device
+    ) -> List[Optional[Tensor]]:
+        if memory is None:
+            return [None] * self.num_layers
+        if not isinstance(memory, (list, tuple)):
+            raise TypeError(
+                f"{owner}: `memory` must be a list of tensors (one per layer, None allowed), "
+                f"got {type(memory).__name__}"
+            )
+        if len(memory) != self.num_layers:
+            raise ValueError(f"{owner}: `memory` must hold num_layers={self.num_layers} entries, got {len(memory)}")
+        layout = "(batch, memory length, width)" if batch_first else "(memory length, batch, width)"
+        result: List[Optional[Tensor]] = []
+        for index, (entry, width) in enumerate(zip(memory, self.layer_input_sizes())):
+            name = f"memory[{index}]"
+            if entry is None:
+                result.append(None)
+                continue
+            check_floating_tensor(owner, name, entry)
+            batch_dim = 0 if batch_first else 1
+            if entry.dim() != 3 or entry.shape[batch_dim] != batch or entry.shape[2] != width:
+                raise ValueError(
+                    f"{owner}: `{name}` must be 3-D {layout} with batch={batch} and width={width} "
+                    f"(that layer's input size), got shape {tuple(entry.shape)}"
+                )
+            check_same_device(owner, name, entry, device, "the input's")
+            result.append(entry.transpose(0, 1) if batch_first else entry)
+        return result
+
+    def _memory_length(self, owner: str, layer_memory: List[Optional[Tensor]]) -> Optional[int]:
+        """The memory length M shared by the attention layers' memories (None without memory)."""
+        lengths = {
+            index: entry.shape[0]
+            for index, entry in enumerate(layer_memory)
+            if entry is not None and self.layer_has_attention(index)
+        }
+        if not lengths:
+            return None
+        if len(set(lengths.values())) > 1:
+            raise ValueError(
+                f"{owner}: the attention layers' `memory` entries must have one length (the "
+                f"attn_mask covers memory length + length), got lengths {lengths}"
+            )
+        return next(iter(lengths.values()))
+
+    def extra_repr(self) -> str:
+        parts = [f"{self.input_size}, {self.hidden_size}, {self.proj_size}"]
+        for name, default in (
+            ("num_layers", 2),
+            ("dropout", 0.0),
+            ("attn_dropout", 0.0),
+            ("num_heads", 1),
+            ("bidirectional", False),
+            ("normalize_after", False),
+            ("attn_layer_norm", True),
+            ("highway_bias", -2.0),
+            ("attention_every_n_layers", 1),
+            ("attention_last_n_layers", -1),
+            ("rescale", False),
+            ("nn_rnn_compatible_return", False),
+            ("weight_c_init", 1.0),
+            ("batch_first", False),
+            ("recurrence_policy", "auto"),
+        ):
+            value = getattr(self, name)
+            if value != default:
+                parts.append(f"{name}={value!r}")
+        if self.use_layer_norm:
+            parts.append("layer_norm=True")
+        return ", ".join(parts)

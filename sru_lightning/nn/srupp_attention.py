@@ -1,0 +1,195 @@
+"""The input transforms of SRU++ layers: self-attention, or a projected linear without it.
+
+Each computes U, the recurrence's input, from a layer input of shape (L, B, in_features),
+through a bottleneck of ``proj_features`` columns. Both take the same keyword arguments
+(``mask_pad``, ``attn_mask``, ``memory``, ``memory_mask_pad``) so a layer calls either one
+the same way; the projected linear ignores everything but the input.
+
+Parameter names and layouts (``linear1``/``linear2``/``linear3`` as ``nn.Linear`` without
+bias, ``alpha``, ``layer_norm``) are those of the ``sru`` 3.0.0-dev SRU++ modules, so their
+state dicts load unchanged.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .checks import check_positive_int, check_probability
+
+
+def _xavier_without_bias(*linears: nn.Linear) -> None:
+    for linear in linears:
+        nn.init.xavier_uniform_(linear.weight)
+
+
+class SRUppProjectedLinear(nn.Module):
+    """U = linear2(dropout(norm(linear1(x)))): the transform of SRU++ layers without attention.
+
+    ``layer_norm`` normalises the ``proj_features``-wide bottleneck. ``dropout`` acts on the
+    bottleneck before the second matrix, whose initial weights shrink by sqrt(1 - dropout)
+    to keep the output's variance.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        proj_features: int,
+        dropout: float = 0.0,
+        layer_norm: bool = False,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        self.in_features = check_positive_int(owner, "in_features", in_features)
+        self.out_features = check_positive_int(owner, "out_features", out_features)
+        self.proj_features = check_positive_int(owner, "proj_features", proj_features)
+        self.dropout = nn.Dropout(check_probability(owner, "dropout", dropout))
+        self.linear1 = nn.Linear(self.in_features, self.proj_features, bias=False)
+        self.linear2 = nn.Linear(self.proj_features, self.out_features, bias=False)
+        self.layer_norm = nn.LayerNorm(self.proj_features) if layer_norm else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            _xavier_without_bias(self.linear1, self.linear2)
+            if self.dropout.p > 0:
+                self.linear2.weight.mul_((1 - self.dropout.p) ** 0.5)
+
+    def forward(
+        self,
+        input: Tensor,
+        mask_pad: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        memory: Optional[Tensor] = None,
+        memory_mask_pad: Optional[Tensor] = None,
+    ) -> Tensor:
+        bottleneck = self.linear1(input)
+        if self.layer_norm is not None:
+            bottleneck = self.layer_norm(bottleneck)
+        return self.linear2(self.dropout(bottleneck))
+
+
+class SRUppAttention(nn.Module):
+    """Multi-head self-attention producing U for an SRU++ layer.
+
+    z = linear1(x) (proj_features wide); queries are z, keys and values ``linear2(z)``
+    split in two; heads of ``proj_features // num_heads`` columns; the heads' output is added
+    back to z through the learned scale ``alpha`` (``rezero_init_alpha`` at the start), then
+    ``linear3`` widens it to ``out_features``. With ``memory`` (M, B, in_features) the keys
+    and values also cover the memory, placed before the current input, so ``attn_mask`` is
+    (L, M + L). ``layer_norm`` normalises z before attention (``normalize_after=False``) or
+    the residual sum after it (True).
+
+    Shapes are time-major: input (L, B, in_features), ``mask_pad`` (L, B) and
+    ``memory_mask_pad`` (M, B) with True (non-zero) on padding, additive float ``attn_mask``
+    (L, M + L). The stack :class:`~sru_lightning.nn.SRUpp` checks its arguments; this module
+    trusts them.
+    """
+
+    def __init__(
+        self,
+        in_features: int,
+        out_features: int,
+        proj_features: int,
+        num_heads: int = 1,
+        dropout: float = 0.0,
+        attn_dropout: float = 0.0,
+        rezero_init_alpha: float = 0.0,
+        layer_norm: bool = False,
+        normalize_after: bool = True,
+    ):
+        super().__init__()
+        owner = type(self).__name__
+        self.in_features = check_positive_int(owner, "in_features", in_features)
+        self.out_features = check_positive_int(owner, "out_features", out_features)
+        self.proj_features = check_positive_int(owner, "proj_features", proj_features)
+        self.num_heads = check_positive_int(owner, "num_heads", num_heads)
+        if self.proj_features % self.num_heads:
+            raise ValueError(
+                f"{owner}: `num_heads` must divide proj_features={self.proj_features}, got {self.num_heads}"
+            )
+        self.head_dim = self.proj_features // self.num_heads
+        self.dropout = nn.Dropout(check_probability(owner, "dropout", dropout))
+        self.attn_dropout = check_probability(owner, "attn_dropout", attn_dropout)
+        self.rezero_init_alpha = float(rezero_init_alpha)
+        self.normalize_after = bool(normalize_after)
+        self.linear1 = nn.Linear(self.in_features, self.proj_features, bias=False)
+        self.linear2 = nn.Linear(self.proj_features, 2 * self.proj_features, bias=False)
+        self.linear3 = nn.Linear(self.proj_features, self.out_features, bias=False)
+        self.alpha = nn.Parameter(torch.full((1,), self.rezero_init_alpha))
+        self.layer_norm = nn.LayerNorm(self.proj_features) if layer_norm else None
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        with torch.no_grad():
+            _xavier_without_bias(self.linear1, self.linear2, self.linear3)
+            self.alpha.fill_(self.rezero_init_alpha)
+            if self.dropout.p > 0:
+                self.linear3.weight.mul_((1 - self.dropout.p) ** 0.5)
+
+    def forward(
+        self,
+        input: Tensor,
+        mask_pad: Optional[Tensor] = None,
+        attn_mask: Optional[Tensor] = None,
+        memory: Optional[Tensor] = None,
+        memory_mask_pad: Optional[Tensor] = None,
+    ) -> Tensor:
+        length, batch = input.shape[0], input.shape[1]
+        memory_length = 0 if memory is None else memory.shape[0]
+        context = input if memory is None else torch.cat([memory, input], dim=0)
+        z = self.linear1(context)
+        residual = z[memory_length:]
+        if self.layer_norm is not None and not self.normalize_after:
+            z = self.layer_norm(z)
+        keys, values = self.linear2(z).chunk(2, dim=-1)
+
+        queries = self._split_heads(z[memory_length:])
+        keys, values = self._split_heads(keys), self._split_heads(values)
+        mask = self._combined_mask(
+            attn_mask, mask_pad, memory_mask_pad, length, memory_length, batch, input.device, queries.dtype
+        )
+        attended = F.scaled_dot_product_attention(
+            queries, keys, values, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0
+        )
+        # (B, heads, L, head_dim) -> (L, B, proj_features), heads side by side.
+        attended = attended.permute(2, 0, 1, 3).reshape(length, batch, self.proj_features)
+
+        output = attended * self.alpha + residual
+        if self.layer_norm is not None and self.normalize_after:
+            output = self.layer_norm(output)
+        return self.linear3(self.dropout(output))
+
+    def _split_heads(self, x: Tensor) -> Tensor:
+        """(S, B, proj_features) -> (B, heads, S, head_dim)."""
+        return x.reshape(x.shape[0], x.shape[1], self.num_heads, self.head_dim).permute(1, 2, 0, 3)
+
+    @staticmethod
+    def _combined_mask(
+        attn_mask: Optional[Tensor],
+        mask_pad: Optional[Tensor],
+        memory_mask_pad: Optional[Tensor],
+        length: int,
+        memory_length: int,
+        batch: int,
+        device: torch.device,
+        dtype: torch.dtype,
+    ) -> Optional[Tensor]:
+        """One additive mask (B or 1, 1, L, M + L) from the attention mask and the padding."""
+        mask = None if attn_mask is None else attn_mask.to(dtype).reshape(1, 1, length, memory_length + length)
+        if mask_pad is None and memory_mask_pad is None:
+            return mask
+        if mask_pad is None:
+            mask_pad = torch.zeros(length, batch, dtype=torch.bool, device=device)
+        if memory_length:
+            if memory_mask_pad is None:
+                memory_mask_pad = torch.zeros(memory_length, batch, dtype=torch.bool, device=device)
+            mask_pad = torch.cat([memory_mask_pad.to(torch.bool), mask_pad.to(torch.bool)], dim=0)
+        padded_keys = mask_pad.to(torch.bool).t().reshape(batch, 1, 1, memory_length + length)
+        if mask is None:
+            mask = torch.zeros(1, 1, length, memory_length + length, dtype=dtype, device=device)
+        return mask.masked_fill(padded_keys, float("-inf"))

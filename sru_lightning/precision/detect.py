@@ -1,0 +1,44 @@
+"""detect_regime: which precision regime a Trainer trains in, from the most specific reader
+that applies (DeepSpeed, FSDP, the precision plugin, then APEX AMP on top)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .apex import apex_regime, initialized_apex_properties
+from .deepspeed import deepspeed_regime
+from .fsdp import fsdp_regime
+from .lightning import device_type_of, plugin_regime, unpack_trainer
+from .regime import Regime
+
+__all__ = ["detect_regime"]
+
+
+def detect_regime(trainer) -> Regime:
+    """The precision regime ``trainer`` trains in (see the module docstring for the sources).
+
+    ``trainer`` may also be a ``Strategy`` or a precision plugin. APEX AMP counts once
+    ``amp.initialize`` has run, so call this again after it (the callback does, at fit start).
+    """
+    strategy, plugin = unpack_trainer(trainer)
+    device_type = device_type_of(strategy, plugin)
+
+    from lightning.pytorch.strategies import DeepSpeedStrategy, FSDPStrategy
+
+    if isinstance(strategy, DeepSpeedStrategy):
+        return deepspeed_regime(strategy.config, plugin.precision, device_type)
+    if isinstance(strategy, FSDPStrategy):
+        # Lightning runs FSDP on CUDA only (and FSDPPrecision autocasts "cuda").
+        return fsdp_regime(strategy.mixed_precision, plugin, "cuda")
+
+    regime = plugin_regime(plugin, device_type)
+    apex = initialized_apex_properties()
+    if apex is None:
+        return regime
+    if regime.name != "32-true":
+        note = (
+            f"APEX AMP {apex.opt_level} is initialised on top of Lightning precision "
+            f"{regime.name!r}; use one of the two (Lightning's AMP is the supported path)"
+        )
+        return dataclasses.replace(regime, notes=regime.notes + (note,))
+    return apex_regime(apex.opt_level, apex.cast_model_type, device_type, "apex.amp.initialize by the user")

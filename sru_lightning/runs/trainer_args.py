@@ -1,0 +1,91 @@
+"""Check the `trainer.*` settings against `lightning.pytorch.Trainer`'s own annotations.
+
+A wrong type otherwise surfaces deep inside Lightning as a bare `TypeError` that names no
+setting (`trainer.max_steps=abc`); here it becomes one sentence naming the key, what it
+accepts and what it got.
+"""
+
+from __future__ import annotations
+
+import functools
+import typing
+from collections.abc import Mapping
+from typing import Any
+
+__all__ = ["check_trainer_settings"]
+
+
+@functools.lru_cache(maxsize=1)
+def _trainer_annotations() -> dict[str, Any]:
+    import lightning.pytorch as pl
+
+    try:
+        return typing.get_type_hints(pl.Trainer.__init__)
+    except Exception:  # annotations Lightning cannot resolve here: check nothing
+        return {}
+
+
+def _members(annotation: Any) -> list[Any]:
+    if typing.get_origin(annotation) is typing.Union:
+        return [member for arg in typing.get_args(annotation) for member in _members(arg)]
+    return [annotation]
+
+
+def _accepts(member: Any, value: Any) -> bool | None:
+    """True/False for the simple types a config can hold; None for anything else."""
+    if member is type(None):
+        return value is None
+    if member is bool:
+        return isinstance(value, bool)
+    if member is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if member is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if member is str:
+        return isinstance(value, str)
+    if typing.get_origin(member) is typing.Literal:
+        return any(value == choice and type(value) is type(choice) for choice in typing.get_args(member))
+    return None
+
+
+def _describe(member: Any) -> str | None:
+    if member is type(None):
+        return "null"
+    if member is bool:
+        return "true/false"
+    if member is int:
+        return "an integer"
+    if member is float:
+        return "a number"
+    if member is str:
+        return "a string"
+    if typing.get_origin(member) is typing.Literal:
+        return "one of " + ", ".join(repr(choice) for choice in typing.get_args(member))
+    return None
+
+
+def check_trainer_settings(settings: Mapping[str, Any]) -> None:
+    """Raise ValueError naming the first `trainer.<key>` whose value the Trainer cannot take.
+
+    Mapping and list values (objects built with `_target_`) are left to Lightning, and so
+    is any key whose annotation admits types a config cannot spell.
+    """
+    annotations = _trainer_annotations()
+    for key, value in settings.items():
+        annotation = annotations.get(key)
+        if annotation is None or isinstance(value, (Mapping, list, tuple)):
+            continue
+        members = _members(annotation)
+        if any(_accepts(member, value) for member in members):
+            continue
+        described = [text for text in (_describe(member) for member in members) if text]
+        if not described:  # only object types: nothing a plain config value could match
+            continue
+        raise ValueError(f"`trainer.{key}` must be {' or '.join(described)}, got {value!r} ({type(value).__name__})")
+    max_steps = settings.get("max_steps")
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and (max_steps == 0 or max_steps < -1):
+        raise ValueError(
+            f"`trainer.max_steps` must be a positive number of optimizer steps, or -1 for no step "
+            f"limit, got {max_steps}"
+        )
+
