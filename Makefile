@@ -34,7 +34,7 @@ run: setup
 
 test: setup
 	$(PY) -m sru_lightning build
-	$(PY) -m pytest
+	$(PY) -m pytest --durations=25
 
 bench: setup
 	$(PY) -m sru_lightning bench
