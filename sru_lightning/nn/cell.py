@@ -19,9 +19,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from sru_lightning.ops import functional
 from sru_lightning.ops.projection import input_projection
-from sru_lightning.ops.policy import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype, validate_policy
+from sru_lightning.ops.policy import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype
 
 from .checks import (
     check_floating_tensor,
@@ -34,14 +33,13 @@ from .checks import (
     time_major_padding_mask,
     to_time_major,
 )
-
-
-def checked_policy(owner: str, policy) -> str:
-    """Validate a recurrence policy, naming the layer that received it."""
-    try:
-        return validate_policy(policy, argument="recurrence_policy")
-    except (TypeError, ValueError) as error:
-        raise type(error)(f"{owner}: {error}") from None
+from .common import (
+    RecurrentCellMixin,
+    checked_policy,
+    non_default_settings,
+    time_shared_dropout_mask,
+    warn_rnn_dropout,
+)
 
 
 def resolve_amp_flag(owner: str, amp_recurrence_fp16: bool, recurrence_policy: str) -> str:
@@ -60,7 +58,7 @@ def resolve_amp_flag(owner: str, amp_recurrence_fp16: bool, recurrence_policy: s
     return "half"
 
 
-class SRUCell(nn.Module):
+class SRUCell(RecurrentCellMixin, nn.Module):
     """A single SRU layer (one or two directions).
 
     Shapes (time-major by default, ``batch_first=True`` swaps the first two axes of
@@ -87,8 +85,6 @@ class SRUCell(nn.Module):
     ``recurrence_policy`` ("auto", "fp32" or "half") picks the dtype the recurrence stores
     its tensors in; see :func:`sru_lightning.nn.set_recurrence_policy`.
     """
-
-    scale_x: Tensor
 
     def __init__(
         self,
@@ -135,11 +131,7 @@ class SRUCell(nn.Module):
         if custom_m is not None and not isinstance(custom_m, nn.Module):
             raise TypeError(f"{owner}: `custom_m` must be an nn.Module or None, got {type(custom_m).__name__}")
         if self.rnn_dropout > 0:
-            warnings.warn(
-                f"{owner}: `rnn_dropout` is deprecated (as in the sru package); use `dropout`",
-                FutureWarning,
-                stacklevel=2,
-            )
+            warn_rnn_dropout(owner)
 
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
@@ -172,25 +164,8 @@ class SRUCell(nn.Module):
         else:
             self.register_parameter("weight_proj", None)
             self.register_parameter("weight", None)
-        self.weight_c = nn.Parameter(torch.empty(2 * self.output_size))
-        self.bias = nn.Parameter(torch.empty(2 * self.output_size))
-        # Multiplier of the skip input (k = 3); a buffer so checkpoints carry it.
-        self.register_buffer("scale_x", torch.zeros(1))
-
-        if layer_norm:
-            self.layer_norm = nn.LayerNorm(self.output_size if self.normalize_after else self.input_size)
-        else:
-            self.layer_norm = None
+        self._add_recurrence_parameters(layer_norm)
         self.reset_parameters()
-
-    # ------------------------------------------------------------------ policy
-    @property
-    def recurrence_policy(self) -> str:
-        return self._recurrence_policy
-
-    @recurrence_policy.setter
-    def recurrence_policy(self, policy: str) -> None:
-        self._recurrence_policy = checked_policy(type(self).__name__, policy)
 
     # ------------------------------------------------------------------ init
     def reset_parameters(self) -> None:
@@ -276,8 +251,7 @@ class SRUCell(nn.Module):
         """The layer on already-checked tensors: x (L, B, input_size), mask_pad (L, B) bool."""
         x = self._one_half_copy_of_input(x)
         residual = x
-        if self.layer_norm is not None and not self.normalize_after:
-            x = self.layer_norm(x)
+        x = self._normalized_input(x)
         batch = x.shape[1]
         if self.training and self.rnn_dropout > 0:
             x = x * self.dropout_mask((batch, self.input_size), self.rnn_dropout)
@@ -287,26 +261,7 @@ class SRUCell(nn.Module):
 
         U, weight_c = self.compute_uv(x)
         skip = residual if self.has_skip_term and self.num_matrices == 3 else None
-        scale_x = self.scale_x if self.rescale else None
-        tensors = (U, skip, weight_c, self.bias, c0)
-        needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-        recurrence = functional.sru_recurrence if needs_grad else functional.sru_recurrence_inference
-        h, c = recurrence(
-            U,
-            skip,
-            weight_c,
-            self.bias,
-            c0,
-            scale_x=scale_x,
-            mask_c=mask_c,
-            mask_pad=mask_pad,
-            bidirectional=self.bidirectional,
-            has_skip_term=self.has_skip_term,
-            policy=self.recurrence_policy,
-        )
-        if self.layer_norm is not None and self.normalize_after:
-            h = self.layer_norm(h)
-        return h, c
+        return self._recurrence(U, skip, weight_c, c0, mask_c, mask_pad, self.has_skip_term)
 
     def _one_half_copy_of_input(self, x: Tensor) -> Tensor:
         """Under autocast, cast a float32 input once to the half dtype the recurrence stores.
@@ -362,29 +317,29 @@ class SRUCell(nn.Module):
 
     def dropout_mask(self, size: Tuple[int, int], p: float) -> Tensor:
         """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
-        return self.bias.new_empty(size).bernoulli_(1 - p).div_(1 - p)
+        return time_shared_dropout_mask(self.bias, size, p)
 
     # ------------------------------------------------------------------ repr
     def extra_repr(self) -> str:
         parts = [f"{self.input_size}, {self.hidden_size}"]
         if self.projection_size:
             parts.append(f"projection_size={self.projection_size}")
-        for name, default in (
-            ("dropout", 0.0),
-            ("rnn_dropout", 0.0),
-            ("bidirectional", False),
-            ("highway_bias", 0.0),
-            ("has_skip_term", True),
-            ("rescale", True),
-            ("v1", False),
-            ("normalize_after", False),
-            ("weight_c_init", None),
-            ("batch_first", False),
-            ("recurrence_policy", "auto"),
-        ):
-            value = getattr(self, name)
-            if value != default:
-                parts.append(f"{name}={value!r}")
+        parts += non_default_settings(
+            self,
+            (
+                ("dropout", 0.0),
+                ("rnn_dropout", 0.0),
+                ("bidirectional", False),
+                ("highway_bias", 0.0),
+                ("has_skip_term", True),
+                ("rescale", True),
+                ("v1", False),
+                ("normalize_after", False),
+                ("weight_c_init", None),
+                ("batch_first", False),
+                ("recurrence_policy", "auto"),
+            ),
+        )
         if self.layer_norm is not None:
             parts.append("layer_norm=True")
         return ", ".join(parts)

@@ -1,4 +1,4 @@
-"""Argument checks shared by :class:`SRUCell` and :class:`SRU`.
+"""Argument checks shared by the SRU layers (:class:`SRUCell`, :class:`SRU`) and the SRU++ layers.
 
 Every error names the argument, what was expected and what was received, so a wrong call
 fails at the layer that received it rather than deep inside the recurrence kernel.

@@ -14,9 +14,8 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from .cell import checked_policy
 from .checks import (
     as_padding_mask,
     check_floating_tensor,
@@ -25,13 +24,14 @@ from .checks import (
     check_same_device,
     check_shape,
 )
+from .common import StackMixin, checked_policy, non_default_settings, unpack_sequence
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 
 MemoryBank = Dict[str, List[Tensor]]
 
 
-class SRUpp(nn.Module):
+class SRUpp(StackMixin, nn.Module):
     """Stacked SRU++ layers, state-dict compatible with the ``sru`` 3.0.0-dev ``SRUpp``.
 
     Layer i has attention when ``(i + 1) % attention_every_n_layers == 0`` or, with
@@ -174,18 +174,6 @@ class SRUpp(nn.Module):
     def __getitem__(self, index: int) -> SRUppCell:
         return self.rnn_lst[index]
 
-    @property
-    def recurrence_policy(self) -> str:
-        """The layers' policy ("mixed" if they were set differently one by one)."""
-        policies = {layer.recurrence_policy for layer in self.rnn_lst}
-        return policies.pop() if len(policies) == 1 else "mixed"
-
-    @recurrence_policy.setter
-    def recurrence_policy(self, policy: str) -> None:
-        policy = checked_policy(type(self).__name__, policy)
-        for layer in self.rnn_lst:
-            layer.recurrence_policy = policy
-
     def reset_parameters(self) -> None:
         for layer in self.rnn_lst:
             layer.reset_parameters()
@@ -211,28 +199,14 @@ class SRUpp(nn.Module):
         batch_first = self.batch_first
         lengths = None
         if isinstance(input, PackedSequence):
-            if mask_pad is not None:
-                raise ValueError(
-                    f"{owner}: `mask_pad` must be None for a PackedSequence input (padding is "
-                    f"taken from its lengths), got a tensor of shape {tuple(mask_pad.shape)}"
-                )
-            input, lengths = pad_packed_sequence(input)
+            input, lengths, mask_pad = unpack_sequence(owner, input, mask_pad, device)
             batch_first = False
-            steps = torch.arange(input.shape[0]).unsqueeze(1)
-            mask_pad = (steps >= lengths.unsqueeze(0)).to(device)
         x = self._time_major_input(owner, input, batch_first, device)
         length, batch = x.shape[0], x.shape[1]
         if mask_pad is not None and lengths is None:
             mask_pad = self._time_major_mask(owner, "mask_pad", mask_pad, length, batch, batch_first, device)
 
-        layer_c0: List[Optional[Tensor]] = [None] * self.num_layers
-        if c0 is not None:
-            check_floating_tensor(owner, "c0", c0)
-            check_shape(
-                owner, "c0", c0, (self.num_layers, batch, self.output_size), "(num_layers, batch, dirs*hidden_size)"
-            )
-            check_same_device(owner, "c0", c0, device, "the input's")
-            layer_c0 = list(c0.unbind(0))
+        layer_c0 = self._layer_initial_states(owner, c0, batch, device)
 
         layer_memory = self._time_major_memory(owner, memory, batch, batch_first, device)
         memory_length = self._memory_length(owner, layer_memory)
@@ -261,13 +235,7 @@ class SRUpp(nn.Module):
                 memory_mask_pad=memory_mask_pad if layer_mem is not None else None,
             )
             last_states.append(c_last)
-        c_stack = torch.stack(last_states)
-        if self.nn_rnn_compatible_return:
-            c_stack = (
-                c_stack.view(self.num_layers, batch, self.num_directions, self.hidden_size)
-                .transpose(1, 2)
-                .reshape(self.num_layers * self.num_directions, batch, self.hidden_size)
-            )
+        c_stack = self._stacked_last_states(last_states, batch)
 
         if lengths is not None:
             return pack_padded_sequence(h, lengths, enforce_sorted=False), c_stack, {"saved_inputs": saved_inputs}
@@ -371,26 +339,26 @@ class SRUpp(nn.Module):
 
     def extra_repr(self) -> str:
         parts = [f"{self.input_size}, {self.hidden_size}, {self.proj_size}"]
-        for name, default in (
-            ("num_layers", 2),
-            ("dropout", 0.0),
-            ("attn_dropout", 0.0),
-            ("num_heads", 1),
-            ("bidirectional", False),
-            ("normalize_after", False),
-            ("attn_layer_norm", True),
-            ("highway_bias", -2.0),
-            ("attention_every_n_layers", 1),
-            ("attention_last_n_layers", -1),
-            ("rescale", False),
-            ("nn_rnn_compatible_return", False),
-            ("weight_c_init", 1.0),
-            ("batch_first", False),
-            ("recurrence_policy", "auto"),
-        ):
-            value = getattr(self, name)
-            if value != default:
-                parts.append(f"{name}={value!r}")
+        parts += non_default_settings(
+            self,
+            (
+                ("num_layers", 2),
+                ("dropout", 0.0),
+                ("attn_dropout", 0.0),
+                ("num_heads", 1),
+                ("bidirectional", False),
+                ("normalize_after", False),
+                ("attn_layer_norm", True),
+                ("highway_bias", -2.0),
+                ("attention_every_n_layers", 1),
+                ("attention_last_n_layers", -1),
+                ("rescale", False),
+                ("nn_rnn_compatible_return", False),
+                ("weight_c_init", 1.0),
+                ("batch_first", False),
+                ("recurrence_policy", "auto"),
+            ),
+        )
         if self.use_layer_norm:
             parts.append("layer_norm=True")
         return ", ".join(parts)

@@ -21,9 +21,14 @@ from torch import Tensor, nn
 from .checks import check_positive_int, check_probability
 
 
-def _xavier_without_bias(*linears: nn.Linear) -> None:
+def _xavier_without_bias(*linears: nn.Linear, dropout: float) -> None:
+    """Xavier-uniform weights in the given order (one random stream), then the last matrix,
+    which reads the dropped-out features, shrunk by sqrt(1 - dropout) to keep the output's
+    variance. Called under ``torch.no_grad()``."""
     for linear in linears:
         nn.init.xavier_uniform_(linear.weight)
+    if dropout > 0:
+        linears[-1].weight.mul_((1 - dropout) ** 0.5)
 
 
 class SRUppProjectedLinear(nn.Module):
@@ -55,9 +60,7 @@ class SRUppProjectedLinear(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            _xavier_without_bias(self.linear1, self.linear2)
-            if self.dropout.p > 0:
-                self.linear2.weight.mul_((1 - self.dropout.p) ** 0.5)
+            _xavier_without_bias(self.linear1, self.linear2, dropout=self.dropout.p)
 
     def forward(
         self,
@@ -126,10 +129,8 @@ class SRUppAttention(nn.Module):
 
     def reset_parameters(self) -> None:
         with torch.no_grad():
-            _xavier_without_bias(self.linear1, self.linear2, self.linear3)
+            _xavier_without_bias(self.linear1, self.linear2, self.linear3, dropout=self.dropout.p)
             self.alpha.fill_(self.rezero_init_alpha)
-            if self.dropout.p > 0:
-                self.linear3.weight.mul_((1 - self.dropout.p) ** 0.5)
 
     def forward(
         self,

@@ -14,10 +14,8 @@ from typing import Optional, Tuple
 import torch
 from torch import Tensor, nn
 
-from sru_lightning.ops import functional
-
-from .cell import checked_policy
 from .checks import check_positive_int, check_probability
+from .common import RecurrentCellMixin, non_default_settings, time_shared_dropout_mask
 from .srupp_attention import SRUppAttention
 
 
@@ -27,7 +25,7 @@ def _check_real(owner: str, name: str, value) -> float:
     return float(value)
 
 
-class SRUppCell(nn.Module):
+class SRUppCell(RecurrentCellMixin, nn.Module):
     """One SRU++ layer: U from ``transform_module`` (attention or projected linear), then the
     SRU recurrence with the highway skip.
 
@@ -40,8 +38,6 @@ class SRUppCell(nn.Module):
     -> (h, c) on time-major, already checked tensors (:class:`SRUpp` checks them). The memory
     goes to the transform as given (not layer-normalised), as in the reference.
     """
-
-    scale_x: Tensor
 
     def __init__(
         self,
@@ -81,22 +77,8 @@ class SRUppCell(nn.Module):
         self.recurrence_policy = recurrence_policy
 
         self.transform_module = transform_module
-        self.weight_c = nn.Parameter(torch.empty(2 * self.output_size))
-        self.bias = nn.Parameter(torch.empty(2 * self.output_size))
-        self.register_buffer("scale_x", torch.ones(1))
-        if layer_norm:
-            self.layer_norm = nn.LayerNorm(self.output_size if self.normalize_after else self.input_size)
-        else:
-            self.layer_norm = None
+        self._add_recurrence_parameters(layer_norm)
         self.reset_parameters()
-
-    @property
-    def recurrence_policy(self) -> str:
-        return self._recurrence_policy
-
-    @recurrence_policy.setter
-    def recurrence_policy(self, policy: str) -> None:
-        self._recurrence_policy = checked_policy(type(self).__name__, policy)
 
     @property
     def proj_size(self) -> int:
@@ -130,11 +112,8 @@ class SRUppCell(nn.Module):
         memory: Optional[Tensor] = None,
         memory_mask_pad: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor]:
-        residual = x = input
-        if self.layer_norm is not None and not self.normalize_after:
-            x = self.layer_norm(x)
         U = self.transform_module(
-            x, mask_pad=mask_pad, attn_mask=attn_mask, memory=memory, memory_mask_pad=memory_mask_pad
+            self._normalized_input(input), mask_pad=mask_pad, attn_mask=attn_mask, memory=memory, memory_mask_pad=memory_mask_pad
         )
         expected_width = self.output_size * self.num_matrices
         if U.shape[-1] != expected_width:
@@ -144,43 +123,24 @@ class SRUppCell(nn.Module):
             )
         mask_c = None
         if self.training and self.dropout > 0:
-            mask_c = self.bias.new_empty(input.shape[1], self.output_size).bernoulli_(1 - self.dropout)
-            mask_c = mask_c.div_(1 - self.dropout)
-        skip = residual if self.num_matrices == 3 else None
-        tensors = (U, skip, self.weight_c, self.bias, c0)
-        needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-        recurrence = functional.sru_recurrence if needs_grad else functional.sru_recurrence_inference
-        h, c = recurrence(
-            U,
-            skip,
-            self.weight_c,
-            self.bias,
-            c0,
-            scale_x=self.scale_x if self.rescale else None,
-            mask_c=mask_c,
-            mask_pad=mask_pad,
-            bidirectional=self.bidirectional,
-            has_skip_term=True,
-            policy=self.recurrence_policy,
-        )
-        if self.layer_norm is not None and self.normalize_after:
-            h = self.layer_norm(h)
-        return h, c
+            mask_c = time_shared_dropout_mask(self.bias, (input.shape[1], self.output_size), self.dropout)
+        skip = input if self.num_matrices == 3 else None
+        return self._recurrence(U, skip, self.weight_c, c0, mask_c, mask_pad, has_skip_term=True)
 
     def extra_repr(self) -> str:
         parts = [f"{self.input_size}, {self.hidden_size}"]
-        for name, default in (
-            ("dropout", 0.0),
-            ("bidirectional", False),
-            ("normalize_after", True),
-            ("highway_bias", 0.0),
-            ("rescale", False),
-            ("weight_c_init", 1.0),
-            ("recurrence_policy", "auto"),
-        ):
-            value = getattr(self, name)
-            if value != default:
-                parts.append(f"{name}={value!r}")
+        parts += non_default_settings(
+            self,
+            (
+                ("dropout", 0.0),
+                ("bidirectional", False),
+                ("normalize_after", True),
+                ("highway_bias", 0.0),
+                ("rescale", False),
+                ("weight_c_init", 1.0),
+                ("recurrence_policy", "auto"),
+            ),
+        )
         if self.layer_norm is not None:
             parts.append("layer_norm=True")
         return ", ".join(parts)

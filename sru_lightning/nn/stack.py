@@ -4,27 +4,25 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
-from .cell import SRUCell, checked_policy, resolve_amp_flag
+from .cell import SRUCell, resolve_amp_flag
 from .checks import (
-    check_floating_tensor,
     check_input_dtype,
     check_non_negative_int,
     check_positive_int,
     check_probability,
-    check_same_device,
-    check_shape,
     time_major_padding_mask,
     to_time_major,
 )
+from .common import StackMixin, checked_policy, non_default_settings, unpack_sequence, warn_rnn_dropout
 
 
-class SRU(nn.Module):
+class SRU(StackMixin, nn.Module):
     """Stacked SRU layers.
 
     ``SRU(input_size, hidden_size, num_layers=2, ...)`` takes the keyword names of
@@ -143,24 +141,7 @@ class SRU(nn.Module):
                 layers[-1].amp_recurrence_fp16 = self.amp_recurrence_fp16
         self.rnn_lst = nn.ModuleList(layers)
         if self.rnn_dropout > 0:
-            warnings.warn(
-                f"{owner}: `rnn_dropout` is deprecated (as in the sru package); use `dropout`",
-                FutureWarning,
-                stacklevel=2,
-            )
-
-    # ------------------------------------------------------------------ policy
-    @property
-    def recurrence_policy(self) -> str:
-        """The layers' policy ("mixed" if they were set differently one by one)."""
-        policies = {layer.recurrence_policy for layer in self.rnn_lst}
-        return policies.pop() if len(policies) == 1 else "mixed"
-
-    @recurrence_policy.setter
-    def recurrence_policy(self, policy: str) -> None:
-        policy = checked_policy(type(self).__name__, policy)
-        for layer in self.rnn_lst:
-            layer.recurrence_policy = policy
+            warn_rnn_dropout(owner)
 
     def reset_parameters(self) -> None:
         for layer in self.rnn_lst:
@@ -179,15 +160,8 @@ class SRU(nn.Module):
         device = self.rnn_lst[0].bias.device
         lengths = None
         if isinstance(input, PackedSequence):
-            if mask_pad is not None:
-                raise ValueError(
-                    f"{owner}: `mask_pad` must be None for a PackedSequence input (padding is "
-                    f"taken from its lengths), got a tensor of shape {tuple(mask_pad.shape)}"
-                )
-            padded, lengths = pad_packed_sequence(input)
+            padded, lengths, mask_pad = unpack_sequence(owner, input, mask_pad, device)
             x, one_step = to_time_major(owner, padded, self.input_size, False, device)
-            steps = torch.arange(padded.shape[0]).unsqueeze(1)
-            mask_pad = (steps >= lengths.unsqueeze(0)).to(device)
         else:
             x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]
@@ -197,28 +171,14 @@ class SRU(nn.Module):
         if mask_pad is not None and lengths is None:
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
 
-        layer_c0: List[Optional[Tensor]] = [None] * self.num_layers
-        if c0 is not None:
-            check_floating_tensor(owner, "c0", c0)
-            check_shape(
-                owner, "c0", c0, (self.num_layers, batch, self.output_size),
-                "(num_layers, batch, dirs*hidden_size)",
-            )
-            check_same_device(owner, "c0", c0, device, "the input's")
-            layer_c0 = list(c0.unbind(0))
+        layer_c0 = self._layer_initial_states(owner, c0, batch, device)
 
         h = x if self.input_to_hidden is None else self.input_to_hidden(x)
         last_states = []
         for layer, c_init in zip(self.rnn_lst, layer_c0):
             h, c_last = layer.forward_time_major(h, c_init, mask_pad)
             last_states.append(c_last)
-        c_stack = torch.stack(last_states)
-        if self.nn_rnn_compatible_return:
-            c_stack = (
-                c_stack.view(self.num_layers, batch, self.num_directions, self.hidden_size)
-                .transpose(1, 2)
-                .reshape(self.num_layers * self.num_directions, batch, self.hidden_size)
-            )
+        c_stack = self._stacked_last_states(last_states, batch)
 
         if lengths is not None:
             return pack_padded_sequence(h, lengths, enforce_sorted=False), c_stack
@@ -229,24 +189,25 @@ class SRU(nn.Module):
     # ------------------------------------------------------------------ repr
     def extra_repr(self) -> str:
         parts = [f"{self.input_size}, {self.hidden_size}"]
-        for name, default in (
-            ("num_layers", 2),
-            ("dropout", 0.0),
-            ("rnn_dropout", 0.0),
-            ("bidirectional", False),
-            ("projection_size", 0),
-            ("layer_norm", False),
-            ("highway_bias", 0.0),
-            ("has_skip_term", True),
-            ("rescale", False),
-            ("v1", False),
-            ("nn_rnn_compatible_return", False),
-            ("normalize_after", False),
-            ("weight_c_init", None),
-            ("batch_first", False),
-            ("recurrence_policy", "auto"),
-        ):
-            value = self.use_layer_norm if name == "layer_norm" else getattr(self, name)
-            if value != default:
-                parts.append(f"{name}={value!r}")
+        parts += non_default_settings(
+            self,
+            (
+                ("num_layers", 2),
+                ("dropout", 0.0),
+                ("rnn_dropout", 0.0),
+                ("bidirectional", False),
+                ("projection_size", 0),
+                ("layer_norm", False),
+                ("highway_bias", 0.0),
+                ("has_skip_term", True),
+                ("rescale", False),
+                ("v1", False),
+                ("nn_rnn_compatible_return", False),
+                ("normalize_after", False),
+                ("weight_c_init", None),
+                ("batch_first", False),
+                ("recurrence_policy", "auto"),
+            ),
+            attributes={"layer_norm": "use_layer_norm"},
+        )
         return ", ".join(parts)

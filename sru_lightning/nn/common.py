@@ -1,0 +1,206 @@
+"""Pieces shared by the SRU layers (:class:`SRUCell`, :class:`SRU`) and the SRU++ layers
+(:class:`SRUppCell`, :class:`SRUpp`): the recurrence policy attribute, the recurrence call,
+and the input handling common to both stacks.
+
+Only logic that is the same for both families lives here; what follows one reference's
+semantics (initialisation recipes, constructor arguments) stays in its own module.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
+
+from sru_lightning.ops import functional
+from sru_lightning.ops.policy import validate_policy
+
+from .checks import check_floating_tensor, check_same_device, check_shape
+
+
+def checked_policy(owner: str, policy) -> str:
+    """Validate a recurrence policy, naming the layer that received it."""
+    try:
+        return validate_policy(policy, argument="recurrence_policy")
+    except (TypeError, ValueError) as error:
+        raise type(error)(f"{owner}: {error}") from None
+
+
+def warn_rnn_dropout(owner: str) -> None:
+    """The ``sru`` package deprecates ``rnn_dropout``; say so at the caller's constructor call."""
+    warnings.warn(
+        f"{owner}: `rnn_dropout` is deprecated (as in the sru package); use `dropout`",
+        FutureWarning,
+        stacklevel=3,
+    )
+
+
+def non_default_settings(
+    module, defaults: Sequence[Tuple[str, object]], attributes: Optional[Dict[str, str]] = None
+) -> List[str]:
+    """``name=value`` for each ``(name, default)`` whose value on ``module`` differs from the
+    default, for ``extra_repr``; ``attributes`` maps a name to the attribute holding it."""
+    attributes = attributes or {}
+    parts = []
+    for name, default in defaults:
+        value = getattr(module, attributes.get(name, name))
+        if value != default:
+            parts.append(f"{name}={value!r}")
+    return parts
+
+# ---------------------------------------------------------------------- one layer
+def time_shared_dropout_mask(like: Tensor, size: Tuple[int, int], p: float) -> Tensor:
+    """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
+    return like.new_empty(size).bernoulli_(1 - p).div_(1 - p)
+
+
+class RecurrentCellMixin:
+    """What :class:`SRUCell` and :class:`SRUppCell` share once U is computed: the recurrence
+    policy, the recurrence's own parameters (``weight_c``, ``bias``, the ``scale_x`` buffer)
+    with the optional ``layer_norm``, and the call of the recurrence op.
+
+    Both set ``input_size``, ``output_size``, ``bidirectional``, ``normalize_after`` and
+    ``rescale`` before using these pieces.
+    """
+
+    _recurrence_policy: str
+    input_size: int
+    output_size: int
+    bidirectional: bool
+    normalize_after: bool
+    rescale: bool
+    weight_c: nn.Parameter
+    bias: nn.Parameter
+    scale_x: Tensor
+    layer_norm: Optional[nn.LayerNorm]
+
+    @property
+    def recurrence_policy(self) -> str:
+        return self._recurrence_policy
+
+    @recurrence_policy.setter
+    def recurrence_policy(self, policy: str) -> None:
+        self._recurrence_policy = checked_policy(type(self).__name__, policy)
+
+    def _add_recurrence_parameters(self, layer_norm: bool) -> None:
+        """Register weight_c, bias, scale_x and layer_norm (names and order of the ``sru``
+        package's cells); ``reset_parameters`` gives them their values."""
+        self.weight_c = nn.Parameter(torch.empty(2 * self.output_size))
+        self.bias = nn.Parameter(torch.empty(2 * self.output_size))
+        # Multiplier of the skip input (k = 3); a buffer so checkpoints carry it.
+        self.register_buffer("scale_x", torch.ones(1))
+        if layer_norm:
+            self.layer_norm = nn.LayerNorm(self.output_size if self.normalize_after else self.input_size)
+        else:
+            self.layer_norm = None
+
+    def _normalized_input(self, x: Tensor) -> Tensor:
+        """The layer norm on the input side (``normalize_after=False``), if any."""
+        if self.layer_norm is not None and not self.normalize_after:
+            return self.layer_norm(x)
+        return x
+
+    def _recurrence(
+        self,
+        U: Tensor,
+        skip: Optional[Tensor],
+        weight_c: Tensor,
+        c0: Optional[Tensor],
+        mask_c: Optional[Tensor],
+        mask_pad: Optional[Tensor],
+        has_skip_term: bool,
+    ) -> Tuple[Tensor, Tensor]:
+        """h and the last c from U through the package op, then the output-side layer norm.
+
+        The autograd entry point is used only when a gradient is needed, so inference does not
+        keep what backward would use. ``functional`` is looked up at call time (so ``apex.amp``
+        can patch its entry points).
+        """
+        tensors = (U, skip, weight_c, self.bias, c0)
+        needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+        recurrence = functional.sru_recurrence if needs_grad else functional.sru_recurrence_inference
+        h, c = recurrence(
+            U,
+            skip,
+            weight_c,
+            self.bias,
+            c0,
+            scale_x=self.scale_x if self.rescale else None,
+            mask_c=mask_c,
+            mask_pad=mask_pad,
+            bidirectional=self.bidirectional,
+            has_skip_term=has_skip_term,
+            policy=self.recurrence_policy,
+        )
+        if self.layer_norm is not None and self.normalize_after:
+            h = self.layer_norm(h)
+        return h, c
+
+
+# ---------------------------------------------------------------------- a stack of layers
+class StackMixin:
+    """What :class:`SRU` and :class:`SRUpp` share: both hold their layers in ``rnn_lst`` and
+    set ``num_layers``, ``hidden_size``, ``num_directions``, ``output_size`` and
+    ``nn_rnn_compatible_return``."""
+
+    rnn_lst: Sequence
+    num_layers: int
+    hidden_size: int
+    num_directions: int
+    output_size: int
+    nn_rnn_compatible_return: bool
+
+    @property
+    def recurrence_policy(self) -> str:
+        """The layers' policy ("mixed" if they were set differently one by one)."""
+        policies = {layer.recurrence_policy for layer in self.rnn_lst}
+        return policies.pop() if len(policies) == 1 else "mixed"
+
+    @recurrence_policy.setter
+    def recurrence_policy(self, policy: str) -> None:
+        policy = checked_policy(type(self).__name__, policy)
+        for layer in self.rnn_lst:
+            layer.recurrence_policy = policy
+
+    def _layer_initial_states(
+        self, owner: str, c0: Optional[Tensor], batch: int, device: torch.device
+    ) -> List[Optional[Tensor]]:
+        """``c0`` (num_layers, B, dirs*hidden_size) checked and split per layer (None: zeros)."""
+        if c0 is None:
+            return [None] * self.num_layers
+        check_floating_tensor(owner, "c0", c0)
+        check_shape(
+            owner, "c0", c0, (self.num_layers, batch, self.output_size), "(num_layers, batch, dirs*hidden_size)"
+        )
+        check_same_device(owner, "c0", c0, device, "the input's")
+        return list(c0.unbind(0))
+
+    def _stacked_last_states(self, last_states: List[Tensor], batch: int) -> Tensor:
+        """The layers' last c as (num_layers, B, dirs*hidden_size), or in the ``nn.LSTM``
+        layout (num_layers*dirs, B, hidden_size) with ``nn_rnn_compatible_return``."""
+        c_stack = torch.stack(last_states)
+        if self.nn_rnn_compatible_return:
+            c_stack = (
+                c_stack.view(self.num_layers, batch, self.num_directions, self.hidden_size)
+                .transpose(1, 2)
+                .reshape(self.num_layers * self.num_directions, batch, self.hidden_size)
+            )
+        return c_stack
+
+
+def unpack_sequence(
+    owner: str, input: PackedSequence, mask_pad: Optional[Tensor], device: torch.device
+) -> Tuple[Tensor, Tensor, Tensor]:
+    """A ``PackedSequence`` as (padded (L, B, ...), lengths, padding mask (L, B) bool);
+    ``mask_pad`` must be None since the lengths give the padding."""
+    if mask_pad is not None:
+        raise ValueError(
+            f"{owner}: `mask_pad` must be None for a PackedSequence input (padding is "
+            f"taken from its lengths), got a tensor of shape {tuple(mask_pad.shape)}"
+        )
+    padded, lengths = pad_packed_sequence(input)
+    steps = torch.arange(padded.shape[0]).unsqueeze(1)
+    return padded, lengths, (steps >= lengths.unsqueeze(0)).to(device)
