@@ -16,6 +16,7 @@ against the LSTM of the same size, one token at a time (see ``decode_bench``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import statistics
 import time
@@ -146,14 +147,21 @@ def _make_inference_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
+@contextlib.contextmanager
+def intra_op_threads(count: int):
+    """Run the block with `count` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
 def run_benchmark(config: BenchConfig) -> BenchResult:
     """Time every model, interleaved round by round; keep the best (or median) time of each."""
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
+    with intra_op_threads(config.threads):
         return _run_benchmark(config)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _run_benchmark(config: BenchConfig) -> BenchResult:

@@ -65,12 +65,10 @@ def default_models():
 
 
 def run_decode_benchmark(config: DecodeBenchConfig) -> DecodeBenchResult:
-    previous_threads = torch.get_num_threads()
-    torch.set_num_threads(config.threads)
-    try:
+    from .bench import intra_op_threads
+
+    with intra_op_threads(config.threads):
         return _run(config)
-    finally:
-        torch.set_num_threads(previous_threads)
 
 
 def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
