@@ -40,6 +40,8 @@ constexpr int64_t kBlock = 64;
 // Blocks whose state a thread keeps at once (128 * 64 columns): the per-block state stays
 // in L2 while each step still streams long contiguous stretches of memory.
 constexpr int64_t kChunkBlocks = 128;
+// How many blocks ahead the block loops prefetch their inputs.
+constexpr int64_t kPrefetchBlocks = 2;
 
 // In the order of cpu_vector_level()'s numbers; each level needs the previous one.
 enum class VectorLevel { baseline, avx2, avx512, avx512_bf16 };

@@ -6,8 +6,9 @@
 // inline into the loops (GCC refuses to inline a wider-target function into a plain one).
 //
 // Half storage (bf16, fp16): each block step widens its U, x, grad_h and per-step weight_c
-// values into small float arrays, runs the float loops of the float32 kernels over them,
-// and narrows h, c, the gradients on store. Float and double storage skip the copies.
+// values into small float arrays, runs the float loops of the float32 kernels over them
+// (with the gate exponential matched to the storage's precision, see sru_step.h), and
+// narrows h, c, the gradients on store. Float and double storage skip the copies.
 //
 // No include guard and no includes: sru_cpu.cpp includes everything this file needs first.
 
@@ -15,6 +16,10 @@
 
 template <typename T>
 constexpr bool is_half_storage = !std::is_same_v<T, accumulate_t<T>>;
+
+// The exponential of the gates, as accurate as the storage keeps (sru_step.h).
+template <typename T>
+constexpr ExpAccuracy exp_accuracy = is_half_storage<T> ? ExpAccuracy::half_storage : ExpAccuracy::float_storage;
 
 // Storage values to the accumulation type. Conversions round like c10's (round to nearest
 // even); the vector instructions used where present give the same bits, except that the
@@ -164,6 +169,30 @@ SRU_LEVEL_FN void store(const A* __restrict__ source, int64_t n, T* __restrict__
   narrow(source, n, target);
 }
 
+// Asks for the cache lines of `count` values at `source` ahead of their use: each block
+// step reads its inputs in one burst, too short for the hardware prefetcher to run ahead.
+template <typename T>
+SRU_LEVEL_FN void prefetch(const T* source, int64_t count) {
+  const char* bytes = reinterpret_cast<const char*>(source);
+  for (int64_t i = 0; i < count * static_cast<int64_t>(sizeof(T)); i += 64) __builtin_prefetch(bytes + i);
+}
+
+// Where the block kPrefetchBlocks after `task` at `step` lies in a pass's order (blocks
+// within a step, then the next step: +1 forward, -1 backward): its block and step, or false
+// past the pass's end.
+SRU_LEVEL_FN bool block_ahead(const RecurrenceDims& dims, int64_t begin, int64_t end, int64_t task, int64_t step,
+                              int64_t step_change, ColumnBlock& blk, int64_t& ahead_step) {
+  int64_t ahead = task + kPrefetchBlocks;
+  ahead_step = step;
+  if (ahead >= end) {
+    ahead = begin + (ahead - end) % (end - begin);
+    ahead_step += step_change;
+    if (ahead_step < 0 || ahead_step >= dims.length) return false;
+  }
+  blk = block_at(dims, ahead);
+  return true;
+}
+
 // Arena fields 1 to 5 of a block hold what both passes read at every step: the bias halves
 // bf and br, the vector weight_c halves wf and wr (a per-step weight_c is gathered into them
 // each step instead) and mask_c. Field 0 is the state each pass carries.
@@ -207,15 +236,15 @@ SRU_LEVEL_FN void gather_step(const RecurrenceDims& dims, const RecurrenceInputs
 
 // The forward step over one block in the accumulation type: reads U, writes h, updates the
 // state c in place.
-template <typename A, int K>
+template <typename A, int K, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void forward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                const A* __restrict__ br, const A* __restrict__ mask, A* __restrict__ c,
                                A* __restrict__ h) {
   for (int64_t i = 0; i < n; ++i) {
     A c_new, h_new;
-    forward_step<A>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i], c[i],
-                    c_new, h_new);
+    forward_step<A, Accuracy>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
+                              c[i], c_new, h_new);
     c[i] = c_new;
     h[i] = h_new;
   }
@@ -237,7 +266,8 @@ SRU_LEVEL_FN void forward_block_step(const RecurrenceDims& dims, const ForwardAr
   const A* u = widened(a.U + offset * K, n * K, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   A* h = output_buffer(a.h + offset, h_scratch);
-  forward_loop<A, K>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5), c, h);
+  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5),
+                                      c, h);
   finish_output(h, n, a.h + offset);
   if (a.c_all != nullptr) store(c, n, a.c_all + offset);
 }
@@ -259,6 +289,13 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
   // Step-major: each step walks this thread's contiguous columns, so memory is streamed.
   for (int64_t step = 0; step < dims.length; ++step) {
     for (int64_t task = begin; task < end; ++task) {
+      ColumnBlock next;
+      int64_t next_step;
+      if (block_ahead(dims, begin, end, task, step, 1, next, next_step)) {
+        const int64_t next_offset = dims.time_of(next_step, next.d) * columns + next.column;
+        prefetch(a.U + next_offset * K, next.n * K);
+        if (dims.skip_from_x) prefetch(a.x + next_offset, next.n);
+      }
       const ColumnBlock blk = block_at(dims, task);
       const int64_t slot = task - begin;
       const int64_t t = dims.time_of(step, blk.d);
@@ -284,7 +321,7 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
 // writes grad_U's first three values per column, carries grad_c and the weight_c/bias
 // gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
 // g_skip, g_wf and g_wr.
-template <typename A, int K>
+template <typename A, int K, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                 const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                 const A* __restrict__ br, const A* __restrict__ mask, const A* __restrict__ c_prev,
@@ -297,8 +334,8 @@ SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __r
   A* __restrict__ sum_br = sums + 3 * kBlock;
   for (int64_t i = 0; i < n; ++i) {
     StepGradients<A> g;
-    backward_step<A>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i], c_prev[i],
-                     grad_h[i], grad_c[i], g);
+    backward_step<A, Accuracy>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
+                               c_prev[i], grad_h[i], grad_c[i], g);
     grad_c[i] = g.c_prev;
     grad_u[i * K] = g.u0;
     grad_u[i * K + 1] = g.u1;
@@ -335,8 +372,9 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
   A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
-  backward_loop<A, K>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5), c_prev,
-                      grad_h, arena.get(slot, 0), grad_u, g_skip, g_wf, g_wr, arena.get(slot, 6));
+  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5),
+                                       c_prev, grad_h, arena.get(slot, 0), grad_u, g_skip, g_wf, g_wr,
+                                       arena.get(slot, 6));
   if (K == 4) {
     for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = dims.skip_from_u ? g_skip[i] : A(0);
   }
@@ -377,6 +415,15 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
 
   for (int64_t step = dims.length - 1; step >= 0; --step) {
     for (int64_t task = begin; task < end; ++task) {
+      ColumnBlock next;
+      int64_t next_step;
+      if (block_ahead(dims, begin, end, task, step, -1, next, next_step)) {
+        const int64_t next_offset = dims.time_of(next_step, next.d) * columns + next.column;
+        prefetch(a.U + next_offset * K, next.n * K);
+        prefetch(a.grad_h + next_offset, next.n);
+        if (dims.skip_from_x) prefetch(a.x + next_offset, next.n);
+        if (next_step > 0) prefetch(a.c_all + dims.time_of(next_step - 1, next.d) * columns + next.column, next.n);
+      }
       const ColumnBlock blk = block_at(dims, task);
       const int64_t slot = task - begin;
       const int64_t t = dims.time_of(step, blk.d);

@@ -13,6 +13,8 @@
 #include <cstring>
 #include <math.h>
 
+#include <type_traits>
+
 #if defined(__CUDACC__) || defined(__HIPCC__)
 #define SRU_HOST_DEVICE __host__ __device__ __forceinline__
 #else
@@ -32,9 +34,20 @@ struct AccumulateType<double> {
 template <typename T>
 using accumulate_t = typename AccumulateType<T>::type;
 
+// How closely the host's float exp follows e^x. Float storage keeps 24 bits, so its kernels
+// use a polynomial whose error is below float's own rounding. Half storage rounds every
+// stored value to 11 bits (float16) or 8 bits (bfloat16), and its kernels carry the state in
+// float between steps, so an error 100 times below float16's rounding is invisible in their
+// results; their polynomial has three fewer multiply-adds per exponential.
+enum class ExpAccuracy {
+  float_storage,  // degree-7 Taylor polynomial: relative error < 6e-9
+  half_storage,   // degree-4 minimax polynomial: relative error < 3e-6
+};
+
 // exp(x) for float on the host without branches or library calls, so the CPU loops that
-// call it vectorize. Range reduction x = k*ln2 + r, |r| <= ln2/2, then a degree-7 Taylor
-// polynomial (truncation error < 6e-9 relative) scaled by 2^k through the exponent bits.
+// call it vectorize. Range reduction x = k*ln2 + r, |r| <= ln2/2, then a polynomial in r
+// (chosen by Accuracy) scaled by 2^k through the exponent bits.
+template <ExpAccuracy Accuracy = ExpAccuracy::float_storage>
 SRU_HOST_DEVICE float exp_branch_free(float x) {
   // Keeps 2^k a normal float; sigmoid saturates long before these bounds matter.
   x = x < -87.0f ? -87.0f : x;
@@ -44,14 +57,24 @@ SRU_HOST_DEVICE float exp_branch_free(float x) {
   const float shifted = x * 1.44269504088896341f + round_magic;
   const float k = shifted - round_magic;
   const float r = (x - k * 0.693145751953125f) - k * 1.42860682030941723212e-6f;
-  float p = 1.0f / 5040.0f;
-  p = p * r + 1.0f / 720.0f;
-  p = p * r + 1.0f / 120.0f;
-  p = p * r + 1.0f / 24.0f;
-  p = p * r + 1.0f / 6.0f;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
+  float p;
+  if constexpr (Accuracy == ExpAccuracy::float_storage) {
+    p = 1.0f / 5040.0f;
+    p = p * r + 1.0f / 720.0f;
+    p = p * r + 1.0f / 120.0f;
+    p = p * r + 1.0f / 24.0f;
+    p = p * r + 1.0f / 6.0f;
+    p = p * r + 0.5f;
+    p = p * r + 1.0f;
+    p = p * r + 1.0f;
+  } else {
+    // Coefficients that equalize the relative error over |r| <= ln2/2 (Remez exchange).
+    p = 0.04145860820f;
+    p = p * r + 0.1679090722f;
+    p = p * r + 0.5000435866f;
+    p = p * r + 0.9999634049f;
+    p = p * r + 0.9999992614f;
+  }
   int32_t shifted_bits;
   std::memcpy(&shifted_bits, &shifted, sizeof(float));
   const int32_t scale_bits = (shifted_bits - 0x4B400000 + 127) << 23;
@@ -60,55 +83,59 @@ SRU_HOST_DEVICE float exp_branch_free(float x) {
   return p * scale;
 }
 
-// Device code (and its CPU emulation, which must run the device's arithmetic) uses expf.
+// Device code (and its CPU emulation, which must run the device's arithmetic) uses expf
+// whatever the storage.
+template <ExpAccuracy Accuracy = ExpAccuracy::float_storage>
 SRU_HOST_DEVICE float exp_accumulate(float x) {
 #if defined(__CUDA_ARCH__) || defined(__HIP_DEVICE_COMPILE__) || defined(SRU_CUDA_EMULATION)
   return expf(x);
 #else
-  return exp_branch_free(x);
+  return exp_branch_free<Accuracy>(x);
 #endif
 }
 
+template <ExpAccuracy Accuracy = ExpAccuracy::float_storage>
 SRU_HOST_DEVICE double exp_accumulate(double x) {
   return exp(x);
 }
 
-template <typename A>
-SRU_HOST_DEVICE A sigmoid(A z) {
-  return A(1) / (A(1) + exp_accumulate(-z));
+// A gate logit limited to [-40, 40], NaN to 40. Written as the two comparisons that x86's
+// min and max instructions make, including their NaN result, so the vector loops use them
+// instead of masked selects.
+SRU_HOST_DEVICE float clamp_logit(float z) {
+  const float upper = z < 40.0f ? z : 40.0f;
+  return upper > -40.0f ? upper : -40.0f;
 }
 
 // Both gates of a step: forget = sigmoid(zf), reset = sigmoid(zr).
-template <typename A>
-SRU_HOST_DEVICE void gates(A zf, A zr, A& forget, A& reset) {
-  forget = sigmoid(zf);
-  reset = sigmoid(zr);
-}
-
+//
 // In float one division serves both gates (the CPU backward loop runs about a quarter
 // faster for it): with ef = 1 + e^-zf and er = 1 + e^-zr, 1/ef = er/(ef*er) and
 // 1/er = ef/(ef*er). The logits are clamped to +-40 so the product stays finite;
-// sigmoid(-40) is below 5e-18, so no gate moves by more than that. A NaN logit gives NaN in
-// its own gate only.
-template <>
-SRU_HOST_DEVICE void gates<float>(float zf, float zr, float& forget, float& reset) {
-  const float f_logit = zf < -40.0f ? -40.0f : (zf > 40.0f ? 40.0f : zf);
-  const float r_logit = zr < -40.0f ? -40.0f : (zr > 40.0f ? 40.0f : zr);
-  float ef = 1.0f + exp_accumulate(-f_logit);
-  float er = 1.0f + exp_accumulate(-r_logit);
-  ef = ef == ef ? ef : 1.0f;
-  er = er == er ? er : 1.0f;
-  const float inverse = 1.0f / (ef * er);
-  forget = zf == zf ? er * inverse : zf;
-  reset = zr == zr ? ef * inverse : zr;
+// sigmoid(-40) is below 5e-18, so no gate moves by more than that. A NaN logit is clamped
+// like any other (so the shared product stays finite) and gives NaN in its own gate only.
+template <typename A, ExpAccuracy Accuracy>
+SRU_HOST_DEVICE void gates(A zf, A zr, A& forget, A& reset) {
+  if constexpr (std::is_same_v<A, float>) {
+    const float f_logit = clamp_logit(zf);
+    const float r_logit = clamp_logit(zr);
+    const float ef = 1.0f + exp_accumulate<Accuracy>(-f_logit);
+    const float er = 1.0f + exp_accumulate<Accuracy>(-r_logit);
+    const float inverse = 1.0f / (ef * er);
+    forget = zf == zf ? er * inverse : zf;
+    reset = zr == zr ? ef * inverse : zr;
+  } else {
+    forget = A(1) / (A(1) + exp_accumulate<Accuracy>(-zf));
+    reset = A(1) / (A(1) + exp_accumulate<Accuracy>(-zr));
+  }
 }
 
 // Forward step: new cell state c and output h from the previous state c_prev.
-template <typename A>
+template <typename A, ExpAccuracy Accuracy = ExpAccuracy::float_storage>
 SRU_HOST_DEVICE void forward_step(A u0, A u1, A u2, A skip, A wf, A wr, A bf, A br, A mask,
                                   A c_prev, A& c, A& h) {
   A forget, reset;
-  gates(u1 + wf * c_prev + bf, u2 + wr * c_prev + br, forget, reset);
+  gates<A, Accuracy>(u1 + wf * c_prev + bf, u2 + wr * c_prev + br, forget, reset);
   c = u0 + (c_prev - u0) * forget;
   // The mask multiplies last: folded into the gate, compilers turn the clamps of the
   // exponential into masked selects that cost about half the loop's speed.
@@ -126,11 +153,11 @@ struct StepGradients {
   A wf, wr;      // d/dwf, d/dwr of this step
 };
 
-template <typename A>
+template <typename A, ExpAccuracy Accuracy = ExpAccuracy::float_storage>
 SRU_HOST_DEVICE void backward_step(A u0, A u1, A u2, A skip, A wf, A wr, A bf, A br, A mask,
                                    A c_prev, A grad_h, A grad_c, StepGradients<A>& g) {
   A forget, reset;
-  gates(u1 + wf * c_prev + bf, u2 + wr * c_prev + br, forget, reset);
+  gates<A, Accuracy>(u1 + wf * c_prev + bf, u2 + wr * c_prev + br, forget, reset);
   const A c = u0 + (c_prev - u0) * forget;
   const A gate = reset * mask;
   const A grad_reset_logit = grad_h * (c - skip) * mask * reset * (A(1) - reset);

@@ -5,7 +5,10 @@ Each level runs in its own process, capped by SRU_LIGHTNING_CPU_VECTORS. Hidden 
 and narrowing code (70 = 4 x 16 + 6, 40 = 2 x 16 + 8). Per storage dtype and variant:
 
 * forward h and c_last equal the float32 kernel on the same (widened) inputs, rounded once to
-  the storage dtype: the half path runs the float32 step loops and only narrows on store;
+  the storage dtype, nearly everywhere: the half path runs the float32 step loops and only
+  narrows on store, but with a gate exponential accurate to 3e-6 instead of 6e-9. So a few
+  values round to the neighbouring half value, and none differs by more than one unit in the
+  last place of max(|value|, 1) (h = skip + (c - skip) * r can cancel to a small value);
 * outputs and gradients stay within the documented bounds (test_ops_cpp.STORAGE_BOUNDS) of a
   float64 reference on the same rounded inputs;
 * NaN and Inf reach exactly the outputs they reach in float32 storage.
@@ -47,6 +50,12 @@ def cast(tensors, kwargs, dtype):
     return tensors, kwargs
 
 
+def within_one_unit(value, value32):
+    # |value - value32| <= one unit in the storage's last place of max(|value32|, 1).
+    unit = value32.abs().clamp_min(1.0) * torch.finfo(value.dtype).eps
+    return bool(((value.float() - value32).abs() <= unit).all())
+
+
 def relative_error(value, reference):
     return ((value.double() - reference).abs().max() / reference.abs().max().clamp_min(1.0)).item()
 
@@ -63,8 +72,9 @@ for storage, (output_bound, grad_bound) in BOUNDS.items():
                 h32, c32 = kernel(*widened, **widened_kwargs)
             where = (storage, hidden, variant)
             assert h.dtype == c_last.dtype == storage, where
-            assert torch.equal(h, h32.to(storage)), where
-            assert torch.equal(c_last, c32.to(storage)), where
+            for value, value32 in ((h, h32), (c_last, c32)):
+                assert within_one_unit(value, value32), where
+                assert (value == value32.to(storage)).float().mean() > 0.95, where
             rounded, rounded_kwargs = cast(tensors, kwargs, torch.float64)
             h_ref, c_ref, grads_ref = run_with_grads(ops.sru_recurrence_reference, rounded, rounded_kwargs)
             assert relative_error(h, h_ref) < output_bound, where
