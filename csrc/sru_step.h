@@ -46,12 +46,10 @@ enum class ExpAccuracy {
 
 // exp(x) for float on the host without branches or library calls, so the CPU loops that
 // call it vectorize. Range reduction x = k*ln2 + r, |r| <= ln2/2, then a polynomial in r
-// (chosen by Accuracy) scaled by 2^k through the exponent bits.
+// (chosen by Accuracy) scaled by 2^k through the exponent bits. x must lie in [-87, 88],
+// where 2^k is a normal float: the gates clamp their logits to +-40 before calling it.
 template <ExpAccuracy Accuracy = ExpAccuracy::float_storage>
 SRU_HOST_DEVICE float exp_branch_free(float x) {
-  // Keeps 2^k a normal float; sigmoid saturates long before these bounds matter.
-  x = x < -87.0f ? -87.0f : x;
-  x = x > 88.0f ? 88.0f : x;
   // Adding 1.5 * 2^23 rounds x*log2(e) to the nearest integer and leaves it in the low bits.
   const float round_magic = 12582912.0f;
   const float shifted = x * 1.44269504088896341f + round_magic;
