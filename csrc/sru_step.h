@@ -97,9 +97,8 @@ SRU_HOST_DEVICE double exp_accumulate(double x) {
   return exp(x);
 }
 
-// A gate logit limited to [-40, 40], NaN to 40. Written as the two comparisons that x86's
-// min and max instructions make, including their NaN result, so the vector loops use them
-// instead of masked selects.
+// A gate logit limited to [-40, 40], NaN to 40 (the caller restores the NaN in its gate).
+// Mapping NaN to a bound lets the vector loops drop the separate NaN selects after exp.
 SRU_HOST_DEVICE float clamp_logit(float z) {
   const float upper = z < 40.0f ? z : 40.0f;
   return upper > -40.0f ? upper : -40.0f;
