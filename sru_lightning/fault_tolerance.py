@@ -4,12 +4,11 @@ Lightning already does most of the work; this module supplies the three pieces i
 to the user, so that `fit(ckpt_path=...)` after a SIGTERM or Ctrl+C reproduces the losses
 the uninterrupted run would have produced:
 
-* **A checkpoint when the run is stopped.** Lightning turns SIGTERM into a clean stop at the
-  next batch boundary and calls every callback's ``on_exception``;
-  :class:`lightning.pytorch.callbacks.OnExceptionCheckpoint` saves the checkpoint there.
-  :class:`GracefulInterrupt` gives the first Ctrl+C (SIGINT) the same clean stop instead of a
-  ``KeyboardInterrupt`` that may land half way through an optimizer step; a second Ctrl+C
-  aborts at once.
+* **A checkpoint when the run is stopped.** :class:`GracefulInterrupt` turns SIGTERM and the
+  first Ctrl+C (SIGINT) into a stop at a batch boundary that every process agrees on (one
+  collective at a fixed point, never inside the signal handler), and Lightning then calls
+  every callback's ``on_exception``, where :class:`InterruptionCheckpoint` saves the
+  checkpoint. A second Ctrl+C aborts at once; a watchdog ends a stop that cannot complete.
 * **The data position.** Lightning 2.x stores the ``state_dict()`` of every training
   dataloader that has one in the checkpoint (``loops.fit_loop.state_dict.combined_loader``)
   and hands it back through ``load_state_dict()`` before it restarts the epoch; a plain
@@ -38,7 +37,9 @@ import logging
 import os
 import random
 import signal
+import shutil
 import threading
+import time
 import warnings
 from typing import Any
 
@@ -184,58 +185,163 @@ class RestoreDataPosition(Callback):
             fit_loop._load_combined_loader_states()
 
 
-class GracefulInterrupt(Callback):
-    """Make the first Ctrl+C (SIGINT) stop training the way SIGTERM does.
+#: What each handled signal is called in messages and records.
+SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl+C)"}
 
-    Lightning's SIGTERM handler lets the current batch finish, then raises at a clean
-    boundary, so ``on_exception`` callbacks (``OnExceptionCheckpoint``) save a consistent
-    checkpoint. A ``KeyboardInterrupt`` instead lands wherever Python happens to be, possibly
-    between two parameter updates. This callback, while training runs in the main thread,
-    turns the first SIGINT into that SIGTERM stop; a second SIGINT raises
-    ``KeyboardInterrupt`` at once (Lightning still runs ``on_exception``). The previous
-    handler is put back when training ends.
+
+class GracefulInterrupt(Callback):
+    """Stop on SIGTERM or Ctrl+C (SIGINT) at a batch boundary that every process agrees on.
+
+    Lightning's own SIGTERM handler runs a collective (a broadcast) inside the signal handler,
+    which Python runs wherever the main thread happens to be: inside a backward pass while
+    the other ranks wait in DDP's gradient all-reduce, the collectives no longer match and
+    every rank waits forever. Here the handler only records the signal. After every training
+    (and validation) batch, all ranks reduce what they recorded in one small collective at
+    that fixed point; if any rank was signalled, they all tell Lightning to stop, which it
+    does at the end of that batch on every rank, so ``on_exception`` callbacks
+    (:class:`InterruptionCheckpoint`) save one consistent checkpoint. A signal sent to one
+    rank stops them all the same way.
+
+    A second Ctrl+C aborts at once with ``KeyboardInterrupt`` (no checkpoint: the state may
+    be half way through a step). Repeated SIGTERMs are ignored.
+
+    The first signal also starts a watchdog: if the process is still running
+    ``stop_timeout`` seconds later (a peer process is gone or stuck, so a collective never
+    completes), it prints why and exits with status 1 instead of hanging.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, stop_timeout: float = 300.0) -> None:
         super().__init__()
-        self._previous_handler: Any = None
-        self._installed = False
-        self.stop_requested = False
+        if isinstance(stop_timeout, bool) or not isinstance(stop_timeout, (int, float)) or not stop_timeout > 0:
+            raise ValueError(
+                f"GracefulInterrupt: `stop_timeout` must be a positive number of seconds, got {stop_timeout!r}"
+            )
+        self.stop_timeout = float(stop_timeout)
+        self.received_signal: int | None = None  # the first signal this process received
+        self.stop_signal: int | None = None  # the signal all ranks agreed to stop on
+        self.aborted = False  # a second Ctrl+C
+        self._trainer: pl.Trainer | None = None
+        self._previous_handlers: dict[int, Any] = {}
+        self._active = False
+        self._watchdog: threading.Thread | None = None
+
+    # -- handlers ----------------------------------------------------------------------------
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Before Lightning registers its handler (and before the checkpoint restore), so a
+        # signal from here on is recorded rather than acted on inside whatever code runs.
+        self._trainer = trainer
+        self._install()
+
+    def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._install()  # Lightning has just put its own SIGTERM handler in place
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        # on_train_start runs after the Trainer has installed its own SIGTERM handler, whose
-        # clean-stop behaviour the first Ctrl+C borrows.
+        self._install()
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._install()
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._install()
+
+    def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        self.stop_requested = False
-        self._previous_handler = signal.getsignal(signal.SIGINT)
-        signal.signal(signal.SIGINT, self._handle_sigint)
-        self._installed = True
+        for signum in SIGNAL_NAMES:
+            current = signal.getsignal(signum)
+            if current == self._handle_signal:
+                continue
+            if not self._active and signum not in self._previous_handlers:
+                self._previous_handlers[signum] = current
+            signal.signal(signum, self._handle_signal)
+        self._active = True
 
-    def _handle_sigint(self, signum, frame) -> None:
-        if self.stop_requested:
-            raise KeyboardInterrupt
-        self.stop_requested = True
+    def _restore_handlers(self) -> None:
+        # Also after Lightning's teardown, which puts back the handlers it found (ours).
+        self._active = False
+        if threading.current_thread() is not threading.main_thread():
+            return
+        for signum, handler in self._previous_handlers.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+
+    def _handle_signal(self, signum: int, frame: Any) -> None:
+        if not self._active:
+            # Lightning put this handler back after the fit: behave as the previous one would.
+            signal.signal(signum, self._previous_handlers.get(signum, signal.SIG_DFL) or signal.SIG_DFL)
+            signal.raise_signal(signum)
+            return
+        rank = self._trainer.global_rank if self._trainer is not None else 0
+        if self.received_signal is not None:
+            if signum == signal.SIGINT:
+                self.aborted = True
+                log.warning("[rank %d] Ctrl+C again: aborting at once, without a checkpoint", rank)
+                raise KeyboardInterrupt
+            return  # already stopping; SLURM and launchers may repeat SIGTERM
+        self.received_signal = signum
+        if self._trainer is not None and self._trainer.world_size == 1:
+            # One process: no peer to agree with, and Lightning reads this flag only at safe points.
+            self._agreed(signum)
         log.warning(
-            "Interrupted: stopping after the current batch and saving a checkpoint "
-            "(press Ctrl+C again to abort at once)"
+            "[rank %d] Received %s: stopping after the current batch and saving a checkpoint%s",
+            rank, SIGNAL_NAMES[signum], " (press Ctrl+C again to abort at once)" if signum == signal.SIGINT else "",
         )
-        signal.raise_signal(signal.SIGTERM)
+        self._start_watchdog(signum, rank)
 
-    def _restore_handler(self) -> None:
-        if self._installed:
-            signal.signal(signal.SIGINT, self._previous_handler or signal.default_int_handler)
-            self._installed = False
+    # -- agreement ---------------------------------------------------------------------------
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                           batch: Any, batch_idx: int) -> None:
+        self._agree(trainer)
 
+    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
+                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._agree(trainer)
+
+    def _agree(self, trainer: pl.Trainer) -> None:
+        """One collective at a fixed point of every rank: stop if any rank was signalled."""
+        if self.stop_signal is not None or trainer.world_size == 1:
+            return
+        # SIGTERM (15) outranks SIGINT (2) when ranks received different signals.
+        received = torch.tensor([self.received_signal or 0], device=trainer.strategy.root_device)
+        agreed = int(trainer.strategy.reduce(received, reduce_op="max").item())
+        if agreed:
+            self._agreed(agreed)
+
+    def _agreed(self, signum: int) -> None:
+        self.stop_signal = signum
+        # Lightning's loops raise SIGTERMException at their next safe point once this is set.
+        self._trainer._signal_connector.received_sigterm = True
+
+    # -- watchdog ----------------------------------------------------------------------------
+    def _start_watchdog(self, signum: int, rank: int) -> None:
+        if self._watchdog is not None:
+            return
+        self._watchdog = threading.Thread(target=self._watch, args=(signum, rank), name="stop-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def _watch(self, signum: int, rank: int) -> None:
+        time.sleep(self.stop_timeout)
+        message = (
+            f"sru_lightning: rank {rank} received {SIGNAL_NAMES[signum]} {self.stop_timeout:g} s ago and has not "
+            "finished stopping: another process of this run is gone or stuck, so the ranks cannot agree on a "
+            f"checkpoint (callbacks.graceful_interrupt.stop_timeout={self.stop_timeout:g}); exiting with status 1\n"
+        )
+        # No logging or flushing here: the main thread may hold their locks.
+        os.write(2, message.encode())
+        os._exit(1)
+
+    # -- end of the fit ----------------------------------------------------------------------
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._restore_handler()
+        self._restore_handlers()
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
-        self._restore_handler()
+        if self.stop_signal is None:
+            self._restore_handlers()
+        # After an agreed stop the handlers stay until the process ends: a repeated SIGTERM must
+        # not kill the checkpoint being written, and a second Ctrl+C still aborts.
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self._restore_handler()
+        self._restore_handlers()
 
 
 def is_interruption(exception: BaseException) -> bool:
@@ -243,26 +349,60 @@ def is_interruption(exception: BaseException) -> bool:
     return isinstance(exception, (SIGTERMException, KeyboardInterrupt))
 
 
+def interruption_cause(trainer: pl.Trainer | None, exception: BaseException) -> str | None:
+    """Why the fit stopped, when a signal stopped it ("stopped by SIGINT (Ctrl+C)", ...), else None.
+
+    A second Ctrl+C ends in Lightning's ``sys.exit(1)``; :class:`GracefulInterrupt` remembers
+    it, so the abort is still told apart from a failure.
+    """
+    graceful = next((cb for cb in getattr(trainer, "callbacks", None) or [] if isinstance(cb, GracefulInterrupt)), None)
+    if graceful is not None and graceful.aborted:
+        return "aborted by a second Ctrl+C (SIGINT), without a checkpoint of the current step"
+    if graceful is not None and graceful.stop_signal is not None and is_interruption(exception):
+        return f"stopped by {SIGNAL_NAMES.get(graceful.stop_signal, signal.Signals(graceful.stop_signal).name)}"
+    if isinstance(exception, KeyboardInterrupt):
+        return "stopped by SIGINT (Ctrl+C)"
+    if isinstance(exception, SIGTERMException):
+        return "stopped by SIGTERM"
+    return None
+
+
 class InterruptionCheckpoint(OnExceptionCheckpoint):
     """`OnExceptionCheckpoint` that saves only what is worth resuming.
 
-    It writes the checkpoint when the fit is interrupted (SIGTERM, Ctrl+C) after at least one
-    optimizer step. A crash or a diverged loss (see :mod:`sru_lightning.guards`) leaves no
-    new checkpoint: its weights may be NaN or half-updated, and a file named like a resumable
-    one would invite a requeue to continue from them. The run's epoch-end and periodic
-    checkpoints stay where they are.
+    It writes the checkpoint when the fit is stopped at a batch boundary by SIGTERM or the
+    first Ctrl+C (Lightning's ``SIGTERMException``) after at least one optimizer step. A
+    crash, a diverged loss (see :mod:`sru_lightning.guards`) or an abort (a second Ctrl+C,
+    ``KeyboardInterrupt``, which may land half way through a step) leaves no new checkpoint:
+    its weights may be NaN or half-updated, and a file named like a resumable one would
+    invite a requeue to continue from them. The file appears complete or not at all (written
+    under a temporary name, then renamed). The run's epoch-end and periodic checkpoints
+    stay where they are.
     """
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
-        if not is_interruption(exception):
-            log.info("No %s written: the fit failed (%s), it was not interrupted", self.ckpt_path,
-                     type(exception).__name__)
+        if not isinstance(exception, SIGTERMException):
+            why = "aborted" if isinstance(exception, KeyboardInterrupt) else f"failed ({type(exception).__name__})"
+            log.info("No %s written: the fit %s, it was not stopped at a batch boundary", self.ckpt_path, why)
             return
         if trainer.global_step < 1:
             log.info("No %s written: the fit was interrupted before its first optimizer step", self.ckpt_path)
             return
-        # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones.
-        trainer.save_checkpoint(self.ckpt_path, weights_only=False)
+        # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones. Every rank
+        # takes part (the model gathers the ranks' carried states); rank 0 writes the file.
+        partial = f"{self.ckpt_path}.partial"
+        trainer.save_checkpoint(partial, weights_only=False)
+        if trainer.is_global_zero and os.path.exists(partial):
+            _put_in_place(partial, self.ckpt_path)
+
+
+def _put_in_place(source: str, target: str) -> None:
+    """Rename `source` to `target`; a file atomically, a sharded checkpoint folder after removing the old one."""
+    if os.path.isdir(target):
+        shutil.rmtree(target)  # os.replace cannot put anything over a folder
+    elif os.path.isdir(source) and os.path.exists(target):
+        os.remove(target)
+    os.replace(source, target)
 
 
 class SeedEveryBatch(Callback):

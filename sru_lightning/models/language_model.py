@@ -10,7 +10,7 @@ import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
 from torch import nn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torchmetrics import MeanMetric
 
 RNN_TYPES = ("sru", "srupp", "lstm")
@@ -21,6 +21,25 @@ PERPLEXITY_NAMES = {"char": "ppl", "word": "word_ppl"}
 _SCHEDULER_KEYS = ("interval", "frequency", "monitor", "strict", "name")
 _TOTAL_STEP_KEYS = ("total_steps", "T_max")
 _DERIVED_FROM_TOTAL_STEPS = ("_schedule_phases",)  # OneCycleLR's phase boundaries
+# Checkpoint entry holding every rank's carried training state: {"world_size": W, "per_rank": [...]}.
+CARRIED_STATE_KEY = "carried_train_state"
+
+
+def _map_state(state: Any, function: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """Apply `function` to a recurrent state: a tensor (SRU's c) or a tuple of them (LSTM, SRU++)."""
+    if isinstance(state, torch.Tensor):
+        return function(state)
+    return tuple(function(tensor) for tensor in state)
+
+
+def _all_gather(tensor: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    """Every rank's `tensor` (same shape on all ranks), on the CPU, indexed by rank."""
+    import torch.distributed as dist
+
+    tensor = tensor.contiguous()
+    pieces = [torch.empty_like(tensor) for _ in range(world_size)]
+    dist.all_gather(pieces, tensor)
+    return [piece.cpu() for piece in pieces]
 
 
 def _build_from_config(config: Any, **bound) -> Any:
@@ -233,6 +252,23 @@ class SRULanguageModel(pl.LightningModule):
         else:
             self._carried.pop(stage, None)
 
+    def _own_carried_state(self, saved: Any) -> Any:
+        """This rank's carried training state from a checkpoint's, or None (start from zeros)."""
+        if isinstance(saved, Mapping):
+            saved_world_size, per_rank = int(saved["world_size"]), list(saved["per_rank"])
+        else:  # a one-process checkpoint written before states were kept per rank
+            saved_world_size, per_rank = 1, [saved]
+        trainer = self._trainer
+        world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+        if saved_world_size != world_size:
+            rank_zero_warn(
+                f"The checkpoint carries the recurrent state of {saved_world_size} process(es), this fit runs "
+                f"{world_size}: the rest of the interrupted epoch starts from a zero state, so its losses "
+                "differ from those of an uninterrupted run"
+            )
+            return None
+        return per_rank[rank]
+
     def _metrics_in_float32(self) -> None:
         # `16-true`/`bf16-true` cast the whole module, metric states included; a running sum
         # of thousands of losses in bf16 would be off in the second digit.
@@ -324,14 +360,31 @@ class SRULanguageModel(pl.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         # A mid-epoch resume continues the carried state, so its losses are the uninterrupted
         # run's. Under DDP each rank carries its own streams and only rank 0 writes the file,
-        # so there a resume starts the epoch's remaining batches from zeros instead.
+        # so every rank's state is gathered into it. Lightning dumps a checkpoint on every
+        # rank at the same point, which makes these collectives safe.
         state = self._carried.get("train")
-        if state is not None and self.trainer.world_size == 1:
-            checkpoint["carried_train_state"] = state
+        world_size = self.trainer.world_size
+        if world_size > 1:
+            if not self.trainer.strategy.reduce_boolean_decision(state is not None, all=True):
+                return
+            tensors = [state] if isinstance(state, torch.Tensor) else list(state)
+            gathered = [_all_gather(tensor, world_size) for tensor in tensors]  # [tensor][rank]
+            per_rank = [
+                gathered[0][rank] if isinstance(state, torch.Tensor) else tuple(pieces[rank] for pieces in gathered)
+                for rank in range(world_size)
+            ]
+        elif state is not None:
+            per_rank = [_map_state(state, lambda tensor: tensor.cpu())]
+        else:
+            return
+        checkpoint[CARRIED_STATE_KEY] = {"world_size": world_size, "per_rank": per_rank}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        if checkpoint.get("carried_train_state") is not None:
-            self._carried["train"] = checkpoint["carried_train_state"]
+        saved = checkpoint.get(CARRIED_STATE_KEY)
+        if saved is not None:
+            own = self._own_carried_state(saved)
+            if own is not None:
+                self._carried["train"] = own
         # A step budget filled in from the trainer belongs to this run (a resumed fit may run
         # more epochs): keep the freshly computed one instead of the checkpoint's.
         config = self.lr_scheduler_config

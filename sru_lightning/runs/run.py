@@ -132,10 +132,16 @@ def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
 
 
 def _interruption_message(command: str, overrides: list[str], output_dir: Path, step: int) -> str:
-    from .checkpoints import newest_resumable
+    from .checkpoints import checkpoint_step, newest_resumable
 
-    if command == "fit" and newest_resumable(output_dir / "checkpoints") is not None:
-        return f"interrupted at step {step}; resume with: {resume_command(command, overrides, output_dir)}"
+    newest = newest_resumable(output_dir / "checkpoints") if command == "fit" else None
+    try:
+        saved_step = checkpoint_step(newest) if newest is not None else 0
+    except CheckpointError:
+        newest = None
+    if newest is not None and saved_step > 0:
+        where = "" if saved_step == step else f" from step {saved_step} ({newest.name})"
+        return f"interrupted at step {step}; resume{where} with: {resume_command(command, overrides, output_dir)}"
     return f"interrupted at step {step}; nothing to resume (no checkpoint was written): run the command again"
 
 
@@ -148,7 +154,7 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     other jobs go on). A NaN loss raises RunFailed. An interruption records the status and
     the command that resumes the run; in a sweep it stops the sweep.
     """
-    from sru_lightning.fault_tolerance import is_interruption
+    from sru_lightning.fault_tolerance import interruption_cause
     from sru_lightning.guards import NonFiniteLossError
 
     output_dir = Path(output_dir).absolute()
@@ -177,9 +183,10 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                     "fp16 usually helps)"
                 )
         except BaseException as error:
-            interrupted = is_interruption(error)
+            cause = interruption_cause(trainer, error)
+            interrupted = cause is not None
             step = trainer.global_step if trainer is not None else 0
-            record.update(status="interrupted" if interrupted else "failed", error=describe(error),
+            record.update(status="interrupted" if interrupted else "failed", error=cause or describe(error),
                           optimizer_steps=step, wall_seconds=round(time.monotonic() - started, 1))
             if trainer is None or trainer.is_global_zero:
                 write_record(output_dir, record, keep_result=isinstance(error, UsageError))
