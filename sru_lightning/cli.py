@@ -159,6 +159,8 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         entry()
     except SystemExit as exit_request:
         return exit_request.code if isinstance(exit_request.code, int) else 1
+    except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
+        return _fail("aborted by Ctrl+C (SIGINT)", 130)
     finally:
         sys.argv = original_argv
     failed = [row for row in (sweep.last_summary or []) if row["status"] != "completed"]

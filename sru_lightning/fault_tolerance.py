@@ -47,6 +47,8 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+
+from sru_lightning.signal_watch import HANDLED_SIGNALS, SignalWatch, signal_name
 from torch.utils.data import DataLoader, RandomSampler
 
 log = logging.getLogger(__name__)
@@ -185,10 +187,6 @@ class RestoreDataPosition(Callback):
             fit_loop._load_combined_loader_states()
 
 
-#: What each handled signal is called in messages and records.
-SIGNAL_NAMES = {signal.SIGTERM: "SIGTERM", signal.SIGINT: "SIGINT (Ctrl+C)"}
-
-
 class GracefulInterrupt(Callback):
     """Stop on SIGTERM or Ctrl+C (SIGINT) at a batch boundary that every process agrees on.
 
@@ -220,10 +218,12 @@ class GracefulInterrupt(Callback):
         self.received_signal: int | None = None  # the first signal this process received
         self.stop_signal: int | None = None  # the signal all ranks agreed to stop on
         self.aborted = False  # a second Ctrl+C
+        self._stopped = False  # on_exception has run: the checkpoint, if any, is being or was written
         self._trainer: pl.Trainer | None = None
         self._previous_handlers: dict[int, Any] = {}
         self._active = False
         self._watchdog: threading.Thread | None = None
+        self._watchdog_lock = threading.Lock()
 
     # -- handlers ----------------------------------------------------------------------------
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
@@ -231,6 +231,9 @@ class GracefulInterrupt(Callback):
         # signal from here on is recorded rather than acted on inside whatever code runs.
         self._trainer = trainer
         self._install()
+        watch = SignalWatch.current
+        if watch is not None:
+            watch.take_over(self)
 
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()  # Lightning has just put its own SIGTERM handler in place
@@ -247,7 +250,7 @@ class GracefulInterrupt(Callback):
     def _install(self) -> None:
         if threading.current_thread() is not threading.main_thread():
             return
-        for signum in SIGNAL_NAMES:
+        for signum in HANDLED_SIGNALS:
             current = signal.getsignal(signum)
             if current == self._handle_signal:
                 continue
@@ -273,8 +276,11 @@ class GracefulInterrupt(Callback):
         rank = self._trainer.global_rank if self._trainer is not None else 0
         if self.received_signal is not None:
             if signum == signal.SIGINT:
-                self.aborted = True
-                log.warning("[rank %d] Ctrl+C again: aborting at once, without a checkpoint", rank)
+                if self._stopped:
+                    log.warning("[rank %d] Ctrl+C again: exiting at once", rank)
+                else:
+                    self.aborted = True
+                    log.warning("[rank %d] Ctrl+C again: aborting at once, without a checkpoint", rank)
                 raise KeyboardInterrupt
             return  # already stopping; SLURM and launchers may repeat SIGTERM
         self.received_signal = signum
@@ -283,9 +289,9 @@ class GracefulInterrupt(Callback):
             self._agreed(signum)
         log.warning(
             "[rank %d] Received %s: stopping after the current batch and saving a checkpoint%s",
-            rank, SIGNAL_NAMES[signum], " (press Ctrl+C again to abort at once)" if signum == signal.SIGINT else "",
+            rank, signal_name(signum), " (press Ctrl+C again to abort at once)" if signum == signal.SIGINT else "",
         )
-        self._start_watchdog(signum, rank)
+        self.start_watchdog(signum)
 
     # -- agreement ---------------------------------------------------------------------------
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
@@ -312,16 +318,24 @@ class GracefulInterrupt(Callback):
         self._trainer._signal_connector.received_sigterm = True
 
     # -- watchdog ----------------------------------------------------------------------------
-    def _start_watchdog(self, signum: int, rank: int) -> None:
-        if self._watchdog is not None:
-            return
-        self._watchdog = threading.Thread(target=self._watch, args=(signum, rank), name="stop-watchdog", daemon=True)
-        self._watchdog.start()
+    def start_watchdog(self, signum: int) -> None:
+        """End the process with a message if it is still running `stop_timeout` seconds from now.
+
+        Called by the signal handler and, when the main thread is blocked where Python cannot
+        run the handler, by :class:`~sru_lightning.signal_watch.SignalWatch`'s thread.
+        """
+        with self._watchdog_lock:
+            if self._watchdog is not None:
+                return
+            rank = self._trainer.global_rank if self._trainer is not None else 0
+            self._watchdog = threading.Thread(target=self._watch, args=(signum, rank), name="stop-watchdog",
+                                              daemon=True)
+            self._watchdog.start()
 
     def _watch(self, signum: int, rank: int) -> None:
         time.sleep(self.stop_timeout)
         message = (
-            f"sru_lightning: rank {rank} received {SIGNAL_NAMES[signum]} {self.stop_timeout:g} s ago and has not "
+            f"sru_lightning: rank {rank} received {signal_name(signum)} {self.stop_timeout:g} s ago and has not "
             "finished stopping: another process of this run is gone or stuck, so the ranks cannot agree on a "
             f"checkpoint (callbacks.graceful_interrupt.stop_timeout={self.stop_timeout:g}); exiting with status 1\n"
         )
@@ -337,6 +351,7 @@ class GracefulInterrupt(Callback):
                      exception: BaseException) -> None:
         if self.stop_signal is None:
             self._restore_handlers()
+        self._stopped = True
         # After an agreed stop the handlers stay until the process ends: a repeated SIGTERM must
         # not kill the checkpoint being written, and a second Ctrl+C still aborts.
 
@@ -359,7 +374,11 @@ def interruption_cause(trainer: pl.Trainer | None, exception: BaseException) -> 
     if graceful is not None and graceful.aborted:
         return "aborted by a second Ctrl+C (SIGINT), without a checkpoint of the current step"
     if graceful is not None and graceful.stop_signal is not None and is_interruption(exception):
-        return f"stopped by {SIGNAL_NAMES.get(graceful.stop_signal, signal.Signals(graceful.stop_signal).name)}"
+        return f"stopped by {signal_name(graceful.stop_signal)}"
+    if graceful is not None and graceful.received_signal is not None:
+        # Signalled, then a peer ended first (it aborted, or was killed): the ranks never agreed.
+        return (f"stopped by {signal_name(graceful.received_signal)}; another process ended before the ranks "
+                f"agreed on a checkpoint ({type(exception).__name__}: {str(exception).strip()[:200]})")
     if isinstance(exception, KeyboardInterrupt):
         return "stopped by SIGINT (Ctrl+C)"
     if isinstance(exception, SIGTERMException):

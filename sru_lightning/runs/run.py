@@ -156,13 +156,14 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     """
     from sru_lightning.fault_tolerance import interruption_cause
     from sru_lightning.guards import NonFiniteLossError
+    from sru_lightning.signal_watch import watching_signals
 
     output_dir = Path(output_dir).absolute()
     record: dict[str, Any] = {"command": command, "overrides": overrides, "status": "running",
                               "run_dir": str(output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
     started = time.monotonic()
     trainer = None
-    with _visible_logging():
+    with _visible_logging(), watching_signals() as signals:  # no signal may hang a run
         _say(f"run directory: {output_dir}")
         try:
             try:
@@ -171,6 +172,7 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                 if not is_usage_error(error):
                     raise
                 raise UsageError(describe(error)) from error
+            signals.follow(trainer)
             if ckpt_path is not None:
                 record["ckpt_path"] = str(ckpt_path)
             metrics = execute(command, trainer, model, datamodule, ckpt_path)
