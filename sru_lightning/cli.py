@@ -65,7 +65,7 @@ def usage() -> str:
         lines.append(f"  {group:<{width}}{', '.join(options)}")
     lines += [
         "",
-        "Top-level keys: seed, ckpt_path (null | file | run dir | last), resume_dir.",
+        "Top-level keys: seed, threads, ckpt_path (null | file | run dir | last), resume_dir.",
         "",
         "Examples:",
         f"  {PROG} fit",

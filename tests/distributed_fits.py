@@ -27,11 +27,13 @@ TINY_DDP_FIT = [
 ]
 
 
-def environment() -> dict[str, str]:
+def environment(one_thread: bool = True) -> dict[str, str]:
     env = dict(os.environ)
     # The repository for the package, tests/ for the signal-sending callback.
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(TESTS), env.get("PYTHONPATH")]))
-    env["OMP_NUM_THREADS"] = "1"  # the same thread count in every run: bit-equal losses
+    env.pop("OMP_NUM_THREADS", None)
+    if one_thread:
+        env["OMP_NUM_THREADS"] = "1"  # the same thread count in every run: bit-equal losses
     env.pop("PL_GLOBAL_SEED", None)
     return env
 
@@ -48,12 +50,15 @@ class Ended:
     leftover: list[int]  # processes of the fit's session still alive after rank 0 ended
 
 
-def start(run_dir: Path, *overrides: str, command: list[str] | None = None, log: Path | None = None
-          ) -> subprocess.Popen:
-    """Start the fit (or `command`) in a new session; its output goes to `log` (default `<run_dir>.out`)."""
+def start(run_dir: Path, *overrides: str, command: list[str] | None = None, log: Path | None = None,
+          one_thread: bool = True) -> subprocess.Popen:
+    """Start the fit (or `command`) in a new session; its output goes to `log` (default `<run_dir>.out`).
+
+    `one_thread=False` leaves OMP_NUM_THREADS unset, for runs that choose threads themselves.
+    """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = log or Path(f"{run_dir}.out")
-    process = subprocess.Popen(command or fit_command(run_dir, *overrides), cwd=REPO, env=environment(),
+    process = subprocess.Popen(command or fit_command(run_dir, *overrides), cwd=REPO, env=environment(one_thread),
                                stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     process.log = log
     return process

@@ -19,9 +19,11 @@ from torch.utils.data import DataLoader, TensorDataset
 from sru_lightning.fault_tolerance import (
     EpochSeededRandomSampler,
     GracefulInterrupt,
+    InterruptionCheckpoint,
     RestoreDataPosition,
     ResumableDataLoader,
     SeedEveryBatch,
+    interruption_cause,
 )
 
 NUM_SAMPLES, BATCH_SIZE = 48, 4  # 12 batches per epoch
@@ -171,15 +173,34 @@ class DoubleSigint(pl.Callback):
             os.kill(os.getpid(), signal.SIGINT)
 
 
-def test_a_second_ctrl_c_aborts_at_once_and_still_leaves_a_checkpoint(tmp_path):
+def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path):
     pl.seed_everything(0)
     model = DropoutRegressor()
-    callbacks = [OnExceptionCheckpoint(tmp_path / "ckpt"), GracefulInterrupt(), DoubleSigint()]
+    graceful = GracefulInterrupt()
+    callbacks = [InterruptionCheckpoint(tmp_path / "ckpt", filename="interrupted"), graceful, DoubleSigint()]
+    trainer = make_trainer(tmp_path, callbacks)
     with pytest.raises(SystemExit) as stopped:
-        make_trainer(tmp_path, callbacks).fit(model)
+        trainer.fit(model)
     # Lightning's KeyboardInterrupt path exits with status 1; the graceful SIGTERM path with None
     assert stopped.value.code == 1
-    assert (tmp_path / "ckpt" / "on_exception.ckpt").is_file()
+    # the abort may land half way through a step: nothing that looks resumable is written
+    assert not (tmp_path / "ckpt" / "interrupted.ckpt").exists()
+    assert graceful.aborted
+    assert interruption_cause(trainer, stopped.value).startswith("aborted by a second Ctrl+C (SIGINT)")
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT (Ctrl+C)"), (signal.SIGTERM, "SIGTERM")])
+def test_the_record_names_the_signal_that_stopped_the_fit(tmp_path, signum, name):
+    pl.seed_everything(0)
+    callbacks = [InterruptionCheckpoint(tmp_path / "ckpt", filename="interrupted"), GracefulInterrupt(),
+                 SignalAtStep(5, signum)]
+    trainer = make_trainer(tmp_path, callbacks)
+    with pytest.raises(SystemExit) as stopped:
+        trainer.fit(DropoutRegressor())
+    assert interruption_cause(trainer, stopped.value) == f"stopped by {name}"
+    checkpoint = torch.load(tmp_path / "ckpt" / "interrupted.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 5
+    assert not list((tmp_path / "ckpt").glob("*.partial"))
 
 
 def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):

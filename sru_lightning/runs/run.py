@@ -23,6 +23,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from .checkpoints import CheckpointError, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint
+from .threads import set_thread_count
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
@@ -311,6 +312,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         callbacks.append(ValidateBeforeStop())
     callbacks += [TrainingThroughput(), LastValidation()]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
         check_sizes(world_size=trainer.world_size)
