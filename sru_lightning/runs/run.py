@@ -23,7 +23,7 @@ from typing import Any
 from lightning.pytorch.callbacks import Callback
 
 from .checkpoints import CheckpointError, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint
-from .threads import set_thread_count
+from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
@@ -261,6 +261,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         if not isinstance(seed, int) or isinstance(seed, bool):
             raise UsageError(f"`seed` must be an integer or null, got {seed!r}")
         pl.seed_everything(seed, workers=True, verbose=False)
+    if thread_setting_problem(cfg.get("threads")):
+        raise UsageError(thread_setting_problem(cfg.get("threads")))
     trainer_settings = OmegaConf.to_container(cfg.trainer, resolve=True)
     check_trainer_settings(trainer_settings)
     ckpt_path = resolve_checkpoint(cfg, command, output_dir)

@@ -13,7 +13,14 @@ import os
 
 import torch
 
-__all__ = ["set_thread_count"]
+__all__ = ["set_thread_count", "thread_setting_problem"]
+
+
+def thread_setting_problem(setting) -> str | None:
+    """What is wrong with a `threads` value, or None when it is a positive integer or null."""
+    if setting is None or (isinstance(setting, int) and not isinstance(setting, bool) and setting >= 1):
+        return None
+    return f"`threads` must be a positive integer or null, got {setting!r}"
 
 
 def set_thread_count(setting, processes_per_machine: int) -> int | None:
@@ -24,8 +31,9 @@ def set_thread_count(setting, processes_per_machine: int) -> int | None:
     The count is also exported as `OMP_NUM_THREADS`, so processes launched from this one
     (Lightning's other ranks) and libraries that read it agree.
     """
-    if setting is not None and (isinstance(setting, bool) or not isinstance(setting, int) or setting < 1):
-        raise ValueError(f"`threads` must be a positive integer or null, got {setting!r}")
+    problem = thread_setting_problem(setting)
+    if problem:
+        raise ValueError(problem)
     if setting is None:
         from_environment = os.environ.get("OMP_NUM_THREADS", "").strip()
         if from_environment.isdigit() and int(from_environment) > 0:
