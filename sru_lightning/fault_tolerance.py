@@ -46,6 +46,7 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
+from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from sru_lightning.signal_watch import HANDLED_SIGNALS, SignalWatch, signal_name
@@ -223,6 +224,16 @@ class GracefulInterrupt(Callback):
         self._previous_handlers: dict[int, Any] = {}
         self._active = False
         self._watchdog: threading.Thread | None = None
+        self._watchdog_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # Spawn-based strategies pickle the callbacks: threads, locks and handlers stay here.
+        state = self.__dict__.copy()
+        state.update(_trainer=None, _previous_handlers={}, _active=False, _watchdog=None, _watchdog_lock=None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
         self._watchdog_lock = threading.Lock()
 
     # -- handlers ----------------------------------------------------------------------------
@@ -403,6 +414,9 @@ class InterruptionCheckpoint(OnExceptionCheckpoint):
         if not isinstance(exception, SIGTERMException):
             why = "aborted" if isinstance(exception, KeyboardInterrupt) else f"failed ({type(exception).__name__})"
             log.info("No %s written: the fit %s, it was not stopped at a batch boundary", self.ckpt_path, why)
+            return
+        if trainer.state.fn != TrainerFn.FITTING:
+            log.info("No %s written: %s was interrupted, not training", self.ckpt_path, trainer.state.fn)
             return
         if trainer.global_step < 1:
             log.info("No %s written: the fit was interrupted before its first optimizer step", self.ckpt_path)

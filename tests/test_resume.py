@@ -203,6 +203,18 @@ def test_the_record_names_the_signal_that_stopped_the_fit(tmp_path, signum, name
     assert not list((tmp_path / "ckpt").glob("*.partial"))
 
 
+def test_graceful_interrupt_pickles_for_spawned_processes():
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(GracefulInterrupt(stop_timeout=7)))
+    assert copy.stop_timeout == 7 and copy.received_signal is None
+
+
+def test_graceful_interrupt_refuses_a_bad_stop_timeout():
+    with pytest.raises(ValueError, match="`stop_timeout` must be a positive number of seconds, got 0"):
+        GracefulInterrupt(stop_timeout=0)
+
+
 def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):
     before = signal.getsignal(signal.SIGINT)
     pl.seed_everything(0)

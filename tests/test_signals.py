@@ -121,6 +121,11 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
     assert announced in stopped.stdout, stopped.stdout[-2000:]
     record = json.loads((interrupted_dir / "result.json").read_text())
     assert record["status"] == "interrupted" and record["optimizer_steps"] == stop_step
+    # the real signal is named, in the record and the log (Ctrl+C is not "SIGTERM")
+    name = "SIGINT (Ctrl+C)" if signum == signal.SIGINT else "SIGTERM"
+    assert record["error"] == f"stopped by {name}"
+    assert f"Received {name}" in stopped.stdout + stopped.stderr
+    assert "SIGTERMException" not in stopped.stdout + stopped.stderr
 
     # The printed command (the requeue pattern: same run directory) continues the run and
     # keeps the rows logged before the stop.
