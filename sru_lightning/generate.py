@@ -146,8 +146,12 @@ def checkpoint_file(setting: str, resume_dir: str) -> Path:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    from sru_lightning.runs.checkpoints import CheckpointError, read_checkpoint
+    from sru_lightning.runs.checkpoints import (
+        CheckpointError, deepspeed_folder_elsewhere, is_deepspeed_folder, read_checkpoint,
+    )
 
+    if is_deepspeed_folder(path):
+        raise UsageError(str(deepspeed_folder_elsewhere(path, "generate")))
     try:
         checkpoint = read_checkpoint(path)  # weights_only=True: a checkpoint is untrusted input
     except CheckpointError as error:

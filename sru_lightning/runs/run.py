@@ -22,7 +22,13 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from .checkpoints import CheckpointError, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint
+from .checkpoints import (
+    CheckpointError,
+    checkpoint_data_config,
+    checkpoint_model_config,
+    check_engine_reads,
+    resolve_checkpoint,
+)
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
@@ -262,6 +268,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
             f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
             "or choose another hydra.run.dir"
         )
+    if ckpt_path is not None:
+        check_engine_reads(cfg, command, ckpt_path)
     model_config, data_config = cfg.model, cfg.data
     if command != "fit" and ckpt_path is not None:
         # Evaluate the checkpoint as the model it was trained as, on the data it was trained on.

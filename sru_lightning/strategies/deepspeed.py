@@ -33,6 +33,18 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
     def _on_cpu(self) -> bool:
         return isinstance(self.accelerator, CPUAccelerator)
 
+    @property
+    def precision_plugin(self):
+        return LightningDeepSpeedStrategy.precision_plugin.fget(self)
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin) -> None:
+        LightningDeepSpeedStrategy.precision_plugin.fset(self, plugin)
+        # The Trainer attaches the accelerator, then the precision: refuse a dtype the
+        # hardware cannot run right there, while the Trainer is being built.
+        if plugin is not None and self.accelerator is not None and self._on_cpu:
+            self._refuse_unsupported_dtype()
+
     def setup_environment(self) -> None:
         if not self._on_cpu:
             return super().setup_environment()
