@@ -60,6 +60,7 @@ def run_fit(run_dir: Path, *overrides: str, timeout: int = 400) -> subprocess.Co
 def probed_fit(trainer: str, precision: str, root: str) -> tuple[dict, dict]:
     """Both ranks' probe records of one fit (cached: several tests read the same fit)."""
     run_dir = Path(root) / f"{trainer}-{precision}"
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
     probe = run_dir.parent / f"{run_dir.name}-probe"
     completed = run_fit(
         run_dir, f"trainer={trainer}", f"trainer.precision={precision}",
@@ -120,3 +121,44 @@ def test_sharding_engines_hold_only_their_shard_between_steps(engine, fits_root)
             assert 0 < full and local <= (full + 1) // 2 + 64, (engine, local, full)
     unsharded = probed_fit("deepspeed_stage_2", "32-true", fits_root)
     assert all(local == full for local, full in unsharded[0]["shard_sizes"])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", ENGINES)
+def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, tmp_path):
+    """Stop after 3 of 6 steps, resume from the run directory under the same engine: the
+    resumed steps' losses equal the uninterrupted run's on both ranks (constant learning rate,
+    so the schedule does not depend on where the run stopped)."""
+    whole = probed_fit(engine, "32-true", str(tmp_path / "whole"))
+    first = tmp_path / "parts" / "run"
+    first.parent.mkdir()
+    probe = tmp_path / "parts" / "probe"
+    common = [f"trainer={engine}", "+callbacks.probe._target_=engine_probe.EngineProbe", f"+callbacks.probe.out={probe}"]
+    completed = run_fit(first, *common, "trainer.max_steps=3")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    completed = run_fit(first, *common, f"ckpt_path={first}")
+    assert completed.returncode == 0, completed.stderr[-3000:]
+    for rank in (0, 1):
+        resumed = json.loads((probe / f"rank{rank}.json").read_text())["losses"]
+        assert resumed == whole[rank]["losses"][3:], (engine, rank, resumed, whole[rank]["losses"])
+
+
+def test_a_deepspeed_folder_is_refused_where_it_cannot_be_read(tmp_path):
+    from sru_lightning.runs.checkpoints import CheckpointError, check_engine_reads
+    from omegaconf import OmegaConf
+
+    folder = tmp_path / "last.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    (folder / "zero_pp_rank_0_mp_rank_00_model_states.pt").write_bytes(b"")
+    ddp = OmegaConf.create({"trainer": {"strategy": {"_target_": "lightning.pytorch.strategies.DDPStrategy"}}})
+    deepspeed = OmegaConf.create({"trainer": {"strategy": {"_target_": "sru_lightning.strategies.DeepSpeedStrategy"}}})
+    with pytest.raises(CheckpointError, match="DeepSpeed checkpoint folder .* consolidate"):
+        check_engine_reads(ddp, "fit", folder.parent)
+    with pytest.raises(CheckpointError, match="`validate` cannot read"):
+        check_engine_reads(deepspeed, "validate", folder.parent)
+    check_engine_reads(deepspeed, "fit", folder.parent)  # DeepSpeed resumes its own folders
+    single = tmp_path / "single.ckpt"
+    single.write_bytes(b"")
+    with pytest.raises(CheckpointError, match="one-file checkpoint.*trainer=ddp_cpu"):
+        check_engine_reads(deepspeed, "fit", single)
+    check_engine_reads(ddp, "fit", single)

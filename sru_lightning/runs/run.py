@@ -238,7 +238,18 @@ def describe(error: BaseException) -> str:
     text = str(error).strip()
     if isinstance(error, (UsageError, CheckpointError, RunFailed)):
         return text
+    text += _no_gpu_hint(text)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _no_gpu_hint(text: str) -> str:
+    """What to do when a GPU trainer config (trainer=ddp, fsdp, deepspeed_*) meets no GPU."""
+    import torch
+
+    lowered = text.lower()
+    if torch.cuda.is_available() or not ("gpu" in lowered or "cuda" in lowered):
+        return ""
+    return "; this machine has no CUDA GPU: add trainer.accelerator=cpu trainer.devices=2 to run on CPU processes"
 
 
 # --------------------------------------------------------------------------------------------
