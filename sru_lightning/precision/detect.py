@@ -28,7 +28,10 @@ def detect_regime(trainer) -> Regime:
     if isinstance(strategy, DeepSpeedStrategy):
         return deepspeed_regime(strategy.config, plugin.precision, device_type)
     if isinstance(strategy, FSDPStrategy):
-        return fsdp_regime(strategy.mixed_precision, plugin, device_type)
+        # Not attached to devices yet: FSDP's home is CUDA (Lightning's own class runs only
+        # there); once attached, the devices it really runs on (CPU processes included).
+        attached = bool(getattr(strategy, "parallel_devices", None))
+        return fsdp_regime(strategy.mixed_precision, plugin, device_type if attached else "cuda")
 
     regime = plugin_regime(plugin, device_type)
     # FSDP2 (fully_shard, under ModelParallelStrategy or applied by the user) computes in
