@@ -133,7 +133,8 @@ def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, tmp_path)
     first = tmp_path / "parts" / "run"
     first.parent.mkdir()
     probe = tmp_path / "parts" / "probe"
-    common = [f"trainer={engine}", "+callbacks.probe._target_=engine_probe.EngineProbe", f"+callbacks.probe.out={probe}"]
+    common = [f"trainer={engine}", "trainer.precision=32-true", "+callbacks.probe._target_=engine_probe.EngineProbe",
+              f"+callbacks.probe.out={probe}"]
     completed = run_fit(first, *common, "trainer.max_steps=3")
     assert completed.returncode == 0, completed.stderr[-3000:]
     completed = run_fit(first, *common, f"ckpt_path={first}")
