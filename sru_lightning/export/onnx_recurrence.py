@@ -1,0 +1,169 @@
+"""The recurrence op as standard ONNX: one ``Scan`` that onnxruntime (or any ONNX runtime) runs
+without this package.
+
+Written for the speed of a per-step interpreter, where every node of the loop body costs a
+dispatch at every step:
+
+* both directions run in one Scan: the backward direction's inputs are reversed in time once,
+  so step t of the Scan holds the forward direction's step t and the backward direction's
+  step L-1-t side by side (state (B, dirs, D));
+* U is transposed once to (k, L, B, dirs, D), so each scan input is one contiguous block;
+* only the cell state depends on the previous step, so the body computes just
+  ``f = sigmoid(U1 + wf*c + bf); c = U0 + f*(c - U0)`` (with the gate weights from the outer
+  scope); the reset gate and h, which need only the previous c, are computed for all steps
+  at once after the Scan, on whole tensors.
+
+Only options that inference uses are translated; a dropout mask (``mask_c``, training) or
+per-step ``weight_c`` (``custom_m``) raise :class:`~sru_lightning.export.graph_module.ExportError`.
+"""
+
+from __future__ import annotations
+
+import onnx_ir as ir
+from onnxscript import opset20 as op
+
+from .graph_module import ExportError
+
+OPSET = 20
+
+
+def _node(graph_nodes: list, op_type: str, *inputs, **attributes) -> ir.Value:
+    node = ir.Node("", op_type, inputs=list(inputs), attributes=[ir.convenience.convert_attribute(k, v)
+                                                                 for k, v in attributes.items()])
+    graph_nodes.append(node)
+    return node.outputs[0]
+
+
+def _cell_scan_body(forget_weight: ir.Value, masked: bool) -> ir.Graph:
+    """The loop body: state c (B, dirs, D); scan inputs U0, U1 + bf (and the padding (B, 1, 1));
+    outputs the new c and, per step, the same c."""
+    float_type = ir.TensorType(ir.DataType.FLOAT)
+    c_prev = ir.Value(name="c_prev", type=float_type)
+    candidate = ir.Value(name="u_candidate", type=float_type)
+    forget_in = ir.Value(name="u_forget", type=float_type)
+    inputs = [c_prev, candidate, forget_in]
+    nodes: list = []
+    forget = _node(nodes, "Sigmoid", _node(nodes, "Add", forget_in, _node(nodes, "Mul", forget_weight, c_prev)))
+    c_new = _node(nodes, "Add", candidate, _node(nodes, "Mul", forget, _node(nodes, "Sub", c_prev, candidate)))
+    if masked:
+        pad = ir.Value(name="pad", type=ir.TensorType(ir.DataType.BOOL))
+        inputs.append(pad)
+        c_new = _node(nodes, "Where", pad, c_prev, c_new)
+    c_step = _node(nodes, "Identity", c_new)
+    return ir.Graph(inputs, [c_new, c_step], nodes=nodes, opset_imports={"": OPSET}, name="sru_cell_step")
+
+
+def _scan(c_init, scan_inputs: list, body: ir.Graph) -> tuple:
+    """A Scan node with its two outputs (the final state and the per-step states).
+
+    The exporter's op recorder gives a variadic-output op one output, so the node is built here
+    and appended to the recorder's nodes directly.
+    """
+    import onnxscript.evaluator
+
+    recorder = onnxscript.evaluator.default()
+    if not isinstance(getattr(recorder, "nodes", None), list):
+        raise ExportError(
+            f"this torch.onnx exporter records nodes in {type(recorder).__name__}, which has no node list; "
+            "expected torch's dynamo ONNX exporter (torch 2.6 or newer)"
+        )
+    node = ir.Node("", "Scan", inputs=[c_init, *scan_inputs], num_outputs=2, version=OPSET, attributes=[
+        ir.convenience.convert_attribute("body", body),
+        ir.convenience.convert_attribute("num_scan_inputs", len(scan_inputs)),
+    ])
+    recorder.nodes.append(node)
+    return node.outputs[0], node.outputs[1]
+
+
+def _time_aligned(value, directions: int, axis: int = 2):
+    """(L, B, dirs, ...) with the backward direction reversed in time (identity for one direction)."""
+    if directions == 1:
+        return value
+    forward, backward = op.Split(value, axis=axis, num_outputs=2)
+    reversed_backward = op.Slice(backward, op.Constant(value_ints=[-1]), op.Constant(value_ints=[-(2**62)]),
+                                 op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
+    return op.Concat(forward, reversed_backward, axis=axis)
+
+
+def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, mask_c, mask_pad,
+                       bidirectional: bool, has_skip_term: bool, store_c: bool):
+    """ONNX translation of ``torch.ops.sru_lightning.recurrence_forward``: (h, c_last, c_all), c_all
+    empty unless ``store_c``."""
+    if mask_c is not None:
+        raise ExportError("the recurrence has a dropout mask (`mask_c`, training only); export the model in eval mode")
+    if len(weight_c.shape) != 1:
+        raise ExportError(
+            "the recurrence has per-step `weight_c` (from `custom_m`, not supported in export); "
+            f"expected a vector of 2*dirs*hidden, got rank {len(weight_c.shape)}"
+        )
+    directions = 2 if bidirectional else 1
+    hidden = bias.shape[0] // (2 * directions)
+    k = U.shape[-1] // (directions * hidden)
+
+    length_batch = op.Slice(op.Shape(U), op.Constant(value_ints=[0]), op.Constant(value_ints=[2]))
+    step_shape = op.Concat(length_batch, op.Constant(value_ints=[directions, hidden]), axis=0)
+    u = op.Reshape(U, op.Concat(step_shape, op.Constant(value_ints=[k]), axis=0))  # (L, B, dirs, D, k)
+    u = _time_aligned(u, directions)
+    # One transpose: each of the k blocks is then a contiguous (L, B, dirs, D) scan input.
+    blocks = op.Split(op.Transpose(u, perm=[4, 0, 1, 2, 3]), axis=0, num_outputs=k)
+    blocks = [op.Squeeze(block, op.Constant(value_ints=[0])) for block in blocks]
+    gate_shape = op.Constant(value_ints=[2, directions, hidden])
+    weights = op.Split(op.Reshape(weight_c, gate_shape), axis=0, num_outputs=2)
+    biases = op.Split(op.Reshape(bias, gate_shape), axis=0, num_outputs=2)
+    forget_weight, reset_weight = weights  # (1, dirs, D): broadcast over the batch
+    forget_bias, reset_bias = biases
+
+    batch = op.Slice(op.Shape(U), op.Constant(value_ints=[1]), op.Constant(value_ints=[2]))
+    state_shape = op.Concat(batch, op.Constant(value_ints=[directions, hidden]), axis=0)
+    if c0 is None:
+        c_init = op.ConstantOfShape(state_shape, value=ir.tensor([0.0], dtype=ir.DataType.FLOAT))
+    else:
+        c_init = op.Reshape(c0, state_shape)
+
+    scan_inputs = [blocks[0], op.Add(blocks[1], forget_bias)]
+    pad = None
+    if mask_pad is not None:
+        pad = op.Unsqueeze(mask_pad, op.Constant(value_ints=[2, 3]))  # (L, B, 1, 1)
+        pad = _time_aligned(op.Expand(pad, op.Concat(length_batch, op.Constant(value_ints=[directions, 1]), axis=0)),
+                            directions)
+        scan_inputs.append(pad)
+    body = _cell_scan_body(forget_weight, masked=pad is not None)
+    c_last, c_all = _scan(c_init, scan_inputs, body)
+
+    # The reset gate and h need only the previous step's c: all steps at once.
+    c_before = op.Concat(op.Unsqueeze(c_init, op.Constant(value_ints=[0])),
+                         op.Slice(c_all, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]),
+                                  op.Constant(value_ints=[0])), axis=0)
+    reset = op.Sigmoid(op.Add(op.Add(blocks[2], reset_bias), op.Mul(reset_weight, c_before)))
+    if has_skip_term:
+        if k == 4:
+            skip = blocks[3]
+        else:
+            skip = _time_aligned(op.Reshape(x, step_shape), directions)
+            if scale_x is not None:
+                skip = op.Mul(skip, op.Reshape(scale_x, op.Constant(value_ints=[])))
+            elif scale_x_value != 1.0:
+                skip = op.Mul(skip, op.Constant(value_float=float(scale_x_value)))
+        h = op.Add(skip, op.Mul(reset, op.Sub(c_all, skip)))
+    else:
+        h = op.Mul(reset, c_all)
+    if pad is not None:
+        h = op.Where(pad, op.Constant(value_float=0.0), h)
+    h = _time_aligned(h, directions)  # the backward direction back in its own order
+    width = op.Constant(value_ints=[directions * hidden])
+    h = op.Reshape(h, op.Concat(length_batch, width, axis=0))
+    c_last = op.Reshape(c_last, op.Concat(batch, width, axis=0))
+    if store_c:  # the per-step states, which only a backward pass reads
+        c_steps = op.Reshape(_time_aligned(c_all, directions), op.Concat(length_batch, width, axis=0))
+    else:
+        c_steps = op.ConstantOfShape(op.Constant(value_ints=[0]), value=ir.tensor([0.0], dtype=ir.DataType.FLOAT))
+    return h, c_last, c_steps
+
+
+def translation_table() -> dict:
+    """``custom_translation_table`` for ``torch.onnx.export(..., dynamo=True)``."""
+    import torch
+
+    from sru_lightning.ops import op as _registered  # noqa: F401  (the op must exist to be keyed on)
+
+    return {torch.ops.sru_lightning.recurrence_forward.default: recurrence_forward}
