@@ -75,6 +75,26 @@ def _scan(c_init, scan_inputs: list, body: ir.Graph) -> tuple:
     return node.outputs[0], node.outputs[1]
 
 
+def _scalar(value):
+    """A one-element tensor as a scalar: a constant when `value` is one."""
+    constant = getattr(value, "const_value", None)
+    if constant is not None:
+        return op.Constant(value=ir.tensor(constant.numpy().reshape(())))
+    return op.Reshape(value, op.Constant(value_ints=[]))
+
+
+def _gate_vectors(vector, directions: int, hidden: int) -> tuple:
+    """The (forget, reset) halves of weight_c or bias, each (dirs, D)."""
+    constant = getattr(vector, "const_value", None)
+    if constant is not None:
+        halves = constant.numpy().reshape(2, 1, directions, hidden)
+        return tuple(op.Constant(value=ir.tensor(half.copy())) for half in halves)
+    # Gathers rather than one Split: single-output ops, which the exporter's optimiser folds
+    # into constants once the weights are.
+    halves = op.Reshape(vector, op.Constant(value_ints=[2, directions, hidden]))
+    return tuple(op.Gather(halves, op.Constant(value_int=index), axis=0) for index in (0, 1))
+
+
 def _time_aligned(value, directions: int, axis: int = 2):
     """(L, B, dirs, ...) with the backward direction reversed in time (identity for one direction)."""
     if directions == 1:
@@ -100,32 +120,28 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     hidden = bias.shape[0] // (2 * directions)
     k = U.shape[-1] // (directions * hidden)
 
-    length_batch = op.Slice(op.Shape(U), op.Constant(value_ints=[0]), op.Constant(value_ints=[2]))
-    step_shape = op.Concat(length_batch, op.Constant(value_ints=[directions, hidden]), axis=0)
-    u = op.Reshape(U, op.Concat(step_shape, op.Constant(value_ints=[k]), axis=0))  # (L, B, dirs, D, k)
+    # Reshape's 0 copies that dimension from the input: no shape arithmetic at run time.
+    u = op.Reshape(U, op.Constant(value_ints=[0, 0, directions, hidden, k]))  # (L, B, dirs, D, k)
     u = _time_aligned(u, directions)
     # One transpose: each of the k blocks is then a contiguous (L, B, dirs, D) scan input.
-    blocks = op.Split(op.Transpose(u, perm=[4, 0, 1, 2, 3]), axis=0, num_outputs=k)
-    blocks = [op.Squeeze(block, op.Constant(value_ints=[0])) for block in blocks]
-    gate_shape = op.Constant(value_ints=[2, directions, hidden])
-    weights = op.Split(op.Reshape(weight_c, gate_shape), axis=0, num_outputs=2)
-    biases = op.Split(op.Reshape(bias, gate_shape), axis=0, num_outputs=2)
-    forget_weight, reset_weight = weights  # (1, dirs, D): broadcast over the batch
-    forget_bias, reset_bias = biases
+    blocked = op.Transpose(u, perm=[4, 0, 1, 2, 3])
+    blocks = [op.Gather(blocked, op.Constant(value_int=index), axis=0) for index in range(k)]
+    # (dirs, D) each, broadcast over the batch; constants when the weights are (a trained model).
+    forget_weight, reset_weight = _gate_vectors(weight_c, directions, hidden)
+    forget_bias, reset_bias = _gate_vectors(bias, directions, hidden)
 
-    batch = op.Slice(op.Shape(U), op.Constant(value_ints=[1]), op.Constant(value_ints=[2]))
-    state_shape = op.Concat(batch, op.Constant(value_ints=[directions, hidden]), axis=0)
     if c0 is None:
+        state_shape = op.Concat(op.Slice(op.Shape(U), op.Constant(value_ints=[1]), op.Constant(value_ints=[2])),
+                                op.Constant(value_ints=[directions, hidden]), axis=0)
         c_init = op.ConstantOfShape(state_shape, value=ir.tensor([0.0], dtype=ir.DataType.FLOAT))
     else:
-        c_init = op.Reshape(c0, state_shape)
+        c_init = op.Reshape(c0, op.Constant(value_ints=[0, directions, hidden]))
 
     scan_inputs = [blocks[0], op.Add(blocks[1], forget_bias)]
     pad = None
     if mask_pad is not None:
         pad = op.Unsqueeze(mask_pad, op.Constant(value_ints=[2, 3]))  # (L, B, 1, 1)
-        pad = _time_aligned(op.Expand(pad, op.Concat(length_batch, op.Constant(value_ints=[directions, 1]), axis=0)),
-                            directions)
+        pad = _time_aligned(op.Expand(pad, op.Constant(value_ints=[1, 1, directions, 1])), directions)
         scan_inputs.append(pad)
     body = _cell_scan_body(forget_weight, masked=pad is not None)
     c_last, c_all = _scan(c_init, scan_inputs, body)
@@ -139,9 +155,9 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
         if k == 4:
             skip = blocks[3]
         else:
-            skip = _time_aligned(op.Reshape(x, step_shape), directions)
+            skip = _time_aligned(op.Reshape(x, op.Constant(value_ints=[0, 0, directions, hidden])), directions)
             if scale_x is not None:
-                skip = op.Mul(skip, op.Reshape(scale_x, op.Constant(value_ints=[])))
+                skip = op.Mul(skip, _scalar(scale_x))
             elif scale_x_value != 1.0:
                 skip = op.Mul(skip, op.Constant(value_float=float(scale_x_value)))
         h = op.Add(skip, op.Mul(reset, op.Sub(c_all, skip)))
@@ -150,11 +166,10 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     if pad is not None:
         h = op.Where(pad, op.Constant(value_float=0.0), h)
     h = _time_aligned(h, directions)  # the backward direction back in its own order
-    width = op.Constant(value_ints=[directions * hidden])
-    h = op.Reshape(h, op.Concat(length_batch, width, axis=0))
-    c_last = op.Reshape(c_last, op.Concat(batch, width, axis=0))
+    h = op.Reshape(h, op.Constant(value_ints=[0, 0, directions * hidden]))
+    c_last = op.Reshape(c_last, op.Constant(value_ints=[0, directions * hidden]))
     if store_c:  # the per-step states, which only a backward pass reads
-        c_steps = op.Reshape(_time_aligned(c_all, directions), op.Concat(length_batch, width, axis=0))
+        c_steps = op.Reshape(_time_aligned(c_all, directions), op.Constant(value_ints=[0, 0, directions * hidden]))
     else:
         c_steps = op.ConstantOfShape(op.Constant(value_ints=[0]), value=ir.tensor([0.0], dtype=ir.DataType.FLOAT))
     return h, c_last, c_steps
