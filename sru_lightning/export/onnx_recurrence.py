@@ -20,6 +20,7 @@ per-step ``weight_c`` (``custom_m``) raise :class:`~sru_lightning.export.graph_m
 
 from __future__ import annotations
 
+import numpy as np
 import onnx_ir as ir
 from onnxscript import opset20 as op
 
@@ -122,6 +123,13 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     k = U.shape[-1] // (directions * hidden)
 
     # Reshape's 0 copies that dimension from the input: no shape arithmetic at run time.
+    # The gate biases as one add on U (zeros in the other columns) right after the product that
+    # made U, instead of one add per gate; the exporter's optimiser folds the vector into a constant.
+    forget_bias, reset_bias = _gate_vectors(bias, directions, hidden)
+    zeros = op.Constant(value=ir.tensor(np.zeros((directions, hidden, 1), dtype=np.float32)))
+    columns = [zeros, op.Unsqueeze(forget_bias, op.Constant(value_ints=[2])),
+               op.Unsqueeze(reset_bias, op.Constant(value_ints=[2]))] + [zeros] * (k - 3)
+    U = op.Add(U, op.Reshape(op.Concat(*columns, axis=2), op.Constant(value_ints=[directions * hidden * k])))
     u = op.Reshape(U, op.Constant(value_ints=[0, 0, directions, hidden, k]))  # (L, B, dirs, D, k)
     u = _time_aligned(u, directions)
     # One transpose, then each of the k blocks is a contiguous (L, B, dirs, D) scan input. (A Split
@@ -130,7 +138,6 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     blocks = [op.Gather(blocked, op.Constant(value_int=index), axis=0) for index in range(k)]
     # (dirs, D) each, broadcast over the batch; constants once the weights are (a trained model).
     forget_weight, reset_weight = _gate_vectors(weight_c, directions, hidden)
-    forget_bias, reset_bias = _gate_vectors(bias, directions, hidden)
 
     if c0 is None:
         state_shape = op.Concat(op.Slice(op.Shape(U), op.Constant(value_ints=[1]), op.Constant(value_ints=[2])),
@@ -139,7 +146,7 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     else:
         c_init = op.Reshape(c0, op.Constant(value_ints=[0, directions, hidden]))
 
-    scan_inputs = [blocks[0], op.Add(blocks[1], forget_bias)]
+    scan_inputs = [blocks[0], blocks[1]]
     pad = None
     if mask_pad is not None:
         pad = op.Unsqueeze(mask_pad, op.Constant(value_ints=[2, 3]))  # (L, B, 1, 1)
@@ -152,7 +159,7 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     c_before = op.Concat(op.Unsqueeze(c_init, op.Constant(value_ints=[0])),
                          op.Slice(c_all, op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]),
                                   op.Constant(value_ints=[0])), axis=0)
-    reset = op.Sigmoid(op.Add(op.Add(blocks[2], reset_bias), op.Mul(reset_weight, c_before)))
+    reset = op.Sigmoid(op.Add(blocks[2], op.Mul(reset_weight, c_before)))
     if has_skip_term:
         if k == 4:
             skip = blocks[3]
