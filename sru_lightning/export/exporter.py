@@ -80,7 +80,9 @@ def save_aoti(wrapped: ExportableLanguageModel, path: Path) -> None:
     program = exported_program(wrapped)
     with _rnn_loop_as_while_loop(), torch.no_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch._inductor.aoti_compile_and_package(program, package_path=str(path))
+        # Freezing folds the weights into the package as constants, so Inductor can prepack them
+        # for oneDNN's linear kernel: 0.91x eager instead of 1.06x for a sequence (L=128, B=32).
+        torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs={"freezing": True})
 
 
 def save_onnx(wrapped: ExportableLanguageModel, path: Path) -> None:
