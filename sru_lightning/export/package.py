@@ -80,6 +80,8 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 
     folder = Path(folder).expanduser()
     path = folder / MANIFEST_NAME
+    if not folder.is_dir():
+        raise ExportError(f"the export folder {str(folder)!r} does not exist (make one with `python -m sru_lightning export`)")
     if not path.is_file():
         raise ExportError(f"{str(folder)!r} is not an export folder: it has no {MANIFEST_NAME} "
                           "(make one with `python -m sru_lightning export`)")
