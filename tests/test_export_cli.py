@@ -53,7 +53,10 @@ def run_main(main, argv, capsys) -> tuple[int, str, str]:
 GREEDY = ["prompt=The ", "length=200", "temperature=0"]
 
 
-@pytest.mark.parametrize("kind,fmt", [("sru", "onnx"), ("srupp", "onnx"), ("lstm", "onnx"), ("srupp", "pt2")])
+# lstm-pt2 after lstm-onnx in one process: the ONNX export leaves nn.LSTM's kernel cached, which the
+# torch.export of the PyTorch formats must not reuse (it would fix the length).
+@pytest.mark.parametrize("kind,fmt", [("sru", "onnx"), ("srupp", "onnx"), ("lstm", "onnx"), ("lstm", "pt2"),
+                                      ("srupp", "pt2")])
 def test_export_folder_generates_the_checkpoints_greedy_text(kind, fmt, checkpoints, tmp_path, capsys):
     out = tmp_path / "export"
     status, stdout, stderr = run_main(command.main, [f"ckpt_path={checkpoints[kind]}", f"format={fmt}", f"out={out}"],
@@ -150,6 +153,7 @@ print(tuple(logits.shape))
 """
 
 
+@pytest.mark.slow
 def test_a_pt2_export_loads_in_a_fresh_process_with_one_line_or_names_the_missing_kernels(checkpoints, tmp_path,
                                                                                         capsys):
     out = tmp_path / "export"

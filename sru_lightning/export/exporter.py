@@ -45,13 +45,23 @@ def require_kernels(purpose: str) -> None:
         ) from None
 
 
+@contextlib.contextmanager
 def _rnn_loop_as_while_loop():
     """nn.LSTM as a loop over time in the exported program (dynamic length) instead of unrolled."""
     try:
         from torch.export._patches import register_lstm_while_loop_decomposition
     except ImportError:  # older torch: export then fixes the length, which the parity checks catch
-        return contextlib.nullcontext()
-    return register_lstm_while_loop_decomposition()
+        yield
+        return
+    lstm = torch.ops.aten.lstm.input
+    # The patch swaps the op's Python kernel but not the kernel the op cached on its last call
+    # (an earlier ONNX export in this process leaves one): clear it on the way in and out.
+    lstm._dispatch_cache.clear()
+    try:
+        with register_lstm_while_loop_decomposition():
+            yield
+    finally:
+        lstm._dispatch_cache.clear()
 
 
 def graph_module(model) -> ExportableLanguageModel:
