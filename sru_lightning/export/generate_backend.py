@@ -14,7 +14,8 @@ def load_for_generation(folder: str, backend: str, threads: int | None = None):
 
     model = load_exported(folder, backend or None, threads)
     if "vocabulary" not in model.manifest["files"]:
-        raise ExportError(f"{folder!r} holds no vocabulary ({model.manifest['files']}); export it from a checkpoint")
+        raise ExportError(f"{folder!r} holds no vocabulary.json (it was exported without one); export the "
+                          "checkpoint with `python -m sru_lightning export`, which saves it")
     codec = read_vocabulary(model.folder)
     if codec.vocab_size != model.vocab_size:
         raise ExportError(
