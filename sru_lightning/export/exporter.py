@@ -11,6 +11,7 @@ dynamic as well.
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 import warnings
 from pathlib import Path
@@ -98,13 +99,26 @@ def save_aoti(wrapped: ExportableLanguageModel, path: Path) -> None:
         torch._inductor.aoti_compile_and_package(program, package_path=str(path), inductor_configs=configs)
 
 
+@contextlib.contextmanager
+def _quiet_logger(name: str):
+    """The exporter logs a warning for every optional op library it does not find (torchvision)."""
+    logger = logging.getLogger(name)
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def save_onnx(wrapped: ExportableLanguageModel, path: Path) -> None:
     import onnx
     import onnx_ir as ir
 
     from .onnx_recurrence import translation_table
 
-    with torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(None):
+    with (torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(None),
+          _quiet_logger("torch.onnx._internal.exporter._registration")):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
             wrapped, wrapped.example_inputs(), dynamic_shapes=wrapped.dynamic_shapes(), dynamo=True,
