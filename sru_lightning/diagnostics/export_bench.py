@@ -68,7 +68,7 @@ def _runners(name: str, model, folder: Path, backends, export_seconds: dict) -> 
 
 def _time_steps(run, specs, steps: int, vocab: int) -> float:
     token = torch.tensor([[vocab // 2]])
-    state = [spec.zeros(1) for spec in specs]
+    state = [spec.initial_tensor(1) for spec in specs]
     _, state = run(token, state)
     started = time.perf_counter()
     for _ in range(steps):
@@ -77,7 +77,7 @@ def _time_steps(run, specs, steps: int, vocab: int) -> float:
 
 
 def _time_sequence(run, specs, tokens) -> float:
-    state = [spec.zeros(tokens.shape[0]) for spec in specs]
+    state = [spec.initial_tensor(tokens.shape[0]) for spec in specs]
     started = time.perf_counter()
     run(tokens, state)
     return time.perf_counter() - started

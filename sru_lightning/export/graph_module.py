@@ -43,7 +43,7 @@ class TensorSpec:
     def as_dict(self) -> dict:
         return {key: (list(value) if key == "shape" else value) for key, value in asdict(self).items()}
 
-    def zeros(self, batch: int) -> Tensor:
+    def initial_tensor(self, batch: int) -> Tensor:
         """The initial state tensor for a batch of `batch` sequences."""
         shape = [batch if size == BATCH else size for size in self.shape]
         return torch.full(shape, self.initial, dtype=getattr(torch, self.dtype))
@@ -111,7 +111,7 @@ class ExportableLanguageModel(nn.Module):
 
     def example_inputs(self, batch: int = 2, length: int = 5) -> tuple[Tensor, ...]:
         tokens = torch.randint(0, self.model.hparams.vocab_size, (batch, length))
-        return (tokens, *(spec.zeros(batch) for spec in self.state_specs()))
+        return (tokens, *(spec.initial_tensor(batch) for spec in self.state_specs()))
 
     def dynamic_shapes(self) -> tuple:
         batch, length = torch.export.Dim("batch", min=1, max=1 << 16), torch.export.Dim("length", min=1, max=1 << 20)

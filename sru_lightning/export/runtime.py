@@ -73,7 +73,7 @@ class ExportedLanguageModel:
             self._run = run
 
     def initial_state(self, batch: int) -> list[torch.Tensor]:
-        return [spec.zeros(batch) for spec in self.state_specs]
+        return [spec.initial_tensor(batch) for spec in self.state_specs]
 
     def __call__(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """tokens (B, L) -> logits (B, L, vocab) and the new state (a list of tensors)."""
