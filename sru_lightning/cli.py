@@ -29,6 +29,7 @@ TOOL_COMMANDS = {
     "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
     "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),
     "generate": ("sru_lightning.generate", "write text with a trained checkpoint (prompt=... length=...)"),
+    "export": ("sru_lightning.export.command", "export a checkpoint to ONNX, torch.export or AOTInductor (format=... out=...)"),
 }
 
 

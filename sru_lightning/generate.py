@@ -35,6 +35,8 @@ class GenerateSettings:
     seed: int = 0  # the same seed, checkpoint and settings give the same text
     resume_dir: str = "outputs"  # where ckpt_path=last looks
     device: str = "cpu"  # "cpu" or "cuda"
+    model: str = ""  # an export folder (`python -m sru_lightning export`) to generate with instead of ckpt_path
+    backend: str = ""  # for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder
 
 
 SETTING_TYPES = {"str": "a string", "int": "an integer", "float": "a number"}
@@ -146,8 +148,12 @@ def checkpoint_file(setting: str, resume_dir: str) -> Path:
 
 
 def load_checkpoint(path: Path) -> dict[str, Any]:
-    from sru_lightning.runs.checkpoints import CheckpointError, read_checkpoint
+    from sru_lightning.runs.checkpoints import (
+        CheckpointError, deepspeed_folder_elsewhere, is_deepspeed_folder, read_checkpoint,
+    )
 
+    if is_deepspeed_folder(path):
+        raise UsageError(str(deepspeed_folder_elsewhere(path, "generate")))
     try:
         checkpoint = read_checkpoint(path)  # weights_only=True: a checkpoint is untrusted input
     except CheckpointError as error:
@@ -238,7 +244,7 @@ def generate_text(model, codec, settings: GenerateSettings, out: TextIO) -> Gene
         raise UsageError(f"`prompt` cannot be read by this model: {error}") from None
     if not prompt_ids:
         raise UsageError(f"`prompt` must hold at least one token, got {settings.prompt!r}")
-    device = next(model.parameters()).device
+    device = model.device
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     write = codec.decoder(after=settings.prompt)
     out.write(settings.prompt)
@@ -266,6 +272,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         settings = parse_settings(argv)
+        if settings.model:
+            model, codec = _exported_model(settings)
+            stats = generate_text(model, codec, settings, sys.stdout)
+            _report(stats)
+            return 0
         path = checkpoint_file(settings.ckpt_path, settings.resume_dir)
         checkpoint = load_checkpoint(path)
         model = build_model(checkpoint, path).to(settings.device)
@@ -287,10 +298,29 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(f"\n{PROG}: interrupted", file=sys.stderr)
         return 130
+    _report(stats)
+    return 0
+
+
+def _report(stats: GenerationStats) -> None:
     print(file=sys.stdout, flush=True)
     print(
         f"{PROG}: {stats.tokens} tokens in {stats.seconds:.3f} s ({stats.tokens_per_second:.0f} tokens/s; "
         f"prompt of {stats.prompt_tokens} tokens read in one pass)",
         file=sys.stderr,
     )
-    return 0
+
+
+def _exported_model(settings: GenerateSettings):
+    """The export folder `settings.model` run by `settings.backend`, and its vocabulary."""
+    from sru_lightning.export import ExportError
+    from sru_lightning.export.generate_backend import load_for_generation
+
+    if settings.device != "cpu":
+        raise UsageError(f"`device` must be 'cpu' with `model` (an export folder), got {settings.device!r}")
+    try:
+        model, codec, description = load_for_generation(settings.model, settings.backend, torch.get_num_threads())
+    except ExportError as error:
+        raise UsageError(str(error)) from None
+    print(f"{PROG}: {description}", file=sys.stderr)
+    return model, codec

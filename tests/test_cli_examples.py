@@ -42,7 +42,7 @@ def test_shell_examples_are_valid_bash_with_composable_overrides(script):
     overrides = [
         token.replace('"', '').replace("${STAGE}", "2").replace("${PRECISION}", "bf16-mixed")
         for token in command.replace("\\\n", " ").split("\n")[0].split()[4:]
-        if token not in ("-m", '"$@"')
+        if token not in ("-m", '"$@"', '"${PLACEMENT[@]}"')
     ]
     sweeps = [o for o in overrides if "," in o]
     fixed = [o for o in overrides if "," not in o]

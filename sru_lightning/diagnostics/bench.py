@@ -351,7 +351,12 @@ def main(argv=None) -> int:
                         help="time step-by-step text generation of the default model (conf/model/sru.yaml) "
                              "vs the same-size LSTM (conf/model/lstm.yaml) instead; uses --tokens, --threads, "
                              "--repeats, --warmup, --statistic")
-    parser.add_argument("--tokens", type=int, default=200, help="with --decode: tokens generated per run")
+    parser.add_argument("--tokens", type=int, default=200, help="with --decode: tokens generated per run; "
+                        "with --export: chained decoding steps per run")
+    parser.add_argument("--export", action="store_true",
+                        help="time the default SRU, SRU++ and LSTM language models eagerly, as AOTInductor "
+                             "packages and in onnxruntime instead: a decoding step at batch 1 and a sequence "
+                             "of --length x --batch; uses --tokens, --threads, --repeats, --warmup, --statistic")
     args = parser.parse_args([] if argv is None else list(argv))
     for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
         if getattr(args, name) < 1:
@@ -364,7 +369,16 @@ def main(argv=None) -> int:
         )
         print(decode_bench.format_table(decode_bench.run_decode_benchmark(decode_config)))
         return 0
-    settings = {key: value for key, value in vars(args).items() if key not in ("decode", "tokens")}
+    if args.export:
+        from sru_lightning.diagnostics import export_bench
+
+        export_config = export_bench.ExportBenchConfig(
+            threads=args.threads, steps=args.tokens, length=args.length, batch=args.batch, repeats=args.repeats,
+            warmup=args.warmup, statistic=args.statistic,
+        )
+        print(export_bench.format_table(export_bench.run_export_benchmark(export_config)))
+        return 0
+    settings = {key: value for key, value in vars(args).items() if key not in ("decode", "tokens", "export")}
     config = BenchConfig(**settings)
     result = run_benchmark(config)
     print(format_table(result))

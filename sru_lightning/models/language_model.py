@@ -171,6 +171,15 @@ class SRULanguageModel(pl.LightningModule):
         self.mean_nats = nn.ModuleDict({f"{stage}_nats": MeanMetric() for stage in STAGES})
         self._carried: dict[str, Any] = {}
 
+    def configure_model(self) -> None:
+        """Under :class:`sru_lightning.strategies.FSDP2Strategy`, shard each recurrent layer and
+        the root with FSDP2; other strategies wrap the model themselves."""
+        from sru_lightning.strategies import FSDP2Strategy
+
+        trainer = self._trainer
+        if trainer is not None and isinstance(trainer.strategy, FSDP2Strategy):
+            trainer.strategy.shard(self)
+
     # -- model ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """tokens (B, L) -> logits (B, L, vocab), final recurrent state.

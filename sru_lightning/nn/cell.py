@@ -285,10 +285,11 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         length, batch = x.shape[0], x.shape[1]
         u_width = self.output_size * self.num_matrices
         if self.custom_m is None:
-            flat = x.reshape(length * batch, self.input_size)
+            # (L, B, in) @ W as one product over all steps; kept 3-D, so an exported graph has no
+            # reshapes around it (input_projection flattens where its kernel needs 2-D).
             if self.weight_proj is not None:
-                flat = input_projection(flat, self.weight_proj)
-            return input_projection(flat, self.weight).view(length, batch, u_width), self.weight_c
+                x = input_projection(x, self.weight_proj)
+            return input_projection(x, self.weight), self.weight_c
 
         owner = type(self).__name__
         result = self.custom_m(x)

@@ -51,6 +51,17 @@ def non_default_settings(
             parts.append(f"{name}={value!r}")
     return parts
 
+def casts_own_inputs(layer: nn.Module) -> bool:
+    """True when ``layer`` is sharded with FSDP2 (``fully_shard``): its pre-forward hook casts
+    floating inputs to its mixed-precision parameter dtype and gathers the weights, so the
+    dtype of its (still sharded) weights outside the call says nothing about its input."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:  # a torch without FSDP2
+        return False
+    return isinstance(layer, FSDPModule)
+
+
 # ---------------------------------------------------------------------- one layer
 def time_shared_dropout_mask(like: Tensor, size: Tuple[int, int], p: float) -> Tensor:
     """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""

@@ -19,7 +19,7 @@ from .checks import (
     time_major_padding_mask,
     to_time_major,
 )
-from .common import StackMixin, checked_policy, non_default_settings, unpack_sequence, warn_rnn_dropout
+from .common import StackMixin, casts_own_inputs, checked_policy, non_default_settings, unpack_sequence, warn_rnn_dropout
 
 
 class SRU(StackMixin, nn.Module):
@@ -166,7 +166,7 @@ class SRU(StackMixin, nn.Module):
             x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]
         first = self.rnn_lst[0]
-        if self.input_to_hidden is None and first.custom_m is None:
+        if self.input_to_hidden is None and first.custom_m is None and not casts_own_inputs(first):
             check_input_dtype(owner, x, first.weight.dtype)
         if mask_pad is not None and lengths is None:
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
@@ -176,7 +176,10 @@ class SRU(StackMixin, nn.Module):
         h = x if self.input_to_hidden is None else self.input_to_hidden(x)
         last_states = []
         for layer, c_init in zip(self.rnn_lst, layer_c0):
-            h, c_last = layer.forward_time_major(h, c_init, mask_pad)
+            # Through nn.Module.__call__, so sharding hooks (FSDP2, DeepSpeed ZeRO-3) gather
+            # the layer's weights and cast its inputs before it runs. The layers are
+            # time-major, so the call checks what it was already handed, cheaply.
+            h, c_last = layer(h, c_init, mask_pad)
             last_states.append(c_last)
         c_stack = self._stacked_last_states(last_states, batch)
 

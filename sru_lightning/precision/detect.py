@@ -7,7 +7,7 @@ import dataclasses
 
 from .apex import apex_regime, initialized_apex_properties
 from .deepspeed import deepspeed_regime
-from .fsdp import fsdp_regime
+from .fsdp import fsdp2_regime, fsdp_regime
 from .lightning import device_type_of, plugin_regime, unpack_trainer
 from .regime import Regime
 
@@ -28,10 +28,15 @@ def detect_regime(trainer) -> Regime:
     if isinstance(strategy, DeepSpeedStrategy):
         return deepspeed_regime(strategy.config, plugin.precision, device_type)
     if isinstance(strategy, FSDPStrategy):
-        # Lightning runs FSDP on CUDA only (and FSDPPrecision autocasts "cuda").
-        return fsdp_regime(strategy.mixed_precision, plugin, "cuda")
+        # Not attached to devices yet: FSDP's home is CUDA (Lightning's own class runs only
+        # there); once attached, the devices it really runs on (CPU processes included).
+        attached = bool(getattr(strategy, "parallel_devices", None))
+        return fsdp_regime(strategy.mixed_precision, plugin, device_type if attached else "cuda")
 
     regime = plugin_regime(plugin, device_type)
+    # FSDP2 (fully_shard, under ModelParallelStrategy or applied by the user) computes in
+    # its MixedPrecisionPolicy's param_dtype whatever the plugin says about the weights.
+    regime = fsdp2_regime(regime, getattr(strategy, "lightning_module", None) if strategy is not None else None)
     apex = initialized_apex_properties()
     if apex is None:
         return regime

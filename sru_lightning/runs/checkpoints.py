@@ -31,10 +31,47 @@ class CheckpointError(ValueError):
     """A checkpoint setting that cannot be honoured; reported as a usage error."""
 
 
+def is_deepspeed_folder(path: str | Path) -> bool:
+    """A DeepSpeed checkpoint: a folder (named like a .ckpt file) of per-rank shard files."""
+    return deepspeed_client_state(path) is not None
+
+
+def deepspeed_client_state(path: str | Path) -> Path | None:
+    """The file of a DeepSpeed checkpoint folder that holds Lightning's own state (step
+    counters, hyperparameters, the vocabulary) beside the engine's shards: rank 0's model-state
+    file (ZeRO-1/2 write one for all ranks, ZeRO-3 one per rank). It loads with weights_only=True."""
+    folder = Path(path) / "checkpoint"
+    if not folder.is_dir():
+        return None
+    for name in ("mp_rank_00_model_states.pt", "zero_pp_rank_0_mp_rank_00_model_states.pt"):
+        if (folder / name).is_file():
+            return folder / name
+    return None
+
+
+def deepspeed_folder_elsewhere(path: str | Path, command: str) -> CheckpointError:
+    """The error for a DeepSpeed folder given where only one-file checkpoints work."""
+    resume = (
+        "resume it with the DeepSpeed trainer that wrote it (trainer=deepspeed_stage_2 or _3), "
+        if command == "fit" else ""
+    )
+    return CheckpointError(
+        f"{str(path)!r} is a DeepSpeed checkpoint folder (one shard file per rank), which `{command}` cannot "
+        f"read as it is: {resume}consolidate it into one file and pass that: python -c "
+        "\"from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
+        f"c('{path}', 'consolidated.ckpt')\" (DeepSpeed reads its shards with weights_only=False: only for "
+        "folders you trust)"
+    )
+
+
 def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's contents, loaded safely (`weights_only=True`, memory-mapped)."""
+    """The checkpoint's contents, loaded safely (`weights_only=True`, memory-mapped). For a
+    DeepSpeed folder: Lightning's state (no weights), from its client-state file."""
     import torch
 
+    client_state = deepspeed_client_state(path)
+    if client_state is not None:
+        path = client_state
     try:
         return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:
@@ -56,7 +93,8 @@ def run_status(run_dir: Path) -> str | None:
 
 def newest_resumable(folder: Path) -> Path | None:
     """The most recently written of `folder`'s resumable checkpoints, or None."""
-    found = [folder / name for name in RESUMABLE_NAMES if (folder / name).is_file()]
+    found = [folder / name for name in RESUMABLE_NAMES
+             if (folder / name).is_file() or is_deepspeed_folder(folder / name)]
     return max(found, key=lambda path: path.stat().st_mtime) if found else None
 
 
@@ -87,6 +125,8 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
     setting = str(setting)
     if setting != "last":
         path = Path(setting).expanduser()
+        if is_deepspeed_folder(path):
+            return str(path.absolute())
         if path.is_dir():
             for folder in (path / "checkpoints", path):
                 candidate = newest_resumable(folder)
@@ -225,3 +265,33 @@ def checkpoint_data_config(cfg, checkpoint: str | Path, user_overrides: list[str
         return OmegaConf.load(saved).data
     except Exception:  # not our config: keep the current one
         return cfg.data
+
+
+# --------------------------------------------------------------------------------------------
+# which engine can read which checkpoint
+def _strategy_target(cfg) -> str:
+    strategy = cfg.trainer.get("strategy") if "trainer" in cfg else None
+    if hasattr(strategy, "get"):
+        return str(strategy.get("_target_", ""))
+    return str(strategy or "")
+
+
+def check_engine_reads(cfg, command: str, checkpoint: str | Path) -> None:
+    """Refuse, in one sentence, a checkpoint the configured engine cannot read.
+
+    DeepSpeed writes (and reads) folders of per-rank shards; every other engine here writes and
+    reads one file (FSDP and FSDP2 gather the full state on rank 0), so those files move
+    freely between DDP, FSDP, FSDP2 and one process, for fit and for validate/test.
+    """
+    deepspeed_trainer = "DeepSpeed" in _strategy_target(cfg)
+    folder = is_deepspeed_folder(checkpoint)
+    if folder and (command != "fit" or not deepspeed_trainer):
+        # DeepSpeed's own evaluation loading of ZeRO-3 folders fails inside the engine, so
+        # evaluation always goes through a consolidated file.
+        raise deepspeed_folder_elsewhere(checkpoint, command)
+    if deepspeed_trainer and not folder:
+        raise CheckpointError(
+            f"{str(checkpoint)!r} is a one-file checkpoint, and a DeepSpeed trainer resumes only DeepSpeed "
+            "checkpoint folders: continue it with trainer=ddp_cpu, ddp, fsdp or fsdp2 (or one process), or "
+            "start a fresh DeepSpeed run"
+        )

@@ -22,7 +22,13 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from .checkpoints import CheckpointError, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint
+from .checkpoints import (
+    CheckpointError,
+    checkpoint_data_config,
+    checkpoint_model_config,
+    check_engine_reads,
+    resolve_checkpoint,
+)
 from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
@@ -242,7 +248,18 @@ def describe(error: BaseException) -> str:
     text = str(error).strip()
     if isinstance(error, (UsageError, CheckpointError, RunFailed)):
         return text
+    text += _no_gpu_hint(text)
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _no_gpu_hint(text: str) -> str:
+    """What to do when a GPU trainer config (trainer=ddp, fsdp, deepspeed_*) meets no GPU."""
+    import torch
+
+    lowered = text.lower()
+    if torch.cuda.is_available() or not ("gpu" in lowered or "cuda" in lowered):
+        return ""
+    return "; this machine has no CUDA GPU: add trainer.accelerator=cpu trainer.devices=2 to run on CPU processes"
 
 
 # --------------------------------------------------------------------------------------------
@@ -274,6 +291,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
             f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
             "or choose another hydra.run.dir"
         )
+    if ckpt_path is not None:
+        check_engine_reads(cfg, command, ckpt_path)
     model_config, data_config = cfg.model, cfg.data
     if command != "fit" and ckpt_path is not None:
         # Evaluate the checkpoint as the model it was trained as, on the data it was trained on.

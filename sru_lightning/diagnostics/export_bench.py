@@ -1,0 +1,139 @@
+"""Export benchmark (`python -m sru_lightning bench --export`): the default SRU, SRU++ and LSTM
+language models (conf/model/*.yaml) run eagerly, as AOTInductor packages and in onnxruntime, in
+one process, interleaved round by round, best of N.
+
+Two workloads: a decoding step at batch 1 (one token from the carried state, the state fed
+back, as `generate` does) and one sequence pass at L=128, B=32 from a zero state. Every backend
+runs the same graph (:class:`~sru_lightning.export.ExportableLanguageModel`), so the ratios
+compare runtimes, not models.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+BACKENDS = ("eager", "aoti", "onnxruntime")
+BASELINE_MODEL = "nn.LSTM (model=lstm)"
+
+
+@dataclass
+class ExportBenchConfig:
+    threads: int = 1
+    steps: int = 100  # decoding steps per timed run
+    length: int = 128
+    batch: int = 32
+    repeats: int = 7
+    warmup: int = 2
+    statistic: str = "min"
+    backends: tuple = BACKENDS
+
+
+@dataclass
+class ExportBenchResult:
+    config: ExportBenchConfig
+    export_seconds: dict = field(default_factory=dict)  # (model, format) -> seconds
+    step_seconds: dict = field(default_factory=dict)  # (model, backend) -> seconds per step
+    sequence_seconds: dict = field(default_factory=dict)  # (model, backend) -> seconds per pass
+
+
+def _runners(name: str, model, folder: Path, backends, export_seconds: dict) -> dict:
+    from sru_lightning.export import ExportableLanguageModel, export_language_model, load_exported
+
+    runners = {}
+    if "eager" in backends:
+        wrapped = ExportableLanguageModel(model).eval()
+
+        def eager(tokens, state, wrapped=wrapped):
+            with torch.inference_mode():
+                logits, *new_state = wrapped(tokens, *state)
+            return logits, new_state
+
+        runners["eager"] = (eager, wrapped.state_specs())
+    for backend, fmt in (("aoti", "aoti"), ("onnxruntime", "onnx")):
+        if backend not in backends:
+            continue
+        started = time.perf_counter()
+        out = export_language_model(model, folder / f"{model.rnn_type}-{fmt}", fmt)
+        export_seconds[(name, fmt)] = time.perf_counter() - started
+        exported = load_exported(out, "pt2" if fmt == "aoti" else "onnxruntime", threads=torch.get_num_threads())
+        runners[backend] = (exported.__call__, exported.state_specs)
+    return runners
+
+
+def _time_steps(run, specs, steps: int, vocab: int) -> float:
+    token = torch.tensor([[vocab // 2]])
+    state = [spec.initial_tensor(1) for spec in specs]
+    _, state = run(token, state)
+    started = time.perf_counter()
+    for _ in range(steps):
+        _, state = run(token, state)
+    return (time.perf_counter() - started) / steps
+
+
+def _time_sequence(run, specs, tokens) -> float:
+    state = [spec.initial_tensor(tokens.shape[0]) for spec in specs]
+    started = time.perf_counter()
+    run(tokens, state)
+    return time.perf_counter() - started
+
+
+def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
+    from .bench import intra_op_threads
+    from .decode_bench import default_models
+
+    result = ExportBenchResult(config)
+    with intra_op_threads(config.threads), tempfile.TemporaryDirectory(prefix="sru-export-bench-") as folder:
+        torch.manual_seed(0)
+        _, models = default_models()
+        runners = {name: _runners(name, model, Path(folder), config.backends, result.export_seconds)
+                   for name, model in models.items()}
+        tokens = torch.randint(0, next(iter(models.values())).hparams.vocab_size, (config.batch, config.length))
+        steps: dict = {key: [] for key in ((m, b) for m in runners for b in runners[m])}
+        sequences: dict = {key: [] for key in steps}
+        for round_index in range(config.warmup + config.repeats):
+            for name, backends in runners.items():
+                vocab = models[name].hparams.vocab_size
+                for backend, (run, specs) in backends.items():
+                    step = _time_steps(run, specs, config.steps, vocab)
+                    sequence = _time_sequence(run, specs, tokens)
+                    if round_index >= config.warmup:
+                        steps[(name, backend)].append(step)
+                        sequences[(name, backend)].append(sequence)
+    pick = min if config.statistic == "min" else statistics.median
+    result.step_seconds = {key: pick(values) for key, values in steps.items()}
+    result.sequence_seconds = {key: pick(values) for key, values in sequences.items()}
+    return result
+
+
+def format_table(result: ExportBenchResult) -> str:
+    cfg = result.config
+    statistic = "best" if cfg.statistic == "min" else "median"
+    lines = [
+        f"Export benchmark: default models, threads={cfg.threads}, decoding step at B=1 ({cfg.steps} chained steps), "
+        f"sequence L={cfg.length} B={cfg.batch} ({statistic} of {cfg.repeats}, interleaved)",
+        f"{'model':<22}{'backend':<13}{'step us':>9}{'tok/s':>8}{'x eager':>9}{'x LSTM':>8}"
+        f"{'seq ms':>9}{'x eager':>9}{'x LSTM':>8}",
+    ]
+
+    def ratio(table, key, other):
+        return f"{table[key] / table[other]:.2f}" if other in table else "-"
+
+    for (name, backend), step in result.step_seconds.items():
+        sequence = result.sequence_seconds[(name, backend)]
+        lines.append(
+            f"{name:<22}{backend:<13}{step * 1e6:>9.0f}{1 / step:>8.0f}"
+            f"{ratio(result.step_seconds, (name, backend), (name, 'eager')):>9}"
+            f"{ratio(result.step_seconds, (name, backend), (BASELINE_MODEL, backend)):>8}"
+            f"{sequence * 1e3:>9.2f}{ratio(result.sequence_seconds, (name, backend), (name, 'eager')):>9}"
+            f"{ratio(result.sequence_seconds, (name, backend), (BASELINE_MODEL, backend)):>8}"
+        )
+    exports = ", ".join(f"{name.split()[0]} {fmt} {seconds:.0f} s" for (name, fmt), seconds in result.export_seconds.items())
+    lines.append(f"export time: {exports}")
+    lines.append("x eager: time over the same model run eagerly; x LSTM: over the LSTM model on the same backend")
+    return "\n".join(lines)

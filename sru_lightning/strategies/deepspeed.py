@@ -1,0 +1,122 @@
+"""Lightning's DeepSpeedStrategy, able to run on CPU processes as well as on CUDA GPUs."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+from typing import Any, Iterator
+
+from lightning.pytorch.accelerators import CPUAccelerator
+from lightning.pytorch.strategies import DDPStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeedStrategy
+from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+__all__ = ["DeepSpeedStrategy", "HardwareRefusesDtype"]
+
+
+class HardwareRefusesDtype(MisconfigurationException):
+    """The engine cannot run the requested dtype on this hardware."""
+
+
+class DeepSpeedStrategy(LightningDeepSpeedStrategy):
+    """``lightning.pytorch.strategies.DeepSpeedStrategy`` that also runs on CPU.
+
+    On CUDA it is Lightning's class unchanged. With ``accelerator="cpu"`` it skips the three
+    places where Lightning assumes a GPU: the CUDA-only check of ``setup_environment``, the
+    device-index check of ``setup_distributed`` (CPU devices have no index) and the
+    ``device_rank`` handed to ``deepspeed.initialize`` (the process's local rank instead of a
+    GPU index). DeepSpeed itself selects its CPU accelerator and gloo.
+    """
+
+    @property
+    def _on_cpu(self) -> bool:
+        return isinstance(self.accelerator, CPUAccelerator)
+
+    @property
+    def precision_plugin(self):
+        return LightningDeepSpeedStrategy.precision_plugin.fget(self)
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin) -> None:
+        LightningDeepSpeedStrategy.precision_plugin.fset(self, plugin)
+        # The Trainer attaches the accelerator, then the precision: refuse a dtype the
+        # hardware cannot run right there, while the Trainer is being built.
+        if plugin is not None and self.accelerator is not None and self._on_cpu:
+            self._refuse_unsupported_dtype()
+
+    def setup_environment(self) -> None:
+        if not self._on_cpu:
+            return super().setup_environment()
+        self._refuse_unsupported_dtype()
+        # DeepSpeedStrategy's own check accepts CUDA only; the rest is DDP's.
+        return DDPStrategy.setup_environment(self)
+
+    def setup_distributed(self) -> None:
+        if not self._on_cpu:
+            return super().setup_distributed()
+        from lightning.fabric.utilities.seed import reset_seed
+
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _setup_model_and_optimizer(self, *args: Any, **kwargs: Any):
+        with self._cpu_device_rank():
+            return super()._setup_model_and_optimizer(*args, **kwargs)
+
+    def _initialize_deepspeed_inference(self, *args: Any, **kwargs: Any) -> None:
+        with self._cpu_device_rank():
+            return super()._initialize_deepspeed_inference(*args, **kwargs)
+
+    @contextlib.contextmanager
+    def _cpu_device_rank(self) -> Iterator[None]:
+        """Lightning passes ``device_rank=root_device.index`` to ``deepspeed.initialize``; a CPU
+        device has no index (None), which DeepSpeed cannot compare. Pass the local rank, which
+        DeepSpeed's CPU accelerator maps to its one device, during these calls only."""
+        if not self._on_cpu:
+            yield
+            return
+        import deepspeed
+
+        initialize = deepspeed.initialize
+        local_rank = self.local_rank
+
+        def initialize_on_cpu(*args: Any, **kwargs: Any):
+            namespace = kwargs.get("args")
+            if namespace is not None and getattr(namespace, "device_rank", 0) is None:
+                kwargs["args"] = argparse.Namespace(**{**vars(namespace), "device_rank": local_rank})
+            return initialize(*args, **kwargs)
+
+        deepspeed.initialize = initialize_on_cpu
+        try:
+            yield
+        finally:
+            deepspeed.initialize = initialize
+
+    def _refuse_unsupported_dtype(self) -> None:
+        """fp16 on a CPU whose DeepSpeed accelerator has no fp16 kernels fails deep inside the
+        engine; say it in one sentence before any process group starts."""
+        wants_fp16 = self.precision_plugin.precision in ("16-mixed", "16-true") or _enabled(self.config, "fp16")
+        if not wants_fp16:
+            return
+        from deepspeed.accelerator import get_accelerator
+
+        accelerator = get_accelerator()
+        if accelerator.is_fp16_supported():
+            return
+        raise HardwareRefusesDtype(
+            f"DeepSpeed cannot train in fp16 on this {accelerator.device_name()} (its accelerator "
+            f"{type(accelerator).__name__} has no fp16 support); use trainer.precision=bf16-mixed or 32-true "
+            "here, or fp16 on a CUDA GPU"
+        )
+
+    def init_deepspeed(self) -> None:
+        super().init_deepspeed()
+        if self._on_cpu:
+            rank_zero_info(f"DeepSpeed ZeRO stage {self.config.get('zero_optimization', {}).get('stage')} on CPU (gloo)")
+
+
+def _enabled(config: Any, key: str) -> bool:
+    section = config.get(key) if isinstance(config, dict) else None
+    return isinstance(section, dict) and bool(section.get("enabled", False))

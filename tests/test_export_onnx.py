@@ -1,0 +1,127 @@
+"""The recurrence as a standard ONNX Scan: every inference option of the SRU layers matches eager
+at lengths and batch sizes other than the traced ones, onnx.checker passes, onnxruntime runs the
+file with nothing but numpy, and training-only inputs are refused."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+onnx = pytest.importorskip("onnx", reason="needs the `export` extra: pip install 'sru_lightning[export]'")
+onnxruntime = pytest.importorskip("onnxruntime", reason="needs the `export` extra: pip install 'sru_lightning[export]'")
+
+from sru_lightning.export import ExportableLanguageModel, ExportError  # noqa: E402
+from sru_lightning.export.onnx_recurrence import OPSET, translation_table  # noqa: E402
+from sru_lightning.nn import SRU, SRUCell  # noqa: E402
+
+TRACED = (2, 5)  # (B, L) of the example inputs
+CHECKED = [(1, 1), (3, 7), (1, 23), (4, 2)]  # L = 1, a prime L, L >= 4x traced; B = 1 and B > 1
+
+
+class StackWithPadding(nn.Module):
+    def __init__(self, rnn: SRU, padded: bool) -> None:
+        super().__init__()
+        self.rnn, self.padded = rnn, padded
+
+    def forward(self, x, c0, lengths):
+        mask_pad = None
+        if self.padded:  # True after each sequence's length
+            mask_pad = torch.arange(x.shape[0]).unsqueeze(1) >= lengths.unsqueeze(0)
+        return self.rnn(x, c0, mask_pad=mask_pad)
+
+
+def onnx_session(module: nn.Module, example: tuple, dynamic_shapes: tuple, path) -> onnxruntime.InferenceSession:
+    with torch.no_grad():
+        program = torch.onnx.export(module, example, dynamic_shapes=dynamic_shapes, dynamo=True, verbose=False,
+                                    custom_translation_table=translation_table(), opset_version=OPSET)
+    program.save(str(path))
+    onnx.checker.check_model(str(path), full_check=True)
+    nodes = onnx.load(str(path)).graph.node
+    assert "Scan" in {node.op_type for node in nodes} and {node.domain for node in nodes} <= {""}
+    return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+
+
+def relative_error(expected: torch.Tensor, got: np.ndarray) -> float:
+    return float((expected - torch.from_numpy(got)).abs().max() / expected.abs().max().clamp_min(1e-12))
+
+
+@pytest.mark.parametrize(
+    "options,input_size,padded",
+    [
+        (dict(bidirectional=True, layer_norm=True), 8, True),  # k=4 (input 8 -> output 32), layer norm before
+        (dict(rescale=True, highway_bias=-2.0), 16, True),  # k=3 with scale_x
+        (dict(has_skip_term=False, bidirectional=True, layer_norm=True, normalize_after=True), 16, False),
+        (dict(projection_size=4, highway_bias=1.0, rescale=True, bidirectional=True), 12, True),
+    ],
+    ids=["bidirectional-k4-layernorm-maskpad", "k3-rescale-highway-maskpad", "noskip-bidirectional-normafter",
+         "projection-bidirectional-maskpad"],
+)
+def test_every_inference_option_matches_eager_at_untraced_shapes(options, input_size, padded, tmp_path):
+    module = StackWithPadding(SRU(input_size, 16, num_layers=2, **options), padded).eval()
+    width = module.rnn.output_size
+    batch, length = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("length", min=1, max=1 << 16)
+    example = (torch.randn(TRACED[1], TRACED[0], input_size), torch.randn(2, TRACED[0], width),
+               torch.tensor([TRACED[1], 2]))
+    session = onnx_session(module, example, ({0: length, 1: batch}, {1: batch}, {0: batch}), tmp_path / "sru.onnx")
+    for b, l in CHECKED:
+        x, c0 = torch.randn(l, b, input_size), torch.randn(2, b, width)
+        lengths = torch.randint(1, l + 1, (b,))
+        with torch.no_grad():
+            expected = module(x, c0, lengths)
+        got = session.run(None, {"x": x.numpy(), "c0": c0.numpy(), "lengths": lengths.numpy()})
+        for name, e, g in zip(("h", "c_last"), expected, got):
+            assert g.shape == tuple(e.shape)
+            assert relative_error(e, g) < 1e-5, f"{name} at B={b} L={l}"
+
+
+def test_training_only_inputs_are_refused_with_a_clear_error():
+    from sru_lightning.models import SRULanguageModel
+
+    model = SRULanguageModel(vocab_size=11, embedding_dim=8, hidden_size=8, num_layers=1)
+    with pytest.raises(ExportError, match=r"training mode .*call model\.eval\(\)"):
+        ExportableLanguageModel(model.train())
+    model.rnn.rnn_lst[0] = SRUCell(8, 8, custom_m=nn.Linear(8, 24))
+    with pytest.raises(ExportError, match=r"layer 'rnn\.rnn_lst\.0' has custom_m \(per-step weight_c"):
+        ExportableLanguageModel(model.eval())
+
+
+ONNXRUNTIME_ONLY = r"""
+import json, sys
+import numpy as np
+import onnxruntime
+folder, expected_path = sys.argv[1], sys.argv[2]
+manifest = json.load(open(folder + "/manifest.json"))
+session = onnxruntime.InferenceSession(folder + "/model.onnx", providers=["CPUExecutionProvider"])
+expected = np.load(expected_path)
+tokens = expected["tokens"]
+state = [np.full([tokens.shape[0] if d == "batch" else d for d in spec["shape"]], spec["initial"], dtype=spec["dtype"])
+         for spec in manifest["inputs"][1:]]
+outputs = session.run(None, {"tokens": tokens, **{spec["name"]: s for spec, s in zip(manifest["inputs"][1:], state)}})
+error = float(np.abs(outputs[0] - expected["logits"]).max() / np.abs(expected["logits"]).max())
+foreign = sorted(name for name in sys.modules if name.split(".")[0] in ("torch", "sru_lightning", "onnx"))
+print(json.dumps({"error": error, "foreign": foreign}))
+"""
+
+
+def test_onnxruntime_runs_an_exported_language_model_with_only_numpy(tmp_path):
+    from sru_lightning.export import export_language_model
+    from sru_lightning.models import SRULanguageModel
+
+    model = SRULanguageModel(vocab_size=13, embedding_dim=8, hidden_size=16, num_layers=2,
+                             sru_options={"highway_bias": -2.0, "rescale": True}).eval()
+    folder = export_language_model(model, tmp_path / "lm", "onnx")
+    tokens = torch.randint(0, 13, (3, 29))
+    with torch.no_grad():
+        logits, _ = model(tokens)
+    np.savez(tmp_path / "expected.npz", tokens=tokens.numpy(), logits=logits.numpy())
+    result = subprocess.run([sys.executable, "-I", "-c", ONNXRUNTIME_ONLY, str(folder), str(tmp_path / "expected.npz")],
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr[-2000:]
+    report = json.loads(result.stdout)
+    assert report["foreign"] == [] and report["error"] < 1e-5
