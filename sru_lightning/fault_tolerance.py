@@ -345,10 +345,13 @@ class GracefulInterrupt(Callback):
 
     def _watch(self, signum: int, rank: int) -> None:
         time.sleep(self.stop_timeout)
+        several = self._trainer is not None and self._trainer.world_size > 1
+        why = ("another process of this run is gone or stuck, so the ranks cannot agree on a checkpoint"
+               if several else "the current step or checkpoint write is stuck")
         message = (
             f"sru_lightning: rank {rank} received {signal_name(signum)} {self.stop_timeout:g} s ago and has not "
-            "finished stopping: another process of this run is gone or stuck, so the ranks cannot agree on a "
-            f"checkpoint (callbacks.graceful_interrupt.stop_timeout={self.stop_timeout:g}); exiting with status 1\n"
+            f"finished stopping: {why} (callbacks.graceful_interrupt.stop_timeout={self.stop_timeout:g}); "
+            "exiting with status 1\n"
         )
         # No logging or flushing here: the main thread may hold their locks.
         os.write(2, message.encode())
