@@ -8,7 +8,8 @@ descriptor (`signal.set_wakeup_fd`) at once; :class:`SignalWatch` reads it in a 
 
 * before training has set up (imports, data, launching the other ranks, the rendezvous) there
   is nothing to save, so the process says so, passes the signal on to the ranks it launched,
-  and exits with status 128 + the signal number;
+  and exits with status 128 + the signal number (as it does at any time in a run without a
+  GracefulInterrupt callback, saying so);
 * once a :class:`~sru_lightning.fault_tolerance.GracefulInterrupt` runs the fit, that callback
   stops every rank at an agreed batch boundary, and the watch only starts its watchdog, which
   ends a stop that cannot complete within ``stop_timeout`` seconds.
@@ -121,6 +122,12 @@ class SignalWatch:
             owner.start_watchdog(signum)
             return
         self._forward_to_launched_ranks(signum)
+        from sru_lightning.fault_tolerance import GracefulInterrupt  # imports this module
+
+        callbacks = getattr(self._trainer, "callbacks", None)
+        if callbacks is not None and not any(isinstance(callback, GracefulInterrupt) for callback in callbacks):
+            _exit(f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
+                  "GracefulInterrupt callback: callbacks=default includes it)", 128 + signum)
         _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)",
               128 + signum)
 
