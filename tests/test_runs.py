@@ -336,7 +336,9 @@ def test_the_command_first_hint_does_not_repeat_the_command(capsys):
 
 # --------------------------------------------------------------------------------------------
 # every option of every config group runs a tiny fit
-GPU_ONLY = {("trainer", name) for name in ("gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp")}
+# These default to the GPU; the engine configs' runs on CPU processes (accelerator=cpu,
+# devices=2) are the 2-process fits of tests/test_engines.py.
+GPU_ONLY = {("trainer", name) for name in ("gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2")}
 SUBPROCESS = {("trainer", "ddp_cpu")}  # launches processes that re-run the command line
 
 
@@ -369,7 +371,8 @@ OPTION_CASES = [
     pytest.param(
         group, option,
         marks=[
-            *([pytest.mark.skipif(not torch.cuda.is_available(), reason=f"trainer={option} needs a CUDA GPU")]
+            *([pytest.mark.skipif(not torch.cuda.is_available(), reason=f"trainer={option} as configured needs a CUDA GPU "
+                                                                   "(its CPU-process run: tests/test_engines.py)")]
               if (group, option) in GPU_ONLY else []),
             *([pytest.mark.slow] if (group, option) in SUBPROCESS else []),
         ],
