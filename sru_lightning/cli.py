@@ -32,15 +32,6 @@ TOOL_COMMANDS = {
 }
 
 
-def _hydra_usage_error(message: str, cause: BaseException | None = None) -> Exception:
-    # Hydra prints a CompactHydraException as its message alone (HYDRA_FULL_ERROR=1 for more).
-    from hydra.errors import CompactHydraException
-
-    error = CompactHydraException(message)
-    error.__cause__ = cause
-    return error
-
-
 # --------------------------------------------------------------------------------------------
 # help
 def config_groups() -> dict[str, list[str]]:
@@ -124,6 +115,8 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
 
 def _run_trainer_command(command: str, overrides: list[str]) -> int:
+    import os
+
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
@@ -133,8 +126,8 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     original_argv = list(sys.argv)
     statuses: list[str] = []
 
-    def task(cfg: DictConfig) -> dict[str, Any] | None:
-        from sru_lightning.runs.run import RunFailed, UsageError, run
+    def task(cfg: DictConfig) -> float:
+        from sru_lightning.runs.run import run
 
         # Lightning's DDP launcher re-runs `sys.argv`; it must include the command again.
         sys.argv = [original_argv[0], command, *overrides]
@@ -142,33 +135,85 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         try:
             result = run(cfg, command, Path(hydra_config.runtime.output_dir), list(hydra_config.overrides.task),
                          multirun=_is_multirun(HydraConfig))
-        except (UsageError, RunFailed) as error:
-            raise _hydra_usage_error(str(error), error) from error
         finally:
             sys.argv = [original_argv[0], *overrides]
         statuses.append(result["status"])
-        return result
+        return optimized_value(result)
 
     problem = _unparsable_override(overrides)
     if problem:
-        return _fail(problem, 1)
+        return _fail(problem)
     sweep.last_summary = None
     entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
     sys.argv = [original_argv[0], *overrides]
+    # Hydra's own errors (an unknown key or option) come back as exceptions, told in one line below.
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         entry()
     except SystemExit as exit_request:
         return exit_request.code if isinstance(exit_request.code, int) else 1
+    except Exception as error:
+        message = _configuration_error(error)
+        if message is None:
+            raise
+        return _fail(message)
     finally:
         sys.argv = original_argv
-    failed = [row for row in (sweep.last_summary or []) if row["status"] != "completed"]
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+    summary = sweep.last_summary
+    failed = [row for row in (summary or []) if row["status"] != "completed"]
     if failed:
-        print(f"{PROG}: {len(failed)} of {len(sweep.last_summary)} runs did not complete; see the summary above",
+        for row in failed:
+            error = row["error"].splitlines()[0] if row["error"] else "no result was written"
+            print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
+        print(f"{PROG}: {len(failed)} of {len(summary)} runs did not complete; see the summary above",
               file=sys.stderr)
         return 1
     if any(status != "completed" for status in statuses):
         return 1  # the run said why (interrupted, failed)
     return 0
+
+
+def optimized_value(record: dict[str, Any]) -> float:
+    """What the task returns to Hydra's sweeper: the monitored metric of a completed run, nan otherwise
+    (the Optuna sweeper records a nan trial as failed and goes on)."""
+    value = record.get("metrics", {}).get(record.get("monitor")) if record.get("status") == "completed" else None
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _configuration_error(error: BaseException) -> str | None:
+    """Hydra's composition errors (unknown key, missing option) as one line; None for anything else."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(error, (HydraException, OmegaConfBaseException)):
+        return None
+    parts: list[str] = []
+    for cause in (error, error.__cause__):
+        if cause is None:
+            continue
+        options: list[str] = []
+        for line in str(cause).splitlines():
+            text = line.strip()
+            if text.startswith("Config search path") or text.startswith("provider="):
+                break
+            if not text or text.startswith(("full_key:", "object_type=", "reference_type=")):
+                continue
+            if line.startswith("\t"):
+                options.append(text)
+                continue
+            if options:
+                parts[-1] += " " + ", ".join(options)
+                options = []
+            if text not in parts:
+                parts.append(text.rstrip("."))
+        if options:
+            parts[-1] += " " + ", ".join(options)
+    return "; ".join(parts) or type(error).__name__
 
 
 def _unparsable_override(overrides: list[str]) -> str | None:

@@ -225,3 +225,32 @@ def checkpoint_data_config(cfg, checkpoint: str | Path, user_overrides: list[str
         return OmegaConf.load(saved).data
     except Exception:  # not our config: keep the current one
         return cfg.data
+
+
+def check_fits_model(checkpoint: str | Path, model) -> None:
+    """Raise CheckpointError unless `checkpoint` can be loaded into `model` (a fit continuing it):
+    same parameters, same shapes. Names the model settings that differ when it can."""
+    contents = read_checkpoint(checkpoint)
+    state = contents.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"cannot read the checkpoint {str(checkpoint)!r}: it holds no state_dict (not a fit's checkpoint)")
+    own = model.state_dict()
+    differing = sorted(
+        name for name in set(own) | set(state)
+        if name not in own or name not in state or tuple(own[name].shape) != tuple(state[name].shape)
+    )
+    if not differing:
+        return
+    saved = contents.get("hyper_parameters") or {}
+    current = dict(getattr(model, "hparams", {}) or {})
+    settings = [key for key in sorted(saved) if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]]
+    if settings:
+        trained = ", ".join(f"model.{key}={saved[key]!r}" for key in settings[:3])
+        asked = ", ".join(f"model.{key}={current[key]!r}" for key in settings[:3])
+        detail = f"was trained with {trained}, but this fit's model has {asked}"
+    else:
+        detail = f"does not fit this fit's model (parameter {differing[0]!r} differs)"
+    raise CheckpointError(
+        f"the checkpoint {str(checkpoint)!r} {detail}; continue it with the settings it was trained with, "
+        "or leave ckpt_path out to start a fresh run"
+    )

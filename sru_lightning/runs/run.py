@@ -22,7 +22,9 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from .checkpoints import CheckpointError, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint
+from .checkpoints import (
+    CheckpointError, check_fits_model, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint,
+)
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
@@ -157,7 +159,6 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     started = time.monotonic()
     trainer = None
     with _visible_logging():
-        _say(f"run directory: {output_dir}")
         try:
             try:
                 trainer, model, datamodule, ckpt_path = build(cfg, command, output_dir, overrides)
@@ -165,6 +166,9 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                 if not is_usage_error(error):
                     raise
                 raise UsageError(describe(error)) from error
+            record["monitor"] = optimized_metric_name(cfg, model)
+            if trainer.is_global_zero:
+                _say(f"run directory: {output_dir}")
             if ckpt_path is not None:
                 record["ckpt_path"] = str(ckpt_path)
             metrics = execute(command, trainer, model, datamodule, ckpt_path)
@@ -177,6 +181,12 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                     "fp16 usually helps)"
                 )
         except BaseException as error:
+            if isinstance(error, UsageError) and not multirun:
+                # Refused before it started: the run directory is left as it was (or removed).
+                from .directories import restore_after_usage_error, usage_exit
+
+                restore_after_usage_error(output_dir)
+                raise usage_exit(str(error)) from None
             interrupted = is_interruption(error)
             step = trainer.global_step if trainer is not None else 0
             record.update(status="interrupted" if interrupted else "failed", error=describe(error),
@@ -193,12 +203,19 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                 error = RunFailed(str(error))
             if not isinstance(error, Exception):
                 raise
+            if not isinstance(error, (UsageError, RunFailed)):
+                _log_traceback_to_file(error)
             if not multirun:
+                from .directories import keep_config_beside, usage_exit
+
+                keep_config_beside(output_dir)
                 _say(f"run directory: {output_dir} (failed)")
                 if isinstance(error, RunFailed):
-                    raise error from None
+                    failure = usage_exit(str(error))
+                    failure.code = 1
+                    raise failure from None
                 raise
-            log.error("job in %s failed: %s", output_dir, describe(error), exc_info=not isinstance(error, RunFailed))
+            log.error("job in %s failed: %s", output_dir, describe(error))
             return record
         record.update(status="completed", metrics=metrics, optimizer_steps=trainer.global_step,
                       wall_seconds=round(time.monotonic() - started, 1))
@@ -209,6 +226,27 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             write_record(output_dir, record)
             _say(f"run directory: {output_dir}")
     return record
+
+
+def _log_traceback_to_file(error: BaseException) -> None:
+    """The traceback of an unexpected failure, for the run's log file only (the console gets one line)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord("sru_lightning", logging.ERROR, __file__, 0, text, None, None))
+
+
+def optimized_metric_name(cfg, model) -> str:
+    """The metric a sweep optimises: `optimized_metric`, else the checkpoint callback's monitor."""
+    name = cfg.get("optimized_metric")
+    if not name:
+        checkpoint = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
+        name = checkpoint.get("monitor") or "val_bpc"
+    for stage in ("train", "val", "test"):  # val_bpc is val_bpw for word-level data
+        name = name.replace(f"{stage}_bpc", bits_name(model, stage))
+    return str(name)
 
 
 def is_usage_error(error: BaseException) -> bool:
@@ -272,6 +310,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
         model_kwargs["token_unit"] = datamodule.token_unit
     model = instantiate(model_config, **model_kwargs)
+    if command == "fit" and ckpt_path is not None:
+        check_fits_model(ckpt_path, model)
     if getattr(model.hparams, "vocab_size", datamodule.vocab_size) != datamodule.vocab_size:
         raise UsageError(
             f"the checkpoint {ckpt_path!r} was trained with a vocabulary of {model.hparams.vocab_size} tokens, but "
