@@ -4,7 +4,9 @@ the package's tool commands (bench, build, fidelity, gpu-check)."""
 from __future__ import annotations
 
 import difflib
+import errno
 import importlib
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -79,7 +81,34 @@ def _fail(message: str, status: int = 2) -> int:
 # entry point
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        status = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # e.g. `--help | head -3`: the reader has seen enough
+        _silence_stdout()
+        return 0
+    except OSError as error:
+        if error.errno not in _FULL_OUTPUT_ERRORS:
+            raise
+        _silence_stdout()
+        return _fail(f"cannot write the output: {error.strerror or error}", 1)
+
+
+# A full disk or device (`> /dev/full`), a file too large: the output could not be written.
+_FULL_OUTPUT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def _silence_stdout() -> None:
+    # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+    try:
+        sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (captured): nothing will be flushed at exit
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _dispatch(argv: list[str]) -> int:
     if not argv or argv[0] in ("-h", "--help", "help"):
         print(usage())
         return 0 if argv else 2
@@ -115,8 +144,6 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
 
 def _run_trainer_command(command: str, overrides: list[str]) -> int:
-    import os
-
     import hydra
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig

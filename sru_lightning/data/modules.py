@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+
 import math
 import sysconfig
 import zipfile
@@ -310,6 +312,13 @@ class TextDataModule(LanguageModelDataModule):
         self.token_level = level
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise ValueError(
+                f"TextDataModule: `data.encoding` must be a text encoding Python knows (utf-8, latin-1, ...), "
+                f"got {encoding!r}"
+            ) from None
         self.encoding = encoding
 
     def describe_source(self) -> str:

@@ -102,6 +102,13 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
             )
         return str(path.absolute())
 
+    resume_dir = Path(str(cfg.get("resume_dir") or "outputs")).expanduser()
+    if cfg.get("resume_dir") is not None and str(cfg.get("resume_dir")) != "outputs" and not resume_dir.is_dir():
+        # A mistyped folder would otherwise mean a silent fresh start.
+        raise CheckpointError(
+            f"`resume_dir` must be a folder of earlier runs for ckpt_path=last, got {str(resume_dir)!r}, "
+            "which does not exist"
+        )
     own = newest_resumable(output_dir / "checkpoints")
     if own is not None:
         reason = _why_not_resumable(own)
@@ -114,14 +121,13 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
             )
         log.info("ckpt_path=last: not resuming %s: %s", own, reason)
     found = find_last_checkpoint(
-        Path(str(cfg.get("resume_dir") or "outputs")),
+        resume_dir,
         OmegaConf.to_container(cfg.model, resolve=True),
         OmegaConf.to_container(cfg.data, resolve=True),
         exclude=output_dir,
     )
     if found is not None:
         log.info("ckpt_path=last: resuming from %s", found)
-        print(f"resuming from {found}", flush=True)
         return str(found)
     if command != "fit":
         raise CheckpointError(

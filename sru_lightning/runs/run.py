@@ -14,6 +14,7 @@ import inspect
 import json
 import logging
 import math
+import os
 import shlex
 import time
 import warnings
@@ -171,7 +172,12 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                 _say(f"run directory: {output_dir}")
             if ckpt_path is not None:
                 record["ckpt_path"] = str(ckpt_path)
-            metrics = execute(command, trainer, model, datamodule, ckpt_path)
+            try:
+                metrics = execute(command, trainer, model, datamodule, ckpt_path)
+            except Exception as error:
+                if _refused_by_lightning(error, trainer):
+                    raise UsageError(describe(error)) from error
+                raise
             final_name = bits_name(model, "test" if command == "test" else "val")
             final = metrics.get(final_name, 0.0)
             if not math.isfinite(final):
@@ -226,6 +232,26 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             write_record(output_dir, record)
             _say(f"run directory: {output_dir}")
     return record
+
+
+def _refused_by_lightning(error: BaseException, trainer) -> bool:
+    """Lightning checking the settings against the data (e.g. a `val_check_interval` longer than the
+    epoch) before any training step: a usage error, not a failure."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if not isinstance(error, (ValueError, MisconfigurationException)) or trainer.global_step > 0:
+        return False
+    frames = traceback_frames(error)
+    return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1]
+
+
+def traceback_frames(error: BaseException) -> list[str]:
+    files = []
+    trace = error.__traceback__
+    while trace is not None:
+        files.append(trace.tb_frame.f_code.co_filename)
+        trace = trace.tb_next
+    return files
 
 
 def _log_traceback_to_file(error: BaseException) -> None:
@@ -332,7 +358,10 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     if trainer_settings.get("enable_progress_bar", True) is False:
         # +trainer.enable_progress_bar=false wins over the progress bar among the callbacks.
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
-    if trainer_settings.get("enable_checkpointing", True) is not False and not any(
+    if trainer_settings.get("enable_checkpointing", True) is False:
+        # +trainer.enable_checkpointing=false wins over the checkpoint callbacks among the callbacks.
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+    elif not any(
         isinstance(cb, ModelCheckpoint) for cb in callbacks
     ):
         # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
