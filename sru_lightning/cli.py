@@ -160,7 +160,8 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         sys.argv = [original_argv[0], command, *overrides]
         hydra_config = HydraConfig.get()
         try:
-            result = run(cfg, command, Path(hydra_config.runtime.output_dir), list(hydra_config.overrides.task),
+            job_overrides = as_typed(list(hydra_config.overrides.task), overrides)
+            result = run(cfg, command, Path(hydra_config.runtime.output_dir), job_overrides,
                          multirun=_is_multirun(HydraConfig))
         finally:
             sys.argv = [original_argv[0], *overrides]
@@ -203,6 +204,28 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     if any(status != "completed" for status in statuses):
         return 1  # the run said why (interrupted, failed)
     return 0
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
+    """A job's overrides as the user typed them: Hydra hands a sweep's jobs its own spelling of the
+    fixed ones (`~key=null`, `False`); a swept key keeps the job's value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    fixed = {}
+    for item in typed:
+        if item.startswith("-") or ("=" not in item and not item.startswith("~")):
+            continue
+        try:
+            if not parser.parse_override(item).is_sweep_override():
+                fixed[_override_key(item)] = item
+        except Exception:  # noqa: BLE001 - unparsable overrides were refused before Hydra ran
+            continue
+    return [fixed.get(_override_key(item), item) for item in job_overrides]
 
 
 def optimized_value(record: dict[str, Any]) -> float:
