@@ -260,3 +260,15 @@ def check_fits_model(checkpoint: str | Path, model) -> None:
         f"the checkpoint {str(checkpoint)!r} {detail}; continue it with the settings it was trained with, "
         "or leave ckpt_path out to start a fresh run"
     )
+
+
+def saved_codec(checkpoint: str | Path):
+    """The vocabulary the data module saved in `checkpoint` (a TokenCodec), or None when it has none."""
+    from collections.abc import Mapping
+
+    from sru_lightning.data import TokenCodec
+
+    for entry in read_checkpoint(checkpoint).values():  # filed under the data module's class name
+        if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
+            return TokenCodec.from_state_dict(entry["token_codec"])
+    return None

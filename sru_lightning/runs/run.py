@@ -25,6 +25,7 @@ from lightning.pytorch.callbacks import Callback
 
 from .checkpoints import (
     CheckpointError, check_fits_model, checkpoint_data_config, checkpoint_model_config, resolve_checkpoint,
+    saved_codec,
 )
 from .trainer_args import check_trainer_settings
 
@@ -332,6 +333,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         model_config = checkpoint_model_config(cfg, ckpt_path, overrides)
         data_config = checkpoint_data_config(cfg, ckpt_path, overrides)
     datamodule = instantiate(data_config)
+    if command != "fit" and ckpt_path is not None:
+        _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path)
     model_kwargs = {} if "vocab_size" in model_config and command != "fit" else {"vocab_size": datamodule.vocab_size}
     if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
         model_kwargs["token_unit"] = datamodule.token_unit
@@ -375,6 +378,19 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     if check_sizes is not None:  # too little text for the batch layout: say so before training
         check_sizes(world_size=trainer.world_size)
     return trainer, model, datamodule, ckpt_path
+
+
+def _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path: str) -> None:
+    """Token ids mean what they meant in training: evaluation data is encoded with the checkpoint's
+    vocabulary (a character it lacks is an error; an unknown word is counted as the unknown word)."""
+    codec = saved_codec(ckpt_path)
+    adopt = getattr(datamodule, "adopt_vocabulary", None)
+    if codec is None or adopt is None:
+        return
+    unknown = adopt(codec)
+    if unknown:
+        log.warning("%d words of the evaluation data are not in the checkpoint's vocabulary of %d words; "
+                    "each counts as %r", unknown, codec.vocab_size, codec.unknown)
 
 
 def bits_name(model, stage: str) -> str:
