@@ -58,11 +58,24 @@ class RunFailed(Exception):
 
 
 class LastValidation(Callback):
-    """Remembers the optimizer step of the fit's most recent validation."""
+    """Remembers the optimizer step of the fit's most recent validation, and where its training
+    started: the optimizer step and whether it resumed in the middle of an epoch."""
 
     def __init__(self) -> None:
         super().__init__()
         self.step: int | None = None
+        self.start_step: int | None = None
+        self.resumed_mid_epoch = False
+        self.epochs_ended = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Not called when a resumed fit has nothing left to train (start_step stays None).
+        self.start_step = trainer.global_step
+        self.resumed_mid_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed > 0
+        self.epochs_ended = 0
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.epochs_ended += 1
 
     def on_validation_end(self, trainer, pl_module) -> None:
         if not trainer.sanity_checking and trainer.state.fn == "fit":
@@ -309,7 +322,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
     from omegaconf import OmegaConf
 
+    from sru_lightning.callbacks import SRUPrecisionCallback
     from sru_lightning.guards import TrainingThroughput, ValidateBeforeStop
+    from sru_lightning.nn.policy import iter_sru_cells
 
     seed = cfg.get("seed")
     if seed is not None:
@@ -352,6 +367,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         for node in (cfg.get("callbacks") or {}).values()
         if node is not None
     ]
+    if not any(True for _ in iter_sru_cells(model)):
+        # An LSTM baseline has no SRU layer by design: the precision callback has nothing to do or say.
+        callbacks = [cb for cb in callbacks if not isinstance(cb, SRUPrecisionCallback)]
     loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
     if not loggers:
         monitors = [cb for cb in callbacks if isinstance(cb, LearningRateMonitor)]
@@ -422,18 +440,19 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
     split = "test" if command == "test" else "val"
     bits = bits_name(model, split)  # val_bpc, or val_bpw for word-level data
     unit = bits.split("_", 1)[1]
+    training_metrics: dict[str, float] = {}
     if command == "fit":
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit))
+        # A validation of the final weights replaces the trainer's metrics; the training ones stay.
+        training_metrics = _training_metrics(trainer)
         _validate_final_weights(trainer, model, datamodule, bits)
     elif command == "validate":
         trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.validate))
     else:
         trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.test))
-    metrics = {
-        name: float(value)
-        for name, value in trainer.callback_metrics.items()
-        if getattr(value, "numel", lambda: 1)() == 1
-    }
+    metrics = _scalar_metrics(trainer)
+    if command == "fit":
+        metrics = {**training_metrics, **{name: value for name, value in metrics.items() if not name.startswith("train_")}}
     baseline = datamodule.unigram_bpc(split)  # bits per token, whatever the token is
     metrics[f"unigram_{unit}"] = baseline
     if trainer.is_global_zero:
@@ -445,6 +464,30 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
             _say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline {unit}={baseline:.4f})")
         else:
             _say(f"final {bits}={value:.4f} (unigram baseline {unit}={baseline:.4f})")
+    return metrics
+
+
+def _scalar_metrics(trainer) -> dict[str, float]:
+    return {
+        name: float(value)
+        for name, value in trainer.callback_metrics.items()
+        if getattr(value, "numel", lambda: 1)() == 1
+    }
+
+
+def _training_metrics(trainer) -> dict[str, float]:
+    """The fit's training metrics, named for what they cover: after a resume in the middle of an
+    epoch, the epoch means cover only the batches since the resume (`train_bpc_since_resume`)."""
+    tracker = next((cb for cb in trainer.callbacks if isinstance(cb, LastValidation)), None)
+    # Epoch means are logged at each epoch's end: only the first one after a mid-epoch resume is partial.
+    partial = tracker is not None and tracker.resumed_mid_epoch and tracker.epochs_ended <= 1
+    metrics = {}
+    for name, value in _scalar_metrics(trainer).items():
+        if not name.startswith("train_"):
+            continue
+        if partial and name.endswith("_epoch"):
+            name = name[: -len("_epoch")] + "_since_resume"
+        metrics[name] = value
     return metrics
 
 
@@ -460,7 +503,20 @@ def _validate_final_weights(trainer, model, datamodule, final_metric: str) -> No
     last_step = tracker.step if tracker is not None else None
     if final_metric in trainer.callback_metrics and last_step == trainer.global_step:
         return
-    where = "never ran" if last_step is None else f"ran at step {last_step}"
-    log.info("Validating the final weights (step %d): the last validation %s", trainer.global_step, where)
-    trainer.validate(model, datamodule=datamodule, verbose=False)
+    if last_step is not None:
+        where = f"the last validation ran at step {last_step}"
+    elif tracker is not None and tracker.start_step in (None, trainer.global_step):
+        where = f"the fit resumed at step {trainer.global_step} and trained no further"
+    else:
+        where = "no validation ran in this fit"
+    log.info("Validating the final weights (step %d): %s", trainer.global_step, where)
+    precision_reports = [cb for cb in trainer.callbacks if type(cb).__name__ == "SRUPrecisionCallback"]
+    verbose = [getattr(cb, "verbose", False) for cb in precision_reports]
+    for callback in precision_reports:  # the fit already printed the precision table
+        callback.verbose = False
+    try:
+        trainer.validate(model, datamodule=datamodule, verbose=False)
+    finally:
+        for callback, was in zip(precision_reports, verbose):
+            callback.verbose = was
 
