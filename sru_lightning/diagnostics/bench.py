@@ -15,7 +15,6 @@ against the LSTM of the same size, one token at a time (see ``decode_bench``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
 import os
@@ -27,6 +26,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from sru_lightning.usage import CommandParser
 
 STATISTIC_NAMES = {"min": "best", "median": "median"}
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -362,7 +362,7 @@ def plot(result: BenchResult, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sru_lightning bench", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m sru_lightning bench", description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
     parser.add_argument("--length", type=int, default=defaults.length)
     parser.add_argument("--batch", type=int, default=defaults.batch)

@@ -22,6 +22,7 @@ import torch
 
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.precision import dtype_name
+from sru_lightning.usage import CommandParser
 
 __all__ = ["FidelityRow", "fidelity_table", "format_table", "main"]
 
@@ -177,7 +178,7 @@ def device_name(text: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sru_lightning fidelity",
         description=(
             "Max relative error (max|err| / max|float64|) of h and of the input gradients for "
