@@ -82,6 +82,30 @@ class LastValidation(Callback):
             self.step = trainer.global_step
 
 
+class AnnounceRunDirectory(Callback):
+    """Prints the run directory once the run is under way: after Lightning has checked the
+    settings against the data, so a run refused as a usage error never names a directory."""
+
+    def __init__(self, output_dir: Path) -> None:
+        super().__init__()
+        self.output_dir = output_dir
+        self.said = False
+
+    def _say_once(self, trainer) -> None:
+        if not self.said and trainer.is_global_zero and not trainer.sanity_checking:
+            self.said = True
+            _say(f"run directory: {self.output_dir}")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._say_once(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._say_once(trainer)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._say_once(trainer)
+
+
 # --------------------------------------------------------------------------------------------
 # logging
 @contextlib.contextmanager
@@ -182,8 +206,6 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
                     raise
                 raise UsageError(describe(error)) from error
             record["monitor"] = optimized_metric_name(cfg, model)
-            if trainer.is_global_zero:
-                _say(f"run directory: {output_dir}")
             if ckpt_path is not None:
                 record["ckpt_path"] = str(ckpt_path)
             try:
@@ -390,7 +412,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
     if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
         callbacks.append(ValidateBeforeStop())
-    callbacks += [TrainingThroughput(), LastValidation()]
+    callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir)]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
