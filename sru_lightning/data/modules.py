@@ -138,7 +138,8 @@ class LanguageModelDataModule(pl.LightningDataModule):
                     f"{shown!r} that are not in the checkpoint's vocabulary of {codec.vocab_size} {kind}; "
                     "evaluate it on text its vocabulary covers"
                 )
-            unknown += sum(token not in codec.stoi for token in tokens) if missing else 0
+            if unknown_id is not None:  # words the checkpoint reads as its unknown word
+                unknown += sum(token not in codec.stoi or token == codec.unknown for token in tokens)
             splits[split] = torch.tensor([codec.stoi.get(token, unknown_id) for token in tokens], dtype=torch.long)
         self._corpus = Corpus(splits["train"], splits["val"], splits["test"], codec.vocab_size, list(codec.itos))
         self._datasets = {}

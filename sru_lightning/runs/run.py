@@ -341,7 +341,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     """Instantiate data, model, callbacks, loggers and trainer from `cfg`."""
     import lightning.pytorch as pl
     from hydra.utils import instantiate
-    from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint, ProgressBar
+    from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ProgressBar
     from omegaconf import OmegaConf
 
     from sru_lightning.callbacks import SRUPrecisionCallback
@@ -402,8 +402,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         # +trainer.enable_progress_bar=false wins over the progress bar among the callbacks.
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
     if trainer_settings.get("enable_checkpointing", True) is False:
-        # +trainer.enable_checkpointing=false wins over the checkpoint callbacks among the callbacks.
-        callbacks = [cb for cb in callbacks if not isinstance(cb, ModelCheckpoint)]
+        # +trainer.enable_checkpointing=false wins over the checkpoint callbacks among the callbacks
+        # (the interruption checkpoint too: such a run writes none).
+        callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
     elif not any(
         isinstance(cb, ModelCheckpoint) for cb in callbacks
     ):
