@@ -166,6 +166,9 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         finally:
             sys.argv = [original_argv[0], *overrides]
         statuses.append(result["status"])
+        if result["status"] != "completed" and _sweeper_counts_failures(hydra_config):
+            # Optuna's sweeper marks a trial failed when its job raises (a nan it cannot take).
+            raise JobFailed(f"job {result['run_dir']} {result['status']}: {result.get('error', '')}")
         return optimized_value(result)
 
     problem = _unparsable_override(overrides)
@@ -181,11 +184,15 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         entry()
     except SystemExit as exit_request:
         return exit_request.code if isinstance(exit_request.code, int) else 1
+    except JobFailed as error:
+        return _fail(f"the sweep stopped: {error} (hydra.sweeper.max_failure_rate sets how many may fail)", 1)
     except Exception as error:
         message = _configuration_error(error)
-        if message is None:
-            raise
-        return _fail(message)
+        if message is not None:
+            return _fail(message)
+        if _raised_by_a_sweeper(error):  # e.g. Optuna after every trial failed
+            return _fail(f"the sweep stopped: {type(error).__name__}: {error}", 1)
+        raise
     finally:
         sys.argv = original_argv
         if full_error is None:
@@ -226,6 +233,23 @@ def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
         except Exception:  # noqa: BLE001 - unparsable overrides were refused before Hydra ran
             continue
     return [fixed.get(_override_key(item), item) for item in job_overrides]
+
+
+def _raised_by_a_sweeper(error: BaseException) -> bool:
+    from sru_lightning.runs.run import traceback_frames
+
+    return any(f"{os.sep}hydra_plugins{os.sep}" in frame for frame in traceback_frames(error))
+
+
+class JobFailed(Exception):
+    """A sweep job did not complete (raised for sweepers that record failed trials themselves)."""
+
+
+def _sweeper_counts_failures(hydra_config) -> bool:
+    """True for sweepers other than Hydra's basic one (Optuna's): they take a failed job as an
+    exception; the basic sweeper would stop at the first one, so its jobs return instead."""
+    target = str(hydra_config.sweeper.get("_target_", ""))
+    return _is_multirun_config(hydra_config) and bool(target) and not target.endswith("BasicSweeper")
 
 
 def optimized_value(record: dict[str, Any]) -> float:
@@ -283,6 +307,10 @@ def _unparsable_override(overrides: list[str]) -> str | None:
 
 
 def _is_multirun(hydra_config) -> bool:
+    return _is_multirun_config(hydra_config.get())
+
+
+def _is_multirun_config(hydra_config) -> bool:
     from hydra.types import RunMode
 
-    return hydra_config.get().mode == RunMode.MULTIRUN
+    return hydra_config.mode == RunMode.MULTIRUN
