@@ -261,6 +261,9 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             return record
         record.update(status="completed", metrics=metrics, optimizer_steps=trainer.global_step,
                       wall_seconds=round(time.monotonic() - started, 1))
+        if multirun and record["monitor"] not in metrics:
+            log.warning("`optimized_metric` names %r, which this run did not log (it logged %s); the sweep "
+                        "gets nan for it", record["monitor"], ", ".join(sorted(metrics)))
         throughput = next((cb for cb in trainer.callbacks if type(cb).__name__ == "TrainingThroughput"), None)
         if throughput is not None and throughput.tokens:
             record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
