@@ -27,19 +27,24 @@ PROG = "python -m sru_lightning"
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
-class UsageExit(SystemExit):
-    """Leave the command with status 2 after printing one line; Hydra does not catch it."""
+class CommandExit(SystemExit):
+    """Leave the command with an exit status after printing one line (Hydra lets SystemExit pass)."""
 
-    def __init__(self, message: str) -> None:
-        super().__init__(2)
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(status)
         self.message = message
 
 
-def usage_exit(message: str) -> UsageExit:
+def error_exit(message: str, status: int) -> CommandExit:
     import sys
 
     print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    return UsageExit(message)
+    return CommandExit(message, status)
+
+
+def usage_exit(message: str) -> CommandExit:
+    """A usage error: status 2."""
+    return error_exit(message, 2)
 
 
 @dataclass

@@ -248,14 +248,12 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             if not isinstance(error, (UsageError, RunFailed)):
                 _log_traceback_to_file(error)
             if not multirun:
-                from .directories import keep_config_beside, usage_exit
+                from .directories import error_exit, keep_config_beside
 
                 keep_config_beside(output_dir)
                 _say(f"run directory: {output_dir} (failed)")
                 if isinstance(error, RunFailed):
-                    failure = usage_exit(str(error))
-                    failure.code = 1
-                    raise failure from None
+                    raise error_exit(str(error), 1) from None
                 raise
             log.error("job in %s failed: %s", output_dir, describe(error))
             return record
