@@ -110,6 +110,9 @@ class SRULanguageModel(pl.LightningModule):
                 "SRULanguageModel: `model.sru_options.proj_size` (the attention width) is required "
                 f"with model.rnn='srupp', got sru_options={_plain(sru_options)!r}"
             )
+        for name, value in (("tie_weights", tie_weights), ("carry_hidden", carry_hidden)):
+            if not isinstance(value, bool):
+                raise ValueError(f"SRULanguageModel: `model.{name}` must be true or false, got {value!r}")
         if (sru_options or {}).get("bidirectional"):
             raise ValueError(
                 "SRULanguageModel: `model.sru_options.bidirectional` must be false (a language model predicts "

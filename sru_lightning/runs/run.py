@@ -15,6 +15,7 @@ import json
 import logging
 import math
 import os
+import re
 import shlex
 import time
 import warnings
@@ -211,7 +212,7 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
             try:
                 metrics = execute(command, trainer, model, datamodule, ckpt_path)
             except Exception as error:
-                if _refused_by_lightning(error, trainer):
+                if _refused_before_training(error, trainer):
                     raise UsageError(describe(error)) from error
                 raise
             final_name = bits_name(model, "test" if command == "test" else "val")
@@ -271,12 +272,18 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     return record
 
 
-def _refused_by_lightning(error: BaseException, trainer) -> bool:
-    """Lightning checking the settings against the data (e.g. a `val_check_interval` longer than the
-    epoch) before any training step: a usage error, not a failure."""
+def _refused_before_training(error: BaseException, trainer) -> bool:
+    """Before any training step: the optimizer or schedule config refused by the class it builds
+    (`model.optimizer.lr=abc`), or Lightning checking the settings against the data (a
+    `val_check_interval` longer than the epoch). A usage error, not a failure."""
+    from hydra.errors import InstantiationException
     from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    if not isinstance(error, (ValueError, MisconfigurationException)) or trainer.global_step > 0:
+    if trainer.global_step > 0:
+        return False
+    if isinstance(error, InstantiationException):
+        return True
+    if not isinstance(error, (ValueError, MisconfigurationException)):
         return False
     frames = traceback_frames(error)
     return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1]
@@ -328,9 +335,14 @@ def describe(error: BaseException) -> str:
     """The message a user needs: Hydra's instantiate wrapper gives way to the real cause."""
     from hydra.errors import InstantiationException
 
+    target = None
     if isinstance(error, InstantiationException) and error.__cause__ is not None:
+        found = re.search(r"target '([\w.]+)'", str(error))
+        target = found.group(1) if found else None
         error = error.__cause__
     text = str(error).strip()
+    if target and target.split(".")[-1] not in text:  # name what was being built
+        text = f"{target}: {text}"
     if isinstance(error, (UsageError, CheckpointError, RunFailed)):
         return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
