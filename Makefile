@@ -21,7 +21,7 @@ $(VENV)/bin/python:
 
 $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[test,bench,deepspeed]"
+	$(PIP) install --quiet -e ".[test,bench,deepspeed,sweepers]"
 	touch $@
 
 setup: $(VENV)/.installed

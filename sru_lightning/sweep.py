@@ -11,6 +11,9 @@ from __future__ import annotations
 import csv
 import json
 import logging
+import math
+import shlex
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +32,8 @@ PREFERRED_METRICS = (
 )
 
 # How each job ran, after its metrics: optimizer steps, training throughput, wall time.
-RUN_COLUMNS = ("optimizer_steps", "tokens_per_second", "wall_seconds")
+# Column -> decimals shown.
+RUN_COLUMNS = {"optimizer_steps": 0, "tokens_per_second": 0, "wall_seconds": 1}
 
 #: The rows of the most recent summary written in this process (for the CLI's exit status).
 last_summary: list[dict[str, Any]] | None = None
@@ -49,13 +53,19 @@ def _job_sort_key(path: Path) -> tuple[int, str]:
     return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
 
 
-def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
-    """One row per job directory under `sweep_dir`: job, status, overrides, metrics, error."""
+def collect_results(sweep_dir: str | Path, since: float | None = None) -> list[dict[str, Any]]:
+    """One row per job directory under `sweep_dir`: job, status, overrides, metrics, error.
+
+    With `since` (a time.time()), only the jobs this sweep started: Hydra writes a job's
+    `.hydra/overrides.yaml` when it starts it, so older job folders belong to an earlier sweep.
+    """
     rows = []
     for job_dir in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=_job_sort_key):
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         result_file = job_dir / RESULT_FILE
         if not overrides_file.exists() and not result_file.exists():
+            continue
+        if since is not None and _started_before(job_dir, since):
             continue
         record: dict[str, Any] = {}
         if result_file.exists():
@@ -70,7 +80,7 @@ def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
             {
                 "job": job_dir.name,
                 "status": record.get("status", "missing"),
-                "overrides": " ".join(overrides or []),
+                "overrides": shlex.join(str(item) for item in overrides or []),
                 "metrics": record.get("metrics", {}),
                 "optimizer_steps": record.get("optimizer_steps"),
                 "tokens_per_second": record.get("tokens_per_second"),
@@ -82,15 +92,25 @@ def collect_results(sweep_dir: str | Path) -> list[dict[str, Any]]:
     return rows
 
 
+def _started_before(job_dir: Path, since: float) -> bool:
+    stamps = [file.stat().st_mtime for file in (job_dir / ".hydra" / "overrides.yaml", job_dir / RESULT_FILE)
+              if file.exists()]
+    return max(stamps) < since
+
+
 def _metric_columns(rows: list[dict[str, Any]]) -> list[str]:
     present = {name for row in rows for name in row["metrics"]}
     first = [name for name in PREFERRED_METRICS if name in present]
     return first + sorted(present - set(first))
 
 
-def _format(value: Any) -> str:
+def _format(value: Any, digits: int = 4) -> str:
+    """A number as it reads best: integers (and whole floats such as an `epoch` metric) without a
+    fraction, other floats with `digits` decimals."""
     if isinstance(value, float):
-        return f"{value:.4f}"
+        if math.isfinite(value) and value.is_integer():
+            return str(int(value))
+        return f"{value:.{digits}f}"
     return "" if value is None else str(value)
 
 
@@ -101,7 +121,7 @@ def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Pa
     header = ["job", "status", "overrides", *metrics, *RUN_COLUMNS, "error"]
     table = [
         [row["job"], row["status"], row["overrides"], *(_format(row["metrics"].get(m)) for m in metrics),
-         *(_format(row.get(key)) for key in RUN_COLUMNS), row["error"].splitlines()[0] if row["error"] else ""]
+         *(_format(row.get(key), RUN_COLUMNS[key]) for key in RUN_COLUMNS), row["error"].splitlines()[0] if row["error"] else ""]
         for row in rows
     ]
     csv_path = sweep_dir / SUMMARY_CSV
@@ -129,14 +149,22 @@ def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Pa
 
 
 class SweepSummary(Callback):
-    """Hydra callback: after a multirun, tabulate every job's overrides and final metrics."""
+    """Hydra callback: after a multirun, tabulate the overrides and final metrics of every job
+    this sweep ran (a sweep continued in the folder of an earlier one lists only its own jobs)."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        # A little slack for file systems that store times coarsely.
+        self.started = time.time() - 1.0
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         global last_summary
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
-        rows = collect_results(sweep_dir)
+        rows = collect_results(sweep_dir, since=self.started)
         last_summary = rows
         markdown_path, csv_path = write_summary(sweep_dir, rows)
         print(markdown_path.read_text(), flush=True)

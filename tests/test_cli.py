@@ -96,7 +96,7 @@ def test_a_missing_tool_module_gets_a_clear_message(monkeypatch, capsys):
 )
 def test_bad_configuration_gets_a_short_error_without_traceback(override, message, capsys, monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
-    assert run_cli("fit", *TINY, override) == 1
+    assert run_cli("fit", *TINY, override) == 2  # a usage error, as in every command
     err = capsys.readouterr().err
     assert message in err
     assert "Traceback" not in err
@@ -112,7 +112,7 @@ def python_m_sru_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess
 
 def test_module_entry_point_exit_status_and_message(tmp_path):
     bad = python_m_sru_lightning("fit", "trainer.max_epochs=[1", cwd=tmp_path)
-    assert bad.returncode == 1
+    assert bad.returncode == 2
     assert "trainer.max_epochs=[1" in bad.stderr and "Traceback" not in bad.stderr
     unknown = python_m_sru_lightning("trian", cwd=tmp_path)
     assert unknown.returncode == 2 and "did you mean 'train'" not in unknown.stderr
@@ -134,7 +134,7 @@ def test_fit_validate_test_and_resume(tmp_path, monkeypatch, capsys):
     before = digest(last)
 
     # a fresh fit into that directory would overwrite its checkpoints: refused
-    assert run_cli("fit", *TINY, f"hydra.run.dir={first}") == 1
+    assert run_cli("fit", *TINY, f"hydra.run.dir={first}") == 2
     assert "already holds checkpoints of an earlier run" in capsys.readouterr().err
     assert digest(last) == before
 
@@ -163,7 +163,7 @@ def test_fit_validate_test_and_resume(tmp_path, monkeypatch, capsys):
 
 def test_validate_with_last_but_no_checkpoint_is_an_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
-    assert run_cli("validate", *TINY, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'v'}") == 1
+    assert run_cli("validate", *TINY, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'v'}") == 2
     assert "`ckpt_path=last` found no last.ckpt" in capsys.readouterr().err
 
 

@@ -50,13 +50,16 @@ def test_every_yaml_file_belongs_to_a_group_that_composes():
 def test_each_option_composes_and_names_an_importable_class(group, option, tmp_path):
     override = f"{group}={option}"
     cfg = compose_with([override], tmp_path)
-    node = cfg if group == "experiment" else cfg[group]
+    node = cfg if group in ("experiment", "hparams_search") else cfg[group]  # global packages
     # every interpolation of the job config resolves
     OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     if group in ("callbacks", "logger"):
         targets = [entry["_target_"] for entry in (node or {}).values()]
     elif group == "experiment":
         targets = [cfg.model._target_, cfg.data._target_, cfg.trainer._target_]
+    elif group == "hparams_search":
+        pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the `sweepers` extra")
+        targets = [cfg.hydra.sweeper._target_, cfg.hydra.sweeper.sampler._target_]
     else:
         targets = [node._target_]
     for target in targets:

@@ -373,3 +373,15 @@ def test_compile_inductor_fullgraph_equals_eager():
         return h, c
 
     torch.testing.assert_close(torch.compile(forward, fullgraph=True)(x), forward(x))
+
+
+def test_a_model_without_attention_takes_the_memory_sized_mask():
+    # With a memory of length M the mask is (L, M + L), whether or not a layer attends.
+    model = SRUpp(8, 8, 4, num_layers=1, attention_every_n_layers=2)
+    length, batch, memory_length = 5, 2, 3
+    x = torch.randn(length, batch, 8)
+    memory = [torch.randn(memory_length, batch, 8)]
+    output, _, _ = model(x, memory=memory, attn_mask=torch.zeros(length, memory_length + length))
+    assert output.shape == (length, batch, 8)
+    with pytest.raises(ValueError, match=r"`attn_mask` must have shape \(5, 8\)"):
+        model(x, memory=memory, attn_mask=torch.zeros(length, length))

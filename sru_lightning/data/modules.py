@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import codecs
+
 import math
 import sysconfig
 import zipfile
@@ -110,6 +112,38 @@ class LanguageModelDataModule(pl.LightningDataModule):
         """Text <-> token ids for this corpus."""
         unknown = UNKNOWN_WORD if self.token_level == "word" else None
         return TokenCodec(self.token_level, self.corpus.itos, unknown=unknown)
+
+    def adopt_vocabulary(self, codec: TokenCodec) -> int:
+        """Encode every split with `codec` (a checkpoint's vocabulary) instead of the corpus's own,
+        so token ids mean what they meant in training. Returns how many words became the unknown
+        word; a character (or word, without an unknown token) `codec` lacks is a ValueError."""
+        own = self.corpus
+        if codec.level != self.token_level and {codec.level, self.token_level} != {"char"}:
+            raise ValueError(
+                f"{type(self).__name__}: the checkpoint reads {codec.level}-level tokens, but the data "
+                f"({self.describe_source()}) is {self.token_level}-level; set data.level={codec.level}"
+            )
+        if codec.itos is None or own.itos == codec.itos:
+            return 0
+        unknown_id = codec.stoi.get(codec.unknown) if codec.unknown is not None else None
+        splits, unknown = {}, 0
+        for split in SPLITS:
+            tokens = [own.itos[index] for index in getattr(own, split).tolist()]
+            missing = sorted({token for token in tokens if token not in codec.stoi})
+            if missing and unknown_id is None:
+                kind = "characters" if codec.level == "char" else "words"
+                shown = "".join(missing[:10]) if codec.level == "char" else " ".join(missing[:5])
+                raise ValueError(
+                    f"{type(self).__name__}: the {split} split of {self.describe_source()} holds {kind} "
+                    f"{shown!r} that are not in the checkpoint's vocabulary of {codec.vocab_size} {kind}; "
+                    "evaluate it on text its vocabulary covers"
+                )
+            if unknown_id is not None:  # words the checkpoint reads as its unknown word
+                unknown += sum(token not in codec.stoi or token == codec.unknown for token in tokens)
+            splits[split] = torch.tensor([codec.stoi.get(token, unknown_id) for token in tokens], dtype=torch.long)
+        self._corpus = Corpus(splits["train"], splits["val"], splits["test"], codec.vocab_size, list(codec.itos))
+        self._datasets = {}
+        return unknown
 
     def decode(self, ids: torch.Tensor) -> str:
         """Text of `ids`: characters (or UTF-8 bytes) joined, words separated by spaces."""
@@ -310,6 +344,13 @@ class TextDataModule(LanguageModelDataModule):
         self.token_level = level
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
+        try:
+            codecs.lookup(encoding)
+        except (LookupError, TypeError):
+            raise ValueError(
+                f"TextDataModule: `data.encoding` must be a text encoding Python knows (utf-8, latin-1, ...), "
+                f"got {encoding!r}"
+            ) from None
         self.encoding = encoding
 
     def describe_source(self) -> str:

@@ -15,16 +15,18 @@ against the LSTM of the same size, one token at a time (see ``decode_bench``).
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib.util
+import os
 import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 from torch import nn
+from sru_lightning.usage import CommandParser
 
 STATISTIC_NAMES = {"min": "best", "median": "median"}
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -192,8 +194,7 @@ def _run_benchmark(config: BenchConfig) -> BenchResult:
                 for _ in range(config.warmup):
                     step()
             except Exception as error:  # e.g. a dtype the `sru` package has no kernel for
-                reason = (str(error).strip().splitlines() or [""])[-1]  # TorchScript puts the cause last
-                result.notes.append(f"{name} left out of {kind}: {type(error).__name__}: {reason}")
+                result.notes.append(f"{name} left out of {kind}: {error_line(error)}")
                 del steps[name]
         for _ in range(config.repeats):
             for name, step in steps.items():
@@ -305,6 +306,34 @@ def format_table(result: BenchResult) -> str:
     return "\n".join(lines)
 
 
+def error_line(error: BaseException) -> str:
+    """`Type: message` in one line; TorchScript puts the cause last, often already prefixed."""
+    reason = (str(error).strip().splitlines() or [""])[-1].strip()
+    prefix = f"{type(error).__name__}: "
+    while reason.startswith(prefix):
+        reason = reason[len(prefix):]
+    return f"{prefix}{reason}" if reason else type(error).__name__
+
+
+def plot_problem(path: str) -> str | None:
+    """Why `--plot path` cannot be written (checked before the benchmark runs), or None."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        return "--plot needs matplotlib (pip install 'sru_lightning[bench]')"
+    target = Path(path).expanduser()
+    formats = sorted(Figure().canvas.get_supported_filetypes())
+    suffix = target.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        return f"--plot must name an image file ending in one of .{', .'.join(formats)}, got {path!r}"
+    folder = target.parent if str(target.parent) else Path(".")
+    if not folder.is_dir():
+        return f"--plot must be a file in an existing folder, got {path!r} ({str(folder)!r} does not exist)"
+    if not os.access(folder, os.W_OK):
+        return f"--plot must be a file in a writable folder, got {path!r} ({str(folder)!r} is not writable)"
+    return None
+
+
 def plot(result: BenchResult, path: str) -> None:
     import matplotlib
 
@@ -333,7 +362,7 @@ def plot(result: BenchResult, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m sru_lightning bench", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="python -m sru_lightning bench", description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
     parser.add_argument("--length", type=int, default=defaults.length)
     parser.add_argument("--batch", type=int, default=defaults.batch)
@@ -361,6 +390,9 @@ def main(argv=None) -> int:
     for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    problem = plot_problem(args.plot) if args.plot else None
+    if problem:
+        parser.error(problem)
     if args.decode:
         from sru_lightning.diagnostics import decode_bench
 

@@ -22,6 +22,7 @@ import torch
 
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.precision import dtype_name
+from sru_lightning.usage import CommandParser
 
 __all__ = ["FidelityRow", "fidelity_table", "format_table", "main"]
 
@@ -165,8 +166,19 @@ def format_table(rows: list[FidelityRow]) -> str:
     return "\n".join(out)
 
 
+def device_name(text: str) -> str:
+    """`--device`: a torch device this command can run on (cpu, cuda, cuda:N)."""
+    try:
+        device = torch.device(text)
+    except (RuntimeError, ValueError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
+    return text
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sru_lightning fidelity",
         description=(
             "Max relative error (max|err| / max|float64|) of h and of the input gradients for "
@@ -179,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--hidden", type=int, default=32, help="hidden size per direction (default 32)")
     parser.add_argument("--bidirectional", action="store_true", help="bidirectional layer")
     parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
-    parser.add_argument("--device", default="cpu", help="cpu or cuda (default cpu)")
+    parser.add_argument("--device", default="cpu", type=device_name, help="cpu or cuda (default cpu)")
     args = parser.parse_args(argv)
     if args.device.startswith("cuda") and not torch.cuda.is_available():
         parser.error(f"--device {args.device!r} needs CUDA, but torch.cuda.is_available() is False")

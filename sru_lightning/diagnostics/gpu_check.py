@@ -36,6 +36,7 @@ from sru_lightning.diagnostics.kernel_parity import (
 )
 from sru_lightning.diagnostics import gpu_speed
 from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
+from sru_lightning.usage import CommandParser
 # Re-exported: gpu_check is where the fits' names have always been found.
 from sru_lightning.diagnostics.gpu_fits import (  # noqa: F401
     DEEPSPEED_FITS,
@@ -319,7 +320,7 @@ def run_checks(parts, budget_s: float) -> list[Check]:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sru_lightning gpu-check",
         description="Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference (also on a "
         "non-default stream, a second GPU and under compute-sanitizer), torch.compile vs eager, fits in "

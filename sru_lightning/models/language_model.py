@@ -129,6 +129,14 @@ class SRULanguageModel(pl.LightningModule):
                 "SRULanguageModel: `model.sru_options.proj_size` (the attention width) is required "
                 f"with model.rnn='srupp', got sru_options={_plain(sru_options)!r}"
             )
+        for name, value in (("tie_weights", tie_weights), ("carry_hidden", carry_hidden)):
+            if not isinstance(value, bool):
+                raise ValueError(f"SRULanguageModel: `model.{name}` must be true or false, got {value!r}")
+        if (sru_options or {}).get("bidirectional"):
+            raise ValueError(
+                "SRULanguageModel: `model.sru_options.bidirectional` must be false (a language model predicts "
+                "the next token, and a bidirectional layer reads it), got true"
+            )
         if token_unit not in BITS_NAMES:
             raise ValueError(
                 f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}"

@@ -323,11 +323,12 @@ class SRUpp(StackMixin, nn.Module):
 
     def _memory_length(self, owner: str, layer_memory: List[Optional[Tensor]]) -> Optional[int]:
         """The memory length M shared by the attention layers' memories (None without memory)."""
-        lengths = {
-            index: entry.shape[0]
-            for index, entry in enumerate(layer_memory)
-            if entry is not None and self.layer_has_attention(index)
-        }
+        given = {index: entry.shape[0] for index, entry in enumerate(layer_memory) if entry is not None}
+        lengths = {index: length for index, length in given.items() if self.layer_has_attention(index)}
+        if not lengths:
+            # No attention layer reads the memory, but its length still sets the mask's width
+            # (L, M + L), so a mask built for the attention configuration fits here too.
+            lengths = given
         if not lengths:
             return None
         if len(set(lengths.values())) > 1:

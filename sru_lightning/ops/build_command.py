@@ -3,13 +3,13 @@ exactly what was built (CPU vector levels, CUDA architectures) and where."""
 
 from __future__ import annotations
 
-import argparse
 import platform
 import sys
 
 import torch
 
 from . import build, build_cache, cuda_toolkit
+from sru_lightning.usage import CommandParser
 
 
 def compiled_vector_levels() -> tuple[str, ...]:
@@ -28,7 +28,7 @@ def _origin(compiled: bool) -> str:
 
 def main(argv=None) -> int:
     """``python -m sru_lightning build``: compile the kernels now and say what was built, where."""
-    parser = argparse.ArgumentParser(
+    parser = CommandParser(
         prog="python -m sru_lightning build",
         description="Prebuild the SRU recurrence kernels (CPU always; CUDA when torch has CUDA) into the "
         "shared extensions cache ($TORCH_EXTENSIONS_DIR or torch's default).",

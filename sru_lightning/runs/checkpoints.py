@@ -142,6 +142,13 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
             )
         return str(path.absolute())
 
+    resume_dir = Path(str(cfg.get("resume_dir") or "outputs")).expanduser()
+    if cfg.get("resume_dir") is not None and str(cfg.get("resume_dir")) != "outputs" and not resume_dir.is_dir():
+        # A mistyped folder would otherwise mean a silent fresh start.
+        raise CheckpointError(
+            f"`resume_dir` must be a folder of earlier runs for ckpt_path=last, got {str(resume_dir)!r}, "
+            "which does not exist"
+        )
     own = newest_resumable(output_dir / "checkpoints")
     if own is not None:
         reason = _why_not_resumable(own)
@@ -154,14 +161,13 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
             )
         log.info("ckpt_path=last: not resuming %s: %s", own, reason)
     found = find_last_checkpoint(
-        Path(str(cfg.get("resume_dir") or "outputs")),
+        resume_dir,
         OmegaConf.to_container(cfg.model, resolve=True),
         OmegaConf.to_container(cfg.data, resolve=True),
         exclude=output_dir,
     )
     if found is not None:
         log.info("ckpt_path=last: resuming from %s", found)
-        print(f"resuming from {found}", flush=True)
         return str(found)
     if command != "fit":
         raise CheckpointError(
@@ -295,3 +301,57 @@ def check_engine_reads(cfg, command: str, checkpoint: str | Path) -> None:
             "checkpoint folders: continue it with trainer=ddp_cpu, ddp, fsdp or fsdp2 (or one process), or "
             "start a fresh DeepSpeed run"
         )
+
+def check_fits_model(checkpoint: str | Path, model) -> None:
+    """Raise CheckpointError unless `checkpoint` can be loaded into `model` (a fit continuing it):
+    same parameters, same shapes. Names the model settings that differ when it can."""
+    contents = read_checkpoint(checkpoint)
+    if is_deepspeed_folder(checkpoint):
+        # Its weights are in the engine's shards: compare the settings the model was built with.
+        saved = contents.get("hyper_parameters") or {}
+        current = dict(getattr(model, "hparams", {}) or {})
+        settings = [key for key in sorted(saved)
+                    if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]]
+        if settings:
+            trained = ", ".join(f"model.{key}={saved[key]!r}" for key in settings[:3])
+            asked = ", ".join(f"model.{key}={current[key]!r}" for key in settings[:3])
+            raise CheckpointError(
+                f"the checkpoint {str(checkpoint)!r} was trained with {trained}, but this fit's model has {asked}; "
+                "continue it with the settings it was trained with, or leave ckpt_path out to start a fresh run"
+            )
+        return
+    state = contents.get("state_dict")
+    if not isinstance(state, dict):
+        raise CheckpointError(f"cannot read the checkpoint {str(checkpoint)!r}: it holds no state_dict (not a fit's checkpoint)")
+    own = model.state_dict()
+    differing = sorted(
+        name for name in set(own) | set(state)
+        if name not in own or name not in state or tuple(own[name].shape) != tuple(state[name].shape)
+    )
+    if not differing:
+        return
+    saved = contents.get("hyper_parameters") or {}
+    current = dict(getattr(model, "hparams", {}) or {})
+    settings = [key for key in sorted(saved) if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]]
+    if settings:
+        trained = ", ".join(f"model.{key}={saved[key]!r}" for key in settings[:3])
+        asked = ", ".join(f"model.{key}={current[key]!r}" for key in settings[:3])
+        detail = f"was trained with {trained}, but this fit's model has {asked}"
+    else:
+        detail = f"does not fit this fit's model (parameter {differing[0]!r} differs)"
+    raise CheckpointError(
+        f"the checkpoint {str(checkpoint)!r} {detail}; continue it with the settings it was trained with, "
+        "or leave ckpt_path out to start a fresh run"
+    )
+
+
+def saved_codec(checkpoint: str | Path):
+    """The vocabulary the data module saved in `checkpoint` (a TokenCodec), or None when it has none."""
+    from collections.abc import Mapping
+
+    from sru_lightning.data import TokenCodec
+
+    for entry in read_checkpoint(checkpoint).values():  # filed under the data module's class name
+        if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
+            return TokenCodec.from_state_dict(entry["token_codec"])
+    return None

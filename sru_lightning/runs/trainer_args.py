@@ -82,6 +82,7 @@ def check_trainer_settings(settings: Mapping[str, Any]) -> None:
         if not described:  # only object types: nothing a plain config value could match
             continue
         raise ValueError(f"`trainer.{key}` must be {' or '.join(described)}, got {value!r} ({type(value).__name__})")
+    _check_training_happens(settings)
     max_steps = settings.get("max_steps")
     if isinstance(max_steps, int) and not isinstance(max_steps, bool) and (max_steps == 0 or max_steps < -1):
         raise ValueError(
@@ -89,3 +90,27 @@ def check_trainer_settings(settings: Mapping[str, Any]) -> None:
             f"limit, got {max_steps}"
         )
 
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_training_happens(settings: Mapping[str, Any]) -> None:
+    """A fit that could make no optimizer step, or never validate on schedule, is a usage error."""
+    max_epochs = settings.get("max_epochs")
+    if _is_number(max_epochs) and (max_epochs == 0 or max_epochs < -1):
+        raise ValueError(
+            f"`trainer.max_epochs` must be a positive number of epochs, or -1 for no epoch limit, got {max_epochs}"
+        )
+    limit = settings.get("limit_train_batches")
+    if _is_number(limit) and limit <= 0:
+        raise ValueError(
+            f"`trainer.limit_train_batches` must be a positive number of batches or a fraction in (0, 1], got {limit}"
+        )
+    interval = settings.get("val_check_interval")
+    if _is_number(interval) and (interval <= 0 or (isinstance(interval, float) and interval > 1.0)):
+        raise ValueError(
+            "`trainer.val_check_interval` must be a positive number of training batches or a fraction of the "
+            f"epoch in (0, 1], got {interval}"
+        )

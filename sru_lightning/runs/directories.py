@@ -1,0 +1,173 @@
+"""Nothing a user had is changed by an attempt that does not go ahead.
+
+Hydra creates the run directory, writes `.hydra/{config,hydra,overrides}.yaml` and opens the
+log file before the task runs. :class:`RunDirectoryGuard` (a Hydra callback, registered in
+conf/hydra/default.yaml) remembers what the directory held just before that, so that:
+
+* a usage error leaves an existing run directory byte for byte as it was, and removes a
+  directory the attempt created (`restore_after_usage_error`);
+* an attempt that started and failed keeps the run's own `.hydra` config, and its own config
+  beside it in `.hydra/attempt-<time>/` (`keep_config_beside`);
+* a sweep into a `hydra.sweep.dir` that already holds the jobs of an earlier sweep is refused
+  before any job writes there, unless it continues them (`ckpt_path=...`).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+
+PROG = "python -m sru_lightning"
+HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
+
+
+class CommandExit(SystemExit):
+    """Leave the command with an exit status after printing one line (Hydra lets SystemExit pass)."""
+
+    def __init__(self, message: str, status: int) -> None:
+        super().__init__(status)
+        self.message = message
+
+
+def error_exit(message: str, status: int) -> CommandExit:
+    import sys
+
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    return CommandExit(message, status)
+
+
+def usage_exit(message: str) -> CommandExit:
+    """A usage error: status 2."""
+    return error_exit(message, 2)
+
+
+@dataclass
+class DirectorySnapshot:
+    """What a run directory held before an attempt: which files, their bytes and times."""
+
+    path: Path
+    existed: bool
+    hydra_files: dict[str, tuple[bytes, float]] = field(default_factory=dict)
+    log_sizes: dict[str, tuple[int, float]] = field(default_factory=dict)
+    entries: frozenset[str] = frozenset()
+    hydra_entries: frozenset[str] = frozenset()
+
+    @classmethod
+    def take(cls, path: Path, output_subdir: str | None) -> DirectorySnapshot:
+        path = Path(path).absolute()
+        if not path.is_dir():
+            return cls(path, existed=False)
+        snapshot = cls(path, existed=True, entries=frozenset(os.listdir(path)))
+        hydra_dir = path / (output_subdir or ".hydra")
+        if hydra_dir.is_dir():
+            snapshot.hydra_entries = frozenset(os.listdir(hydra_dir))
+            for name in HYDRA_FILES:
+                file = hydra_dir / name
+                if file.is_file():
+                    snapshot.hydra_files[name] = (file.read_bytes(), file.stat().st_mtime)
+        for file in path.glob("*.log"):
+            snapshot.log_sizes[file.name] = (file.stat().st_size, file.stat().st_mtime)
+        return snapshot
+
+
+#: The snapshot of the current single run's directory (taken by RunDirectoryGuard.on_run_start).
+current: DirectorySnapshot | None = None
+_output_subdir = ".hydra"
+
+
+def _close_file_logs(directory: Path) -> None:
+    import logging
+
+    for handler in list(logging.getLogger().handlers):
+        if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).parent == directory:
+            handler.close()
+            logging.getLogger().removeHandler(handler)
+
+
+def restore_after_usage_error(output_dir: Path) -> None:
+    """Undo what Hydra wrote for an attempt refused before it started."""
+    snapshot = current
+    output_dir = Path(output_dir).absolute()
+    if snapshot is None or snapshot.path != output_dir:
+        return
+    _close_file_logs(output_dir)
+    if not snapshot.existed:
+        shutil.rmtree(output_dir, ignore_errors=True)
+        return
+    for name in set(os.listdir(output_dir)) - snapshot.entries:
+        target = output_dir / name
+        shutil.rmtree(target) if target.is_dir() else target.unlink()
+    hydra_dir = output_dir / _output_subdir
+    if hydra_dir.is_dir():
+        for name in set(os.listdir(hydra_dir)) - snapshot.hydra_entries:
+            (hydra_dir / name).unlink(missing_ok=True)
+        _put_back(hydra_dir, snapshot)
+    for name, (size, mtime) in snapshot.log_sizes.items():
+        log_file = output_dir / name
+        if log_file.is_file():
+            with open(log_file, "r+b") as handle:
+                handle.truncate(size)
+            os.utime(log_file, (mtime, mtime))
+
+
+def _put_back(hydra_dir: Path, snapshot: DirectorySnapshot) -> None:
+    for name, (content, mtime) in snapshot.hydra_files.items():
+        file = hydra_dir / name
+        file.write_bytes(content)
+        os.utime(file, (mtime, mtime))
+
+
+def keep_config_beside(output_dir: Path) -> Path | None:
+    """After a failed attempt in an existing run directory: the run's own config goes back
+    in place, the attempt's moves to `.hydra/attempt-<time>/`. Returns that folder."""
+    snapshot = current
+    output_dir = Path(output_dir).absolute()
+    if snapshot is None or snapshot.path != output_dir or not snapshot.hydra_files:
+        return None
+    hydra_dir = output_dir / _output_subdir
+    beside = hydra_dir / time.strftime("attempt-%Y-%m-%d_%H-%M-%S")
+    beside.mkdir(parents=True, exist_ok=True)
+    for name in HYDRA_FILES:
+        if (hydra_dir / name).is_file():
+            shutil.copy2(hydra_dir / name, beside / name)
+    _put_back(hydra_dir, snapshot)
+    return beside
+
+
+def earlier_jobs(sweep_dir: Path) -> list[str]:
+    """Job folders under `sweep_dir` that an earlier sweep left (a config, a result or checkpoints)."""
+    if not sweep_dir.is_dir():
+        return []
+    found = [
+        child.name for child in sweep_dir.iterdir()
+        if child.is_dir() and any((child / name).exists() for name in (".hydra", "result.json", "checkpoints"))
+    ]
+    return sorted(found, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0, name))
+
+
+class RunDirectoryGuard(Callback):
+    """Hydra callback: snapshot a run directory before Hydra writes into it; refuse a sweep
+    into the directory of an earlier sweep."""
+
+    def on_run_start(self, config, **kwargs: Any) -> None:
+        global current, _output_subdir
+        _output_subdir = config.hydra.output_subdir or ".hydra"
+        current = DirectorySnapshot.take(Path(str(config.hydra.run.dir)), config.hydra.output_subdir)
+
+    def on_multirun_start(self, config, **kwargs: Any) -> None:
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        jobs = earlier_jobs(sweep_dir)
+        setting = config.get("ckpt_path")
+        if jobs and (setting is None or str(setting).strip() == ""):
+            shown = ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+            raise usage_exit(
+                f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds the jobs of an "
+                f"earlier sweep ({shown}); choose another hydra.sweep.dir, or pass ckpt_path=last to continue "
+                "those jobs"
+            )

@@ -1,0 +1,17 @@
+"""The one rule every command follows for a usage error: one line on stderr naming the setting,
+what it accepts and what it got, exit status 2, no traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import NoReturn
+
+
+class CommandParser(argparse.ArgumentParser):
+    """argparse with a one-line error (argparse prints the whole usage block first); `--help`
+    still shows the usage."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"{self.prog}: error: {message} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
