@@ -163,3 +163,36 @@ def test_a_deepspeed_folder_is_refused_where_it_cannot_be_read(tmp_path):
     with pytest.raises(CheckpointError, match="one-file checkpoint.*trainer=ddp_cpu"):
         check_engine_reads(deepspeed, "fit", single)
     check_engine_reads(ddp, "fit", single)
+
+
+def _fp16_supported_by_deepspeed_here() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
+
+
+@pytest.mark.slow
+def test_deepspeed_fp16_on_a_cpu_without_fp16_is_one_line_and_exit_2(tmp_path):
+    if torch_cuda_available() or _fp16_supported_by_deepspeed_here():
+        pytest.skip("this machine's DeepSpeed accelerator runs fp16: nothing to refuse")
+    completed = run_fit(tmp_path / "run", "trainer=deepspeed_stage_2", "trainer.precision=16-mixed")
+    assert completed.returncode == 2, completed.stderr[-2000:]
+    errors = [line for line in completed.stderr.splitlines() if "error:" in line]
+    assert len(errors) == 1 and "DeepSpeed cannot train in fp16" in errors[0] and "bf16-mixed" in errors[0]
+    assert "Traceback" not in completed.stderr
+    assert not (tmp_path / "run").exists()  # a refused run leaves no directory behind
+
+
+def test_a_gpu_engine_config_without_a_gpu_says_how_to_run_on_cpu(tmp_path):
+    if torch_cuda_available():
+        pytest.skip("a CUDA GPU is present: trainer=fsdp runs as configured")
+    command = [sys.executable, "-m", "sru_lightning", "fit", "trainer=fsdp2", f"hydra.run.dir={tmp_path / 'run'}"]
+    completed = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120)
+    assert completed.returncode == 2
+    assert "add trainer.accelerator=cpu trainer.devices=2" in completed.stderr
+
+
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()

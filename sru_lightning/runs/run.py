@@ -356,6 +356,10 @@ def describe(error: BaseException) -> str:
         target = found.group(1) if found else None
         error = error.__cause__
     text = str(error).strip()
+    from sru_lightning.strategies.deepspeed import HardwareRefusesDtype
+
+    if isinstance(error, HardwareRefusesDtype):  # names the engine, the dtype and what works instead
+        return text
     if target and target.split(".")[-1] not in text:  # name what was being built
         text = f"{target}: {text}"
     if isinstance(error, (UsageError, CheckpointError, RunFailed)):
@@ -369,7 +373,9 @@ def _no_gpu_hint(text: str) -> str:
     import torch
 
     lowered = text.lower()
-    if torch.cuda.is_available() or not ("gpu" in lowered or "cuda" in lowered):
+    # Lightning's words when the accelerator a config asks for is not there.
+    no_gpu = "no supported gpu backend" in lowered or "accelerator is not available" in lowered
+    if torch.cuda.is_available() or not no_gpu:
         return ""
     return "; this machine has no CUDA GPU: add trainer.accelerator=cpu trainer.devices=2 to run on CPU processes"
 
