@@ -8,7 +8,6 @@ one recurrent step from the carried state. Text streams to stdout, speed goes to
 
 from __future__ import annotations
 
-import difflib
 import os
 import sys
 import time
@@ -39,7 +38,6 @@ class GenerateSettings:
     backend: str = ""  # for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder
 
 
-SETTING_TYPES = {"str": "a string", "int": "an integer", "float": "a number"}
 
 
 class UsageError(Exception):
@@ -70,28 +68,9 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
     OmegaConf checks and converts the types against `GenerateSettings`; `prompt` is taken
     verbatim (YAML parsing would strip its spaces or turn `yes` into true).
     """
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ValidationError
+    from sru_lightning.key_value import parse_key_values
 
-    names = [field.name for field in fields(GenerateSettings)]
-    raw: dict[str, str] = {}
-    for argument in argv:
-        key, equals, value = argument.partition("=")
-        if not equals:
-            raise UsageError(f"expected key=value, got {argument!r}; settings: {', '.join(names)}")
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UsageError(f"unknown setting {key!r}{hint}; settings: {', '.join(names)}")
-        raw[key] = value
-    schema = OmegaConf.structured(GenerateSettings)
-    for key, value in raw.items():
-        try:
-            schema[key] = value
-        except ValidationError:
-            kind = type(getattr(GenerateSettings(), key)).__name__
-            raise UsageError(f"`{key}` must be {SETTING_TYPES[kind]}, got {value!r}") from None
-    settings = GenerateSettings(**OmegaConf.to_container(schema))
+    settings, raw = parse_key_values(argv, GenerateSettings, UsageError)
     if settings.length < 1:
         raise UsageError(f"`length` must be a positive integer (tokens to generate), got {settings.length}")
     if not settings.temperature >= 0 or settings.temperature == float("inf"):

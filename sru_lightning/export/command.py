@@ -3,7 +3,6 @@ trained language model's checkpoint for deployment (see :mod:`sru_lightning.expo
 
 from __future__ import annotations
 
-import difflib
 import sys
 import time
 from collections.abc import Sequence
@@ -45,28 +44,12 @@ def usage() -> str:
 
 
 def parse_settings(argv: Sequence[str]) -> ExportSettings:
-    from omegaconf import OmegaConf
-    from omegaconf.errors import ValidationError
+    from sru_lightning.key_value import parse_key_values
 
-    from .package import check_format
     from .graph_module import ExportError
+    from .package import check_format
 
-    names = [field.name for field in fields(ExportSettings)]
-    schema = OmegaConf.structured(ExportSettings)
-    for argument in argv:
-        key, equals, value = argument.partition("=")
-        if not equals:
-            raise UsageError(f"expected key=value, got {argument!r}; settings: {', '.join(names)}")
-        if key not in names:
-            close = difflib.get_close_matches(key, names, n=1)
-            hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise UsageError(f"unknown setting {key!r}{hint}; settings: {', '.join(names)}")
-        try:
-            schema[key] = value
-        except ValidationError:
-            kind = {"bool": "true or false", "str": "a string"}[type(getattr(ExportSettings(), key)).__name__]
-            raise UsageError(f"`{key}` must be {kind}, got {value!r}") from None
-    settings = ExportSettings(**OmegaConf.to_container(schema))
+    settings, _ = parse_key_values(argv, ExportSettings, UsageError)
     try:
         check_format(settings.format)
     except ExportError as error:
