@@ -55,8 +55,10 @@ def usage() -> str:
     for name, (_, text) in TOOL_COMMANDS.items():
         lines.append(f"  {name:<{width}}{text}")
     lines += ["", "Config groups for fit/validate/test (conf/ in the package):"]
-    for group, options in config_groups().items():
-        lines.append(f"  {group:<{width}}{', '.join(options)}")
+    groups = config_groups()
+    group_width = max(map(len, groups)) + 2
+    for group, options in groups.items():
+        lines.append(f"  {group:<{group_width}}{', '.join(options)}")
     lines += [
         "",
         "Top-level keys: seed, threads, ckpt_path (null | file | run dir | last), resume_dir.",
