@@ -39,7 +39,6 @@ import random
 import signal
 import shutil
 import threading
-import time
 import warnings
 from typing import Any
 
@@ -225,11 +224,13 @@ class GracefulInterrupt(Callback):
         self._active = False
         self._watchdog: threading.Thread | None = None
         self._watchdog_lock = threading.Lock()
+        self._stop_finished: threading.Event | None = None  # set at teardown: the watchdog stands down
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawn-based strategies pickle the callbacks: threads, locks and handlers stay here.
         state = self.__dict__.copy()
-        state.update(_trainer=None, _previous_handlers={}, _active=False, _watchdog=None, _watchdog_lock=None)
+        state.update(_trainer=None, _previous_handlers={}, _active=False, _watchdog=None, _watchdog_lock=None,
+                     _stop_finished=None)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -339,12 +340,17 @@ class GracefulInterrupt(Callback):
             if self._watchdog is not None:
                 return
             rank = self._trainer.global_rank if self._trainer is not None else 0
-            self._watchdog = threading.Thread(target=self._watch, args=(signum, rank), name="stop-watchdog",
-                                              daemon=True)
+            self._stop_finished = threading.Event()
+            self._watchdog = threading.Thread(target=self._watch, args=(signum, rank, self._stop_finished),
+                                              name="stop-watchdog", daemon=True)
             self._watchdog.start()
 
-    def _watch(self, signum: int, rank: int) -> None:
-        time.sleep(self.stop_timeout)
+    def _watch(self, signum: int, rank: int, stop_finished: threading.Event) -> None:
+        if stop_finished.wait(self.stop_timeout) or not _main_thread_in_a_trainer_call():
+            # The fit ended (teardown ran, or the main thread has left trainer.fit after the
+            # interruption, where Lightning calls no teardown hook): the process goes on, and a
+            # script, a notebook or a test may continue.
+            return
         several = self._trainer is not None and self._trainer.world_size > 1
         why = ("another process of this run is gone or stuck, so the ranks cannot agree on a checkpoint"
                if several else "the current step or checkpoint write is stuck")
@@ -371,6 +377,26 @@ class GracefulInterrupt(Callback):
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_handlers()
+        if self._stop_finished is not None:
+            self._stop_finished.set()
+        self._watchdog = None  # a later signal in a later fit starts its own
+
+
+def _main_thread_in_a_trainer_call() -> bool:
+    """True while the main thread is inside a Trainer entry point (fit, validate, test, predict):
+    Lightning runs each through ``lightning.pytorch.trainer.call._call_and_handle_interrupt``,
+    its exception handling (the interruption checkpoint) included."""
+    import sys
+
+    frame = sys._current_frames().get(threading.main_thread().ident)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_call_and_handle_interrupt" and code.co_filename.replace("\\", "/").endswith(
+            "lightning/pytorch/trainer/call.py"
+        ):
+            return True
+        frame = frame.f_back
+    return False
 
 
 def is_interruption(exception: BaseException) -> bool:

@@ -270,3 +270,39 @@ def test_seed_every_batch_mixes_seed_batch_and_rank():
     assert len(seeds) == 12
     assert all(0 <= value < 2**63 for value in seeds)
     assert SeedEveryBatch.batch_seed(0, 5, 1) == SeedEveryBatch.batch_seed(0, 5, 1)
+
+
+def test_the_stop_watchdog_stands_down_when_the_fit_has_ended():
+    """A stop that completed must not end the process later: a script, a notebook or a test
+    process goes on after an interrupted fit. Inside a fit that cannot finish stopping, the
+    same watchdog ends its process (checked in a child process)."""
+    import subprocess
+    import sys
+    import time
+
+    graceful = GracefulInterrupt(stop_timeout=0.3)
+    graceful.start_watchdog(signal.SIGTERM)  # outside any fit: as after trainer.fit returned
+    time.sleep(0.8)  # past the timeout: this test process is still here
+    graceful.teardown(None, None, "fit")
+    assert graceful._stop_finished.is_set()
+
+    code = """
+import signal, time
+import lightning.pytorch as pl
+from lightning.pytorch.demos.boring_classes import BoringModel
+from sru_lightning.fault_tolerance import GracefulInterrupt
+
+graceful = GracefulInterrupt(stop_timeout=0.5)
+
+class StuckStop(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        graceful.start_watchdog(signal.SIGTERM)
+        time.sleep(60)  # a stop that never completes, inside trainer.fit
+
+trainer = pl.Trainer(accelerator="cpu", max_steps=1, callbacks=[graceful, StuckStop()], logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(BoringModel())
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 1, child.stderr[-2000:]
+    assert "has not finished stopping" in child.stderr
