@@ -340,6 +340,8 @@ def test_the_command_first_hint_does_not_repeat_the_command(capsys):
 # These default to the GPU; the engine configs' runs on CPU processes (accelerator=cpu,
 # devices=2) are the 2-process fits of tests/test_engines.py.
 GPU_ONLY = {("trainer", name) for name in ("gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2")}
+CPU_FORM = {"ddp": "trainer=ddp_cpu", **{name: "its run in tests/test_engines.py"
+                                         for name in ("deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2")}}
 SUBPROCESS = {("trainer", "ddp_cpu")}  # launches processes that re-run the command line
 
 
@@ -376,7 +378,7 @@ OPTION_CASES = [
         group, option,
         marks=[
             *([pytest.mark.skipif(not torch.cuda.is_available(), reason=f"trainer={option} as configured needs a CUDA GPU "
-                                                                   "(its CPU-process run: tests/test_engines.py)")]
+                                                                   f"({CPU_FORM.get(option, 'trainer=cpu')} is its CPU form)")]
               if (group, option) in GPU_ONLY else []),
             *([pytest.mark.slow] if (group, option) in SUBPROCESS else []),
             *([pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
