@@ -13,7 +13,7 @@ import sys
 import time
 import warnings
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -38,8 +38,6 @@ class GenerateSettings:
     backend: str = ""  # for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder
 
 
-
-
 class UsageError(Exception):
     """A bad setting or an unusable checkpoint; reported in one line, without a traceback."""
 
@@ -47,10 +45,9 @@ class UsageError(Exception):
 # --------------------------------------------------------------------------------------------
 # settings
 def usage() -> str:
-    lines = [f"usage: {PROG} [key=value ...]", "", "Write text with a trained checkpoint. Settings (default):"]
-    defaults = GenerateSettings()
-    for field in fields(GenerateSettings):
-        lines.append(f"  {field.name}={getattr(defaults, field.name)!r}")
+    from sru_lightning.key_value import settings_usage
+
+    lines = settings_usage(PROG, "Write text with a trained checkpoint.", GenerateSettings)
     lines += [
         "",
         "temperature=0 is greedy decoding (always the likeliest token). Text goes to stdout,",

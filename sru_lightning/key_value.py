@@ -41,3 +41,11 @@ def parse_key_values(argv: Sequence[str], settings_class: type[T], error: type[E
             kind = type(getattr(defaults, key)).__name__
             raise error(f"`{key}` must be {KINDS.get(kind, kind)}, got {value!r}") from None
     return settings_class(**OmegaConf.to_container(schema)), raw
+
+
+def settings_usage(prog: str, purpose: str, settings_class: type) -> list[str]:
+    """The opening lines of a tool command's help: usage, what it does, each setting and its default."""
+    defaults = settings_class()
+    lines = [f"usage: {prog} [key=value ...]", "", f"{purpose} Settings (default):"]
+    lines += [f"  {field.name}={getattr(defaults, field.name)!r}" for field in fields(settings_class)]
+    return lines

@@ -6,7 +6,7 @@ from __future__ import annotations
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 
 PROG = "python -m sru_lightning export"
 
@@ -27,10 +27,9 @@ class UsageError(Exception):
 
 
 def usage() -> str:
-    lines = [f"usage: {PROG} [key=value ...]", "", "Export a trained checkpoint for deployment. Settings (default):"]
-    defaults = ExportSettings()
-    for field in fields(ExportSettings):
-        lines.append(f"  {field.name}={getattr(defaults, field.name)!r}")
+    from sru_lightning.key_value import settings_usage
+
+    lines = settings_usage(PROG, "Export a trained checkpoint for deployment.", ExportSettings)
     lines += [
         "",
         "format=onnx runs with onnxruntime alone; pt2 (torch.export) and aoti (AOTInductor, compiled)",
