@@ -2,7 +2,7 @@
 
 import sys
 
-from sru_lightning.cli import main
+from sru_lightning.app.cli import main
 
 if __name__ == "__main__":
     sys.exit(main())

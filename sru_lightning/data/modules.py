@@ -171,7 +171,7 @@ class LanguageModelDataModule(pl.LightningDataModule):
         # The training loader remembers its position, so a mid-epoch checkpoint resumes there.
         loader_class = DataLoader
         if split == "train":
-            from sru_lightning.fault_tolerance import ResumableDataLoader as loader_class
+            from sru_lightning.callbacks.fault_tolerance import ResumableDataLoader as loader_class
         return loader_class(self._datasets[split], batch_size=None)
 
     def train_dataloader(self) -> DataLoader:

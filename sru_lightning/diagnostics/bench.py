@@ -26,7 +26,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from sru_lightning.usage import CommandParser
+from sru_lightning.app.usage import CommandParser
 
 STATISTIC_NAMES = {"min": "best", "median": "median"}
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}

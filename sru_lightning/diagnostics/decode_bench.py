@@ -72,7 +72,7 @@ def run_decode_benchmark(config: DecodeBenchConfig) -> DecodeBenchResult:
 
 
 def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
-    from sru_lightning.generate import GenerateSettings, generate_text
+    from sru_lightning.app.generate import GenerateSettings, generate_text
 
     torch.manual_seed(0)
     datamodule, models = default_models()

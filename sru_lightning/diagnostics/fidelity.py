@@ -22,7 +22,7 @@ import torch
 
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.precision import dtype_name
-from sru_lightning.usage import CommandParser
+from sru_lightning.app.usage import CommandParser
 
 __all__ = ["FidelityRow", "fidelity_table", "format_table", "main"]
 

@@ -36,7 +36,7 @@ from sru_lightning.diagnostics.kernel_parity import (
 )
 from sru_lightning.diagnostics import gpu_speed
 from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
-from sru_lightning.usage import CommandParser
+from sru_lightning.app.usage import CommandParser
 # Re-exported: gpu_check is where the fits' names have always been found.
 from sru_lightning.diagnostics.gpu_fits import (  # noqa: F401
     DEEPSPEED_FITS,

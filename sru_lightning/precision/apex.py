@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from sru_lightning.apex_support import initialized_apex_properties
+from sru_lightning.precision.apex_support import initialized_apex_properties
 
 from .regime import Regime, regime_from_dtypes
 

@@ -1,0 +1,321 @@
+"""`python -m sru_lightning <command> [overrides]`: Hydra-configured fit/validate/test, plus
+the package's tool commands (bench, build, fidelity, gpu-check)."""
+
+from __future__ import annotations
+
+import difflib
+import errno
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from sru_lightning._resources import conf_dir
+# The run machinery lives in sru_lightning.app.runs; these names stay importable from here.
+from sru_lightning.app.runs.checkpoints import (  # noqa: F401
+    CHECKPOINT_NAME, RESUMABLE_NAMES, find_last_checkpoint, newest_resumable, resolve_checkpoint,
+)
+
+PROG = "python -m sru_lightning"
+TRAINER_COMMANDS = {
+    "fit": "train a language model (default: SRU on pydoc prose, a few minutes on CPU)",
+    "validate": "evaluate on the validation split (load weights with ckpt_path=...)",
+    "test": "evaluate on the test split (load weights with ckpt_path=...)",
+}
+# command -> (module, description); imported only when the command runs.
+TOOL_COMMANDS = {
+    "bench": ("sru_lightning.diagnostics.bench", "speed and memory of the SRU recurrence vs LSTM and the GEMM floor"),
+    "build": ("sru_lightning.app.build_command", "compile the CPU (and CUDA) recurrence kernels ahead of time"),
+    "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
+    "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),
+    "generate": ("sru_lightning.app.generate", "write text with a trained checkpoint (prompt=... length=...)"),
+    "export": ("sru_lightning.app.export_command", "export a checkpoint to ONNX, torch.export or AOTInductor (format=... out=...)"),
+}
+
+
+# --------------------------------------------------------------------------------------------
+# help
+def config_groups() -> dict[str, list[str]]:
+    """Config group -> its options, read from the installed conf/ tree."""
+    root = conf_dir()
+    return {
+        group.name: sorted(option.stem for option in group.glob("*.yaml"))
+        for group in sorted(root.iterdir())
+        if group.is_dir() and not group.name.startswith((".", "_")) and group.name != "hydra"
+    }
+
+
+def usage() -> str:
+    lines = [f"usage: {PROG} <command> [-m] [group=option ...] [key=value ...]", "", "Commands:"]
+    width = max(map(len, [*TRAINER_COMMANDS, *TOOL_COMMANDS])) + 2
+    for name, text in TRAINER_COMMANDS.items():
+        lines.append(f"  {name:<{width}}{text}")
+    for name, (_, text) in TOOL_COMMANDS.items():
+        lines.append(f"  {name:<{width}}{text}")
+    lines += ["", "Config groups for fit/validate/test (conf/ in the package):"]
+    groups = config_groups()
+    group_width = max(map(len, groups)) + 2
+    for group, options in groups.items():
+        lines.append(f"  {group:<{group_width}}{', '.join(options)}")
+    lines += [
+        "",
+        "Top-level keys: seed, threads, ckpt_path (null | file | run dir | last), resume_dir.",
+        "",
+        "Examples:",
+        f"  {PROG} fit",
+        f"  {PROG} fit model=lstm trainer.max_epochs=1",
+        f"  {PROG} fit -m trainer.precision=32-true,bf16-true    # a sweep, one dir per job + summary",
+        f"  {PROG} fit ckpt_path=last                           # resume the latest matching run",
+        f"  {PROG} fit --help                                    # composed config, all keys",
+        f"  {PROG} generate ckpt_path=last prompt='The ' length=200",
+        f"  {PROG} bench --help",
+    ]
+    return "\n".join(lines)
+
+
+def _fail(message: str, status: int = 2) -> int:
+    print(f"{PROG}: error: {message}", file=sys.stderr)
+    return status
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+def main(argv: Sequence[str] | None = None) -> int:
+    """Console entry point; returns the process exit status."""
+    try:
+        status = _dispatch(list(sys.argv[1:] if argv is None else argv))
+        sys.stdout.flush()
+        return status
+    except BrokenPipeError:  # e.g. `--help | head -3`: the reader has seen enough
+        _silence_stdout()
+        return 0
+    except OSError as error:
+        if error.errno not in _FULL_OUTPUT_ERRORS:
+            raise
+        _silence_stdout()
+        return _fail(f"cannot write the output: {error.strerror or error}", 1)
+
+
+# A full disk or device (`> /dev/full`), a file too large: the output could not be written.
+_FULL_OUTPUT_ERRORS = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
+def _silence_stdout() -> None:
+    # Point stdout at /dev/null so the interpreter's final flush does not fail again.
+    try:
+        sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (captured): nothing will be flushed at exit
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def _dispatch(argv: list[str]) -> int:
+    if not argv or argv[0] in ("-h", "--help", "help"):
+        print(usage())
+        return 0 if argv else 2
+    command, rest = argv[0], argv[1:]
+    if command in TOOL_COMMANDS:
+        return _run_tool(command, rest)
+    if command in TRAINER_COMMANDS:
+        return _run_trainer_command(command, rest)
+    if "=" in command or command.startswith("-"):
+        named = [word for word in argv if word in TRAINER_COMMANDS or word in TOOL_COMMANDS]
+        first = named[0] if named else "fit"
+        rest = [word for word in argv if word != first]
+        return _fail(f"the command must come first, got {command!r}; e.g. `{PROG} {first} {' '.join(rest)}`")
+    close = difflib.get_close_matches(command, [*TRAINER_COMMANDS, *TOOL_COMMANDS], n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    choices = ", ".join([*TRAINER_COMMANDS, *TOOL_COMMANDS])
+    return _fail(f"unknown command {command!r}{hint}; choose one of: {choices}")
+
+
+def _run_tool(command: str, argv: list[str]) -> int:
+    module_name, _ = TOOL_COMMANDS[command]
+    try:
+        module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        if error.name and module_name.startswith(error.name):
+            return _fail(f"command {command!r} is not available: module {module_name} is not installed", 1)
+        raise
+    entry = getattr(module, "main", None)
+    if entry is None:
+        return _fail(f"command {command!r} is not available: {module_name} has no main(argv)", 1)
+    result = entry(argv)
+    return result if isinstance(result, int) else 0
+
+
+def _run_trainer_command(command: str, overrides: list[str]) -> int:
+    import hydra
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import DictConfig
+
+    from sru_lightning import sweep
+
+    original_argv = list(sys.argv)
+    statuses: list[str] = []
+
+    def task(cfg: DictConfig) -> float:
+        from sru_lightning.app.runs.run import run
+
+        # Lightning's DDP launcher re-runs `sys.argv`; it must include the command again.
+        sys.argv = [original_argv[0], command, *overrides]
+        hydra_config = HydraConfig.get()
+        try:
+            job_overrides = as_typed(list(hydra_config.overrides.task), overrides)
+            result = run(cfg, command, Path(hydra_config.runtime.output_dir), job_overrides,
+                         multirun=_is_multirun(HydraConfig))
+        finally:
+            sys.argv = [original_argv[0], *overrides]
+        statuses.append(result["status"])
+        if result["status"] != "completed" and _sweeper_counts_failures(hydra_config):
+            # Optuna's sweeper marks a trial failed when its job raises (a nan it cannot take).
+            raise JobFailed(f"job {result['run_dir']} {result['status']}: {result.get('error', '')}")
+        return optimized_value(result)
+
+    problem = _unparsable_override(overrides)
+    if problem:
+        return _fail(problem)
+    sweep.last_summary = None
+    entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
+    sys.argv = [original_argv[0], *overrides]
+    # Hydra's own errors (an unknown key or option) come back as exceptions, told in one line below.
+    full_error = os.environ.get("HYDRA_FULL_ERROR")
+    os.environ["HYDRA_FULL_ERROR"] = "1"
+    try:
+        entry()
+    except SystemExit as exit_request:
+        return exit_request.code if isinstance(exit_request.code, int) else 1
+    except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
+        return _fail("aborted by Ctrl+C (SIGINT)", 130)
+    except JobFailed as error:
+        return _fail(f"the sweep stopped: {error} (hydra.sweeper.max_failure_rate sets how many may fail)", 1)
+    except Exception as error:
+        message = _configuration_error(error)
+        if message is not None:
+            return _fail(message)
+        if _raised_by_a_sweeper(error):  # e.g. Optuna after every trial failed
+            return _fail(f"the sweep stopped: {type(error).__name__}: {error}", 1)
+        raise
+    finally:
+        sys.argv = original_argv
+        if full_error is None:
+            os.environ.pop("HYDRA_FULL_ERROR", None)
+        else:
+            os.environ["HYDRA_FULL_ERROR"] = full_error
+    summary = sweep.last_summary
+    failed = [row for row in (summary or []) if row["status"] != "completed"]
+    if failed:
+        for row in failed:
+            error = row["error"].splitlines()[0] if row["error"] else "no result was written"
+            print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
+        print(f"{PROG}: {len(failed)} of {len(summary)} runs did not complete; see the summary above",
+              file=sys.stderr)
+        return 1
+    if any(status != "completed" for status in statuses):
+        return 1  # the run said why (interrupted, failed)
+    return 0
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
+    """A job's overrides as the user typed them: Hydra hands a sweep's jobs its own spelling of the
+    fixed ones (`~key=null`, `False`); a swept key keeps the job's value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    fixed = {}
+    for item in typed:
+        if item.startswith("-") or ("=" not in item and not item.startswith("~")):
+            continue
+        try:
+            if not parser.parse_override(item).is_sweep_override():
+                fixed[_override_key(item)] = item
+        except Exception:  # noqa: BLE001 - unparsable overrides were refused before Hydra ran
+            continue
+    return [fixed.get(_override_key(item), item) for item in job_overrides]
+
+
+def _raised_by_a_sweeper(error: BaseException) -> bool:
+    from sru_lightning.app.runs.run import traceback_frames
+
+    return any(f"{os.sep}hydra_plugins{os.sep}" in frame for frame in traceback_frames(error))
+
+
+class JobFailed(Exception):
+    """A sweep job did not complete (raised for sweepers that record failed trials themselves)."""
+
+
+def _sweeper_counts_failures(hydra_config) -> bool:
+    """True for sweepers other than Hydra's basic one (Optuna's): they take a failed job as an
+    exception; the basic sweeper would stop at the first one, so its jobs return instead."""
+    target = str(hydra_config.sweeper.get("_target_", ""))
+    return _is_multirun_config(hydra_config) and bool(target) and not target.endswith("BasicSweeper")
+
+
+def optimized_value(record: dict[str, Any]) -> float:
+    """What the task returns to Hydra's sweeper: the monitored metric of a completed run, nan otherwise
+    (the Optuna sweeper records a nan trial as failed and goes on)."""
+    value = record.get("metrics", {}).get(record.get("monitor")) if record.get("status") == "completed" else None
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def _configuration_error(error: BaseException) -> str | None:
+    """Hydra's composition errors (unknown key, missing option) as one line; None for anything else."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    if not isinstance(error, (HydraException, OmegaConfBaseException)):
+        return None
+    parts: list[str] = []
+    for cause in (error, error.__cause__):
+        if cause is None:
+            continue
+        options: list[str] = []
+        for line in str(cause).splitlines():
+            text = line.strip()
+            if text.startswith("Config search path") or text.startswith("provider="):
+                break
+            if not text or text.startswith(("full_key:", "object_type=", "reference_type=")):
+                continue
+            if line.startswith("\t"):
+                options.append(text)
+                continue
+            if options:
+                parts[-1] += " " + ", ".join(options)
+                options = []
+            if text not in parts:
+                parts.append(text.rstrip("."))
+        if options:
+            parts[-1] += " " + ", ".join(options)
+    return "; ".join(parts) or type(error).__name__
+
+
+def _unparsable_override(overrides: list[str]) -> str | None:
+    """Hydra's parse error names the bad token but not the override; name it here."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import OverrideParseException
+
+    parser = OverridesParser.create()
+    for override in overrides:
+        if override.startswith("-") or "=" not in override:
+            continue  # Hydra's own flags and their values
+        try:
+            parser.parse_overrides([override])
+        except OverrideParseException as error:
+            return f"cannot parse override {override!r}: {error.message.splitlines()[0]}"
+    return None
+
+
+def _is_multirun(hydra_config) -> bool:
+    return _is_multirun_config(hydra_config.get())
+
+
+def _is_multirun_config(hydra_config) -> bool:
+    from hydra.types import RunMode
+
+    return hydra_config.mode == RunMode.MULTIRUN

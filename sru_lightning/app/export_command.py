@@ -1,0 +1,89 @@
+"""`python -m sru_lightning export ckpt_path=... format=onnx|pt2|aoti out=<dir>`: export a
+trained language model's checkpoint for deployment (see :mod:`sru_lightning.export`)."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+PROG = "python -m sru_lightning export"
+
+
+@dataclass
+class ExportSettings:
+    """The command's settings (`key=value` on the command line)."""
+
+    ckpt_path: str = "last"  # a .ckpt file, a run directory, or "last" (newest run under resume_dir)
+    format: str = "onnx"  # onnx | pt2 | aoti
+    out: str = ""  # the folder to create (required)
+    overwrite: bool = False  # replace an earlier export in `out`
+    resume_dir: str = "outputs"  # where ckpt_path=last looks
+
+
+class UsageError(Exception):
+    """A bad setting or an unusable checkpoint; one line, exit status 2."""
+
+
+def usage() -> str:
+    from sru_lightning.app.key_value import settings_usage
+
+    lines = settings_usage(PROG, "Export a trained checkpoint for deployment.", ExportSettings)
+    lines += [
+        "",
+        "format=onnx runs with onnxruntime alone; pt2 (torch.export) and aoti (AOTInductor, compiled)",
+        "need torch and sru_lightning. The folder holds the model, vocabulary.json and manifest.json.",
+        "",
+        "Example:",
+        f"  {PROG} ckpt_path=outputs/<date>/<time> format=onnx out=exports/sru-onnx",
+        "  python -m sru_lightning generate model=exports/sru-onnx prompt='The ' temperature=0",
+    ]
+    return "\n".join(lines)
+
+
+def parse_settings(argv: Sequence[str]) -> ExportSettings:
+    from sru_lightning.app.key_value import parse_key_values
+
+    from sru_lightning.export.graph_module import ExportError
+    from sru_lightning.export.package import check_format
+
+    settings, _ = parse_key_values(argv, ExportSettings, UsageError)
+    try:
+        check_format(settings.format)
+    except ExportError as error:
+        raise UsageError(str(error)) from None
+    if not settings.out:
+        raise UsageError("`out` is required: the folder to create, e.g. out=exports/sru-onnx")
+    return settings
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(argument in ("-h", "--help", "help") for argument in argv):
+        print(usage())
+        return 0
+    from sru_lightning import generate
+
+    from sru_lightning.export.graph_module import ExportError
+
+    try:
+        settings = parse_settings(argv)
+        path = generate.checkpoint_file(settings.ckpt_path, settings.resume_dir)
+        checkpoint = generate.load_checkpoint(path)
+        model = generate.build_model(checkpoint, path)
+        codec = generate.load_codec(checkpoint, path)
+        from sru_lightning.export.exporter import export_language_model
+
+        started = time.perf_counter()
+        source = {"checkpoint": str(path), "global_step": checkpoint.get("global_step")}
+        folder = export_language_model(model, settings.out, settings.format, codec,
+                                       overwrite=settings.overwrite, source=source)
+    except (UsageError, generate.UsageError, ExportError) as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    seconds = time.perf_counter() - started
+    print(f"{PROG}: {model.rnn_type} model of {path} (step {checkpoint.get('global_step', '?')}) -> "
+          f"{folder} (format={settings.format}, {seconds:.1f} s)", file=sys.stderr)
+    print(folder)
+    return 0

@@ -1,0 +1,302 @@
+"""`python -m sru_lightning generate key=value ...`: write text with a trained language model.
+
+The model and its vocabulary are rebuilt from the checkpoint alone (its hyperparameters and
+the data module's saved vocabulary; checkpoints written before the vocabulary was saved fall
+back to the run's `.hydra/config.yaml`). The prompt is read once; every further token costs
+one recurrent step from the carried state. Text streams to stdout, speed goes to stderr.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, TextIO
+
+import torch
+
+PROG = "python -m sru_lightning generate"
+
+
+@dataclass
+class GenerateSettings:
+    """The command's settings (`key=value` on the command line)."""
+
+    ckpt_path: str = "last"  # a .ckpt file, a run directory, or "last" (newest run under resume_dir)
+    prompt: str = "The "  # text the output continues; read once, echoed first
+    length: int = 200  # tokens to generate after the prompt (characters, bytes or words)
+    temperature: float = 0.8  # > 0 scales the logits before sampling; 0 picks the likeliest token (greedy)
+    top_k: int = 0  # sample among the k likeliest tokens; 0 = all
+    seed: int = 0  # the same seed, checkpoint and settings give the same text
+    resume_dir: str = "outputs"  # where ckpt_path=last looks
+    device: str = "cpu"  # "cpu" or "cuda"
+    model: str = ""  # an export folder (`python -m sru_lightning export`) to generate with instead of ckpt_path
+    backend: str = ""  # for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder
+
+
+class UsageError(Exception):
+    """A bad setting or an unusable checkpoint; reported in one line, without a traceback."""
+
+
+# --------------------------------------------------------------------------------------------
+# settings
+def usage() -> str:
+    from sru_lightning.app.key_value import settings_usage
+
+    lines = settings_usage(PROG, "Write text with a trained checkpoint.", GenerateSettings)
+    lines += [
+        "",
+        "temperature=0 is greedy decoding (always the likeliest token). Text goes to stdout,",
+        "tokens per second to stderr.",
+        "",
+        "Example:",
+        f"  {PROG} ckpt_path=outputs/<date>/<time> prompt='The ' length=200 temperature=0.8 top_k=0 seed=0",
+    ]
+    return "\n".join(lines)
+
+
+def parse_settings(argv: Sequence[str]) -> GenerateSettings:
+    """`key=value` arguments -> validated settings; a problem raises UsageError naming the key.
+
+    OmegaConf checks and converts the types against `GenerateSettings`; `prompt` is taken
+    verbatim (YAML parsing would strip its spaces or turn `yes` into true).
+    """
+    from sru_lightning.app.key_value import parse_key_values
+
+    settings, raw = parse_key_values(argv, GenerateSettings, UsageError)
+    if settings.length < 1:
+        raise UsageError(f"`length` must be a positive integer (tokens to generate), got {settings.length}")
+    if not settings.temperature >= 0 or settings.temperature == float("inf"):
+        raise UsageError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {raw.get('temperature')}")
+    if settings.top_k < 0:
+        raise UsageError(f"`top_k` must be an integer >= 0 (0 = no limit), got {settings.top_k}")
+    if settings.device not in ("cpu", "cuda"):
+        raise UsageError(f"`device` must be 'cpu' or 'cuda', got {settings.device!r}")
+    if settings.device == "cuda" and not torch.cuda.is_available():
+        raise UsageError("`device` is 'cuda', but torch sees no CUDA device here; use device=cpu")
+    if settings.prompt == "":
+        raise UsageError("`prompt` must hold at least one token, got ''")
+    return settings
+
+
+# --------------------------------------------------------------------------------------------
+# checkpoint -> model and vocabulary
+def checkpoint_file(setting: str, resume_dir: str) -> Path:
+    """Turn `ckpt_path` into a checkpoint file: the file itself, a run directory's newest
+    last/interrupted checkpoint, or for "last" the newest such checkpoint under `resume_dir`
+    that holds at least one optimizer step, of a run that did not fail (any model or data)."""
+    from sru_lightning.app.runs.checkpoints import (
+        RESUMABLE_NAMES, CheckpointError, checkpoint_step, newest_resumable, run_status,
+    )
+
+    if setting == "last":
+        root = Path(resume_dir).expanduser()
+        found = [path for name in RESUMABLE_NAMES for path in root.rglob(f"checkpoints/{name}")] if root.is_dir() else []
+        for candidate in sorted(found, key=lambda path: path.stat().st_mtime, reverse=True):
+            if run_status(candidate.parent.parent) == "failed":
+                continue
+            try:
+                if checkpoint_step(candidate) < 1:
+                    continue
+            except CheckpointError:
+                continue
+            return candidate.absolute()
+        raise UsageError(
+            f"`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir={resume_dir!r}; "
+            "pass ckpt_path=<run directory or .ckpt file>"
+        )
+    path = Path(setting).expanduser()
+    if path.is_dir():
+        for folder in (path / "checkpoints", path):
+            candidate = newest_resumable(folder)
+            if candidate is not None:
+                return candidate.absolute()
+        raise UsageError(f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/last.ckpt")
+    if not path.is_file():
+        raise UsageError(
+            f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
+        )
+    return path.absolute()
+
+
+def load_checkpoint(path: Path) -> dict[str, Any]:
+    from sru_lightning.app.runs.checkpoints import (
+        CheckpointError, deepspeed_folder_elsewhere, is_deepspeed_folder, read_checkpoint,
+    )
+
+    if is_deepspeed_folder(path):
+        raise UsageError(str(deepspeed_folder_elsewhere(path, "generate")))
+    try:
+        checkpoint = read_checkpoint(path)  # weights_only=True: a checkpoint is untrusted input
+    except CheckpointError as error:
+        raise UsageError(str(error).splitlines()[0]) from None
+    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
+        raise UsageError(
+            f"{str(path)!r} is not a checkpoint of sru_lightning's language model (no state_dict / hyper_parameters)"
+        )
+    return checkpoint
+
+
+def build_model(checkpoint: Mapping[str, Any], path: Path):
+    """The language model the checkpoint was saved from, with its weights, in eval mode."""
+    from sru_lightning.models import SRULanguageModel
+
+    hyper_parameters = dict(checkpoint["hyper_parameters"])
+    try:
+        with warnings.catch_warnings():
+            # The run already warned about its own configuration; sampling changes nothing.
+            warnings.simplefilter("ignore", FutureWarning)
+            model = SRULanguageModel(**hyper_parameters)
+        model.load_state_dict(checkpoint["state_dict"])
+    except (TypeError, ValueError, RuntimeError) as error:
+        raise UsageError(f"cannot rebuild the model of {str(path)!r}: {str(error).splitlines()[0]}") from None
+    return model.eval()
+
+
+def load_codec(checkpoint: Mapping[str, Any], path: Path):
+    """The vocabulary saved with the checkpoint; for older checkpoints, rebuilt from the data
+    config in the run's `.hydra/config.yaml`."""
+    from sru_lightning.data import TokenCodec
+
+    for entry in checkpoint.values():  # Lightning files the data module's state under its class name
+        if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
+            return TokenCodec.from_state_dict(entry["token_codec"])
+    saved = path.resolve().parent.parent / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        raise UsageError(
+            f"the checkpoint {str(path)!r} holds no vocabulary, and no run configuration was found at "
+            f"{str(saved)!r} to rebuild it from"
+        )
+    from hydra.utils import instantiate
+    from omegaconf import OmegaConf
+
+    print(f"{PROG}: rebuilding the vocabulary from the data config in {saved}", file=sys.stderr)
+    try:
+        datamodule = instantiate(OmegaConf.load(saved).data)
+        return datamodule.codec
+    except Exception as error:
+        raise UsageError(f"cannot rebuild the vocabulary from the data config in {str(saved)!r}: {error}") from None
+
+
+# --------------------------------------------------------------------------------------------
+# decoding
+def sample(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> torch.Tensor:
+    """Next token ids (B,) from logits (B, vocab): greedy at temperature 0, else sampled from
+    softmax(logits / temperature) restricted to the `top_k` likeliest tokens (0 = all)."""
+    if temperature == 0:
+        return logits.argmax(dim=-1)
+    logits = logits.float() / temperature
+    if 0 < top_k < logits.size(-1):
+        values, indices = logits.topk(top_k, dim=-1)
+        choice = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
+        return indices.gather(-1, choice).squeeze(-1)
+    return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
+
+
+@dataclass
+class GenerationStats:
+    prompt_tokens: int
+    tokens: int
+    seconds: float  # the decoding loop after the prompt pass: sampling, steps, writing
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+def generate_text(model, codec, settings: GenerateSettings, out: TextIO) -> GenerationStats:
+    """Write the prompt, then `settings.length` generated tokens, to `out` (flushed per token).
+
+    The prompt is read in one pass; each further token costs one `model.step` from the
+    carried recurrent state. The random draws come from a generator seeded with `settings.seed`.
+    """
+    try:
+        prompt_ids = codec.encode(settings.prompt)
+    except ValueError as error:
+        raise UsageError(f"`prompt` cannot be read by this model: {error}") from None
+    if not prompt_ids:
+        raise UsageError(f"`prompt` must hold at least one token, got {settings.prompt!r}")
+    device = model.device
+    generator = torch.Generator(device=device).manual_seed(settings.seed)
+    write = codec.decoder(after=settings.prompt)
+    out.write(settings.prompt)
+    out.flush()
+    length, temperature, top_k = settings.length, settings.temperature, settings.top_k
+    with torch.inference_mode():
+        logits, state = model.step(torch.tensor([prompt_ids], device=device))
+        started = time.perf_counter()
+        for index in range(length):
+            token = sample(logits, temperature, top_k, generator)
+            out.write(write(int(token)))
+            out.flush()
+            if index + 1 < length:
+                logits, state = model.step(token, state)
+    out.write(write.flush())
+    return GenerationStats(len(prompt_ids), length, time.perf_counter() - started)
+
+
+# --------------------------------------------------------------------------------------------
+# entry point
+def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if any(argument in ("-h", "--help", "help") for argument in argv):
+        print(usage())
+        return 0
+    try:
+        settings = parse_settings(argv)
+        if settings.model:
+            model, codec = _exported_model(settings)
+            stats = generate_text(model, codec, settings, sys.stdout)
+            _report(stats)
+            return 0
+        path = checkpoint_file(settings.ckpt_path, settings.resume_dir)
+        checkpoint = load_checkpoint(path)
+        model = build_model(checkpoint, path).to(settings.device)
+        codec = load_codec(checkpoint, path)
+        if codec.vocab_size != model.hparams.vocab_size:
+            raise UsageError(
+                f"the vocabulary of {str(path)!r} has {codec.vocab_size} tokens but the model "
+                f"{model.hparams.vocab_size}; the checkpoint does not match its run's data config"
+            )
+        print(f"{PROG}: {path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)", file=sys.stderr)
+        stats = generate_text(model, codec, settings, sys.stdout)
+    except UsageError as error:
+        print(f"{PROG}: error: {error}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # e.g. `| head`: the reader has seen enough
+        # Point stdout at /dev/null so the interpreter's final flush does not complain again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+    except KeyboardInterrupt:
+        print(f"\n{PROG}: interrupted", file=sys.stderr)
+        return 130
+    _report(stats)
+    return 0
+
+
+def _report(stats: GenerationStats) -> None:
+    print(file=sys.stdout, flush=True)
+    print(
+        f"{PROG}: {stats.tokens} tokens in {stats.seconds:.3f} s ({stats.tokens_per_second:.0f} tokens/s; "
+        f"prompt of {stats.prompt_tokens} tokens read in one pass)",
+        file=sys.stderr,
+    )
+
+
+def _exported_model(settings: GenerateSettings):
+    """The export folder `settings.model` run by `settings.backend`, and its vocabulary."""
+    from sru_lightning.export import ExportError
+    from sru_lightning.export.generate_backend import load_for_generation
+
+    if settings.device != "cpu":
+        raise UsageError(f"`device` must be 'cpu' with `model` (an export folder), got {settings.device!r}")
+    try:
+        model, codec, description = load_for_generation(settings.model, settings.backend, torch.get_num_threads())
+    except ExportError as error:
+        raise UsageError(str(error)) from None
+    print(f"{PROG}: {description}", file=sys.stderr)
+    return model, codec

@@ -1,0 +1,595 @@
+"""Build one run from its Hydra config, execute it, and record what happened.
+
+Every run directory ends with a `result.json` that tells the truth about the final weights:
+its status (`completed`, `failed`, `interrupted`), the final metrics (validated again when the
+last validation is older than the last optimizer step), optimizer steps, tokens per second
+and wall time; `history.jsonl` keeps one such record per attempt, so a run resumed into its
+own directory keeps the story of every attempt (and its overrides).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+import json
+import logging
+import math
+import os
+import re
+import shlex
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from .checkpoints import (
+    CheckpointError,
+    check_engine_reads,
+    check_fits_model,
+    checkpoint_data_config,
+    checkpoint_model_config,
+    resolve_checkpoint,
+    saved_codec,
+)
+from .threads import set_thread_count, thread_setting_problem
+from .trainer_args import check_trainer_settings
+
+log = logging.getLogger("sru_lightning")
+
+PROG = "python -m sru_lightning"
+HISTORY_FILE = "history.jsonl"
+
+# Warnings the user cannot act on: the package's streams define __len__ on purpose (one
+# worker, so no duplicates); Lightning's own use of a torch API that torch deprecated.
+_QUIET_WARNINGS = (
+    r".*Your `IterableDataset` has `__len__` defined.*",
+    r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    # With an interruption checkpoint among the callbacks, Lightning turns a fresh fit's
+    # ckpt_path=None into "last" and warns; build() refuses a directory with checkpoints
+    # unless resuming was asked for, so there is nothing to resume and nothing to say.
+    r".*\.fit\(ckpt_path=None\)` was called without a model.*",
+    r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint.*",
+    # Resuming into the run's own directory: its checkpoints are expected there.
+    r".*Checkpoint directory .* exists and is not empty.*",
+)
+
+
+class UsageError(Exception):
+    """A problem with the command line or the configuration; reported without a traceback."""
+
+
+class RunFailed(Exception):
+    """The run failed for a reason the message fully explains (no traceback needed)."""
+
+
+class LastValidation(Callback):
+    """Remembers the optimizer step of the fit's most recent validation, and where its training
+    started: the optimizer step and whether it resumed in the middle of an epoch."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step: int | None = None
+        self.start_step: int | None = None
+        self.resumed_mid_epoch = False
+        self.epochs_ended = 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Not called when a resumed fit has nothing left to train (start_step stays None).
+        self.start_step = trainer.global_step
+        self.resumed_mid_epoch = trainer.fit_loop.epoch_loop.batch_progress.current.completed > 0
+        self.epochs_ended = 0
+
+    def on_train_epoch_end(self, trainer, pl_module) -> None:
+        self.epochs_ended += 1
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if not trainer.sanity_checking and trainer.state.fn == "fit":
+            self.step = trainer.global_step
+
+
+class AnnounceRunDirectory(Callback):
+    """Prints the run directory once the run is under way: after Lightning has checked the
+    settings against the data, so a run refused as a usage error never names a directory."""
+
+    def __init__(self, output_dir: Path) -> None:
+        super().__init__()
+        self.output_dir = output_dir
+        self.said = False
+
+    def _say_once(self, trainer) -> None:
+        if not self.said and trainer.is_global_zero and not trainer.sanity_checking:
+            self.said = True
+            _say(f"run directory: {self.output_dir}")
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._say_once(trainer)
+
+    def on_validation_start(self, trainer, pl_module) -> None:
+        self._say_once(trainer)
+
+    def on_test_start(self, trainer, pl_module) -> None:
+        self._say_once(trainer)
+
+
+# --------------------------------------------------------------------------------------------
+# logging
+@contextlib.contextmanager
+def _visible_logging():
+    """Lightning's info messages (the precision report among them) and warnings reach the
+    console and the run's log file through Hydra's handlers, each once; known noise does not."""
+    restore = []
+    for name in ("lightning", "lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        own = [handler for handler in logger.handlers if type(handler) is logging.StreamHandler]
+        restore.append((logger, logger.propagate, own))
+        for handler in own:
+            logger.removeHandler(handler)
+        logger.propagate = True
+        logger.setLevel(logging.INFO)
+    logging.captureWarnings(True)
+    handlers = logging.getLogger().handlers
+    for handler in handlers:
+        handler.addFilter(_drop_advertising)
+    try:
+        with warnings.catch_warnings():
+            for pattern in _QUIET_WARNINGS:
+                warnings.filterwarnings("ignore", message=pattern)
+            yield
+    finally:
+        for handler in handlers:
+            handler.removeFilter(_drop_advertising)
+        logging.captureWarnings(False)
+        for logger, propagate, own in restore:
+            logger.propagate = propagate
+            for handler in own:
+                logger.addHandler(handler)
+
+
+def _drop_advertising(record: logging.LogRecord) -> bool:
+    # Lightning's "Tip: try installing <product>" lines are not about the run.
+    return not str(record.msg).startswith("\N{ELECTRIC LIGHT BULB} Tip:")
+
+
+def _say(message: str) -> None:
+    """A line for the user on stdout, and in the run's log file."""
+    print(message, flush=True)
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord("sru_lightning", logging.INFO, __file__, 0, message, None, None))
+
+
+# --------------------------------------------------------------------------------------------
+# records
+def write_record(output_dir: Path, record: dict[str, Any], *, keep_result: bool = False) -> None:
+    """Append the attempt to history.jsonl and make it the run's result.json, unless
+    `keep_result`: an attempt refused before it started leaves an earlier run's result alone."""
+    from sru_lightning.app.sweep import RESULT_FILE, write_result
+
+    if not (keep_result and (output_dir / RESULT_FILE).is_file()):
+        write_result(output_dir, record)
+    with open(output_dir / HISTORY_FILE, "a") as history:
+        history.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+
+
+def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
+    kept = [item for item in overrides if not item.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
+    words = [*PROG.split(), command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
+    return " ".join(shlex.quote(word) for word in words)
+
+
+def _interruption_message(command: str, overrides: list[str], output_dir: Path, step: int) -> str:
+    from .checkpoints import checkpoint_step, newest_resumable
+
+    newest = newest_resumable(output_dir / "checkpoints") if command == "fit" else None
+    try:
+        saved_step = checkpoint_step(newest) if newest is not None else 0
+    except CheckpointError:
+        newest = None
+    if newest is not None and saved_step > 0:
+        where = "" if saved_step == step else f" from step {saved_step} ({newest.name})"
+        return f"interrupted at step {step}; resume{where} with: {resume_command(command, overrides, output_dir)}"
+    return f"interrupted at step {step}; nothing to resume (no checkpoint was written): run the command again"
+
+
+# --------------------------------------------------------------------------------------------
+# one run
+def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
+    """Build everything from `cfg`, run `command`, record the result in `output_dir`.
+
+    Configuration problems raise UsageError (single run) or mark the job failed (sweep: the
+    other jobs go on). A NaN loss raises RunFailed. An interruption records the status and
+    the command that resumes the run; in a sweep it stops the sweep.
+    """
+    from sru_lightning.callbacks.fault_tolerance import interruption_cause
+    from sru_lightning.callbacks.guards import NonFiniteLossError
+    from sru_lightning.callbacks.signal_watch import watching_signals
+
+    output_dir = Path(output_dir).absolute()
+    record: dict[str, Any] = {"command": command, "overrides": overrides, "status": "running",
+                              "run_dir": str(output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+    started = time.monotonic()
+    trainer = None
+    with _visible_logging(), watching_signals() as signals:  # no signal may hang a run
+        try:
+            try:
+                trainer, model, datamodule, ckpt_path = build(cfg, command, output_dir, overrides)
+            except Exception as error:
+                if not is_usage_error(error):
+                    raise
+                raise UsageError(describe(error)) from error
+            signals.follow(trainer)
+            record["monitor"] = optimized_metric_name(cfg, model)
+            if ckpt_path is not None:
+                record["ckpt_path"] = str(ckpt_path)
+            try:
+                metrics = execute(command, trainer, model, datamodule, ckpt_path)
+            except Exception as error:
+                if _refused_before_training(error, trainer):
+                    raise UsageError(describe(error)) from error
+                raise
+            final_name = bits_name(model, "test" if command == "test" else "val")
+            final = metrics.get(final_name, 0.0)
+            if not math.isfinite(final):
+                raise RunFailed(
+                    f"the final {final_name} is {final}: the model's outputs are "
+                    "not finite (see the training loss in the logs; a smaller learning rate or bf16 instead of "
+                    "fp16 usually helps)"
+                )
+        except BaseException as error:
+            if isinstance(error, UsageError) and not multirun:
+                # Refused before it started: the run directory is left as it was (or removed).
+                from .directories import restore_after_usage_error, usage_exit
+
+                restore_after_usage_error(output_dir)
+                raise usage_exit(str(error)) from None
+            cause = interruption_cause(trainer, error)
+            interrupted = cause is not None
+            step = trainer.global_step if trainer is not None else 0
+            record.update(status="interrupted" if interrupted else "failed", error=cause or describe(error),
+                          optimizer_steps=step, wall_seconds=round(time.monotonic() - started, 1))
+            if trainer is None or trainer.is_global_zero:
+                write_record(output_dir, record, keep_result=isinstance(error, UsageError))
+            if interrupted:
+                if trainer is None or trainer.is_global_zero:
+                    _say(_interruption_message(command, overrides, output_dir, step))
+                if multirun:
+                    raise
+                return record
+            if isinstance(error, NonFiniteLossError):
+                error = RunFailed(str(error))
+            if not isinstance(error, Exception):
+                raise
+            if not isinstance(error, (UsageError, RunFailed)):
+                _log_traceback_to_file(error)
+            if not multirun:
+                from .directories import error_exit, keep_config_beside
+
+                keep_config_beside(output_dir)
+                _say(f"run directory: {output_dir} (failed)")
+                if isinstance(error, RunFailed):
+                    raise error_exit(str(error), 1) from None
+                raise
+            log.error("job in %s failed: %s", output_dir, describe(error))
+            return record
+        record.update(status="completed", metrics=metrics, optimizer_steps=trainer.global_step,
+                      wall_seconds=round(time.monotonic() - started, 1))
+        if multirun and record["monitor"] not in metrics:
+            log.warning("`optimized_metric` names %r, which this run did not log (it logged %s); the sweep "
+                        "gets nan for it", record["monitor"], ", ".join(sorted(metrics)))
+        throughput = next((cb for cb in trainer.callbacks if type(cb).__name__ == "TrainingThroughput"), None)
+        if throughput is not None and throughput.tokens:
+            record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
+        if trainer.is_global_zero:
+            write_record(output_dir, record)
+            _say(f"run directory: {output_dir}")
+    return record
+
+
+def _refused_before_training(error: BaseException, trainer) -> bool:
+    """Before any training step: the optimizer or schedule config refused by the class it builds
+    (`model.optimizer.lr=abc`), or Lightning checking the settings against the data (a
+    `val_check_interval` longer than the epoch). A usage error, not a failure."""
+    from hydra.errors import InstantiationException
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+
+    if trainer.global_step > 0:
+        return False
+    if isinstance(error, InstantiationException):
+        return True
+    if not isinstance(error, (ValueError, MisconfigurationException)):
+        return False
+    frames = traceback_frames(error)
+    return bool(frames) and f"{os.sep}lightning{os.sep}" in frames[-1]
+
+
+def traceback_frames(error: BaseException) -> list[str]:
+    files = []
+    trace = error.__traceback__
+    while trace is not None:
+        files.append(trace.tb_frame.f_code.co_filename)
+        trace = trace.tb_next
+    return files
+
+
+def _log_traceback_to_file(error: BaseException) -> None:
+    """The traceback of an unexpected failure, for the run's log file only (the console gets one line)."""
+    import traceback
+
+    text = "".join(traceback.format_exception(error))
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler, logging.FileHandler):
+            handler.emit(logging.LogRecord("sru_lightning", logging.ERROR, __file__, 0, text, None, None))
+
+
+def optimized_metric_name(cfg, model) -> str:
+    """The metric a sweep optimises: `optimized_metric`, else the checkpoint callback's monitor."""
+    name = cfg.get("optimized_metric")
+    if not name:
+        checkpoint = (cfg.get("callbacks") or {}).get("model_checkpoint") or {}
+        name = checkpoint.get("monitor") or "val_bpc"
+    for stage in ("train", "val", "test"):  # val_bpc is val_bpw for word-level data
+        name = name.replace(f"{stage}_bpc", bits_name(model, stage))
+    return str(name)
+
+
+def is_usage_error(error: BaseException) -> bool:
+    from hydra.errors import InstantiationException
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
+    from omegaconf.errors import OmegaConfBaseException
+
+    return isinstance(
+        error,
+        (ValueError, TypeError, FileNotFoundError, PermissionError, UsageError, CheckpointError,
+         InstantiationException, MisconfigurationException, OmegaConfBaseException, ImportError),
+    )
+
+
+def describe(error: BaseException) -> str:
+    """The message a user needs: Hydra's instantiate wrapper gives way to the real cause."""
+    from hydra.errors import InstantiationException
+
+    target = None
+    if isinstance(error, InstantiationException) and error.__cause__ is not None:
+        found = re.search(r"target '([\w.]+)'", str(error))
+        target = found.group(1) if found else None
+        error = error.__cause__
+    text = str(error).strip()
+    from sru_lightning.strategies.deepspeed import HardwareRefusesDtype
+
+    if isinstance(error, HardwareRefusesDtype):  # names the engine, the dtype and what works instead
+        return text
+    if target and target.split(".")[-1] not in text:  # name what was being built
+        text = f"{target}: {text}"
+    if isinstance(error, (UsageError, CheckpointError, RunFailed)):
+        return text
+    text += _no_gpu_hint(text)
+    return f"{type(error).__name__}: {text}" if text else type(error).__name__
+
+
+def _no_gpu_hint(text: str) -> str:
+    """What to do when a GPU trainer config (trainer=ddp, fsdp, deepspeed_*) meets no GPU."""
+    import torch
+
+    lowered = text.lower()
+    # Lightning's words when the accelerator a config asks for is not there.
+    no_gpu = "no supported gpu backend" in lowered or "accelerator is not available" in lowered
+    if torch.cuda.is_available() or not no_gpu:
+        return ""
+    return "; this machine has no CUDA GPU: add trainer.accelerator=cpu trainer.devices=2 to run on CPU processes"
+
+
+# --------------------------------------------------------------------------------------------
+# building
+def build(cfg, command: str, output_dir: Path, overrides: list[str]):
+    """Instantiate data, model, callbacks, loggers and trainer from `cfg`."""
+    import lightning.pytorch as pl
+    from hydra.utils import instantiate
+    from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ProgressBar
+    from omegaconf import OmegaConf
+
+    from sru_lightning.callbacks import SRUPrecisionCallback
+    from sru_lightning.callbacks.guards import TrainingThroughput, ValidateBeforeStop
+    from sru_lightning.nn.policy import iter_sru_cells
+
+    seed = cfg.get("seed")
+    if seed is not None:
+        if not isinstance(seed, int) or isinstance(seed, bool):
+            raise UsageError(f"`seed` must be an integer or null, got {seed!r}")
+        pl.seed_everything(seed, workers=True, verbose=False)
+    if thread_setting_problem(cfg.get("threads")):
+        raise UsageError(thread_setting_problem(cfg.get("threads")))
+    trainer_settings = OmegaConf.to_container(cfg.trainer, resolve=True)
+    check_trainer_settings(trainer_settings)
+    ckpt_path = resolve_checkpoint(cfg, command, output_dir)
+    earlier = sorted((output_dir / "checkpoints").glob("*.ckpt"))
+    if command == "fit" and ckpt_path is None and earlier:
+        # A fresh fit would write over them; continuing must be asked for.
+        raise UsageError(
+            f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run "
+            f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
+            "or choose another hydra.run.dir"
+        )
+    if ckpt_path is not None:
+        check_engine_reads(cfg, command, ckpt_path)
+    model_config, data_config = cfg.model, cfg.data
+    if command != "fit" and ckpt_path is not None:
+        # Evaluate the checkpoint as the model it was trained as, on the data it was trained on.
+        model_config = checkpoint_model_config(cfg, ckpt_path, overrides)
+        data_config = checkpoint_data_config(cfg, ckpt_path, overrides)
+    datamodule = instantiate(data_config)
+    if command != "fit" and ckpt_path is not None:
+        _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path)
+    model_kwargs = {} if "vocab_size" in model_config and command != "fit" else {"vocab_size": datamodule.vocab_size}
+    if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
+        model_kwargs["token_unit"] = datamodule.token_unit
+    model = instantiate(model_config, **model_kwargs)
+    if command == "fit" and ckpt_path is not None:
+        check_fits_model(ckpt_path, model)
+    if getattr(model.hparams, "vocab_size", datamodule.vocab_size) != datamodule.vocab_size:
+        raise UsageError(
+            f"the checkpoint {ckpt_path!r} was trained with a vocabulary of {model.hparams.vocab_size} tokens, but "
+            f"the data ({data_config.get('_target_')}) has {datamodule.vocab_size}; evaluate it on the data it was "
+            "trained on (see data: in its run directory's .hydra/config.yaml)"
+        )
+    callbacks = [
+        instantiate(node, **metric_names_followed(node, model))
+        for node in (cfg.get("callbacks") or {}).values()
+        if node is not None
+    ]
+    if not any(True for _ in iter_sru_cells(model)):
+        # An LSTM baseline has no SRU layer by design: the precision callback has nothing to do or say.
+        callbacks = [cb for cb in callbacks if not isinstance(cb, SRUPrecisionCallback)]
+    loggers = [instantiate(node) for node in (cfg.get("logger") or {}).values() if node is not None]
+    if not loggers:
+        monitors = [cb for cb in callbacks if isinstance(cb, LearningRateMonitor)]
+        if monitors:
+            log.info("logger=none: the learning-rate monitor has nowhere to log and is left out")
+            callbacks = [cb for cb in callbacks if not isinstance(cb, LearningRateMonitor)]
+    if trainer_settings.get("enable_progress_bar", True) is False:
+        # +trainer.enable_progress_bar=false wins over the progress bar among the callbacks.
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    if trainer_settings.get("enable_checkpointing", True) is False:
+        # +trainer.enable_checkpointing=false wins over the checkpoint callbacks among the callbacks
+        # (the interruption checkpoint too: such a run writes none).
+        callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
+    elif not any(
+        isinstance(cb, ModelCheckpoint) for cb in callbacks
+    ):
+        # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
+        callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", save_last=True))
+    # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
+    if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
+        callbacks.append(ValidateBeforeStop())
+    callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir)]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+    set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
+    check_sizes = getattr(datamodule, "check_sizes", None)
+    if check_sizes is not None:  # too little text for the batch layout: say so before training
+        check_sizes(world_size=trainer.world_size)
+    return trainer, model, datamodule, ckpt_path
+
+
+def _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path: str) -> None:
+    """Token ids mean what they meant in training: evaluation data is encoded with the checkpoint's
+    vocabulary (a character it lacks is an error; an unknown word is counted as the unknown word)."""
+    codec = saved_codec(ckpt_path)
+    adopt = getattr(datamodule, "adopt_vocabulary", None)
+    if codec is None or adopt is None:
+        return
+    unknown = adopt(codec)
+    if unknown:
+        log.warning("%d words of the evaluation data are not in the checkpoint's vocabulary of %d words; "
+                    "each counts as %r", unknown, codec.vocab_size, codec.unknown)
+
+
+def bits_name(model, stage: str) -> str:
+    """The model's bits-per-token metric of `stage`: `val_bpc`, or `val_bpw` for word-level data."""
+    name = getattr(model, "bits_name", None)
+    return name(stage) if callable(name) else f"{stage}_bpc"
+
+
+def metric_names_followed(node, model) -> dict[str, str]:
+    """A callback's `monitor` / `filename` settings that name the character-level metrics
+    (conf/callbacks/model_checkpoint.yaml: val_bpc), renamed to the ones the model logs."""
+    renamed = {}
+    for key in ("monitor", "filename"):
+        value = node.get(key) if hasattr(node, "get") else None
+        if not isinstance(value, str):
+            continue
+        new = value
+        for stage in ("train", "val", "test"):
+            new = new.replace(f"{stage}_bpc", bits_name(model, stage))
+        if new != value:
+            renamed[key] = new
+    return renamed
+
+
+# --------------------------------------------------------------------------------------------
+# executing
+def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = None) -> dict[str, float]:
+    """Run the trainer command; return the final metrics, and print the headline line."""
+    split = "test" if command == "test" else "val"
+    bits = bits_name(model, split)  # val_bpc, or val_bpw for word-level data
+    unit = bits.split("_", 1)[1]
+    training_metrics: dict[str, float] = {}
+    if command == "fit":
+        trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit))
+        # A validation of the final weights replaces the trainer's metrics; the training ones stay.
+        training_metrics = _training_metrics(trainer)
+        _validate_final_weights(trainer, model, datamodule, bits)
+    elif command == "validate":
+        trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.validate))
+    else:
+        trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.test))
+    metrics = _scalar_metrics(trainer)
+    if command == "fit":
+        metrics = {**training_metrics, **{name: value for name, value in metrics.items() if not name.startswith("train_")}}
+    baseline = datamodule.unigram_bpc(split)  # bits per token, whatever the token is
+    metrics[f"unigram_{unit}"] = baseline
+    if trainer.is_global_zero:
+        value = metrics.get(bits)
+        if value is None:
+            train_name = bits_name(model, "train")
+            train = metrics.get(train_name)
+            text = f"{train_name}={train:.4f}" if train is not None else "no metric"
+            _say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline {unit}={baseline:.4f})")
+        else:
+            _say(f"final {bits}={value:.4f} (unigram baseline {unit}={baseline:.4f})")
+    return metrics
+
+
+def _scalar_metrics(trainer) -> dict[str, float]:
+    return {
+        name: float(value)
+        for name, value in trainer.callback_metrics.items()
+        if getattr(value, "numel", lambda: 1)() == 1
+    }
+
+
+def _training_metrics(trainer) -> dict[str, float]:
+    """The fit's training metrics, named for what they cover: after a resume in the middle of an
+    epoch, the epoch means cover only the batches since the resume (`train_bpc_since_resume`)."""
+    tracker = next((cb for cb in trainer.callbacks if isinstance(cb, LastValidation)), None)
+    # Epoch means are logged at each epoch's end: only the first one after a mid-epoch resume is partial.
+    partial = tracker is not None and tracker.resumed_mid_epoch and tracker.epochs_ended <= 1
+    metrics = {}
+    for name, value in _scalar_metrics(trainer).items():
+        if not name.startswith("train_"):
+            continue
+        if partial and name.endswith("_epoch"):
+            name = name[: -len("_epoch")] + "_since_resume"
+        metrics[name] = value
+    return metrics
+
+
+def _safe_loading(method) -> dict[str, bool]:
+    """`weights_only=True` where this Lightning accepts it: checkpoints are untrusted input."""
+    return {"weights_only": True} if "weights_only" in inspect.signature(method).parameters else {}
+
+
+def _validate_final_weights(trainer, model, datamodule, final_metric: str) -> None:
+    if trainer.limit_val_batches == 0:
+        return
+    tracker = next((cb for cb in trainer.callbacks if isinstance(cb, LastValidation)), None)
+    last_step = tracker.step if tracker is not None else None
+    if final_metric in trainer.callback_metrics and last_step == trainer.global_step:
+        return
+    if last_step is not None:
+        where = f"the last validation ran at step {last_step}"
+    elif tracker is not None and tracker.start_step in (None, trainer.global_step):
+        where = f"the fit resumed at step {trainer.global_step} and trained no further"
+    else:
+        where = "no validation ran in this fit"
+    log.info("Validating the final weights (step %d): %s", trainer.global_step, where)
+    precision_reports = [cb for cb in trainer.callbacks if type(cb).__name__ == "SRUPrecisionCallback"]
+    verbose = [getattr(cb, "verbose", False) for cb in precision_reports]
+    for callback in precision_reports:  # the fit already printed the precision table
+        callback.verbose = False
+    try:
+        trainer.validate(model, datamodule=datamodule, verbose=False)
+    finally:
+        for callback, was in zip(precision_reports, verbose):
+            callback.verbose = was
+

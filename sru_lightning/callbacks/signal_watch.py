@@ -1,0 +1,189 @@
+"""Notice SIGTERM and Ctrl+C even while the main thread is blocked, so no signal hangs a run.
+
+Python runs a signal handler only when the main thread returns to the interpreter. A rank
+blocked in a collective whose peer is gone, or in the process-group rendezvous waiting for a
+rank that has already died, never returns there, so a handler alone can neither stop it nor
+start a timer. The C-level handler does write the signal number to the wakeup file
+descriptor (`signal.set_wakeup_fd`) at once; :class:`SignalWatch` reads it in a thread:
+
+* before training has set up (imports, data, launching the other ranks, the rendezvous) there
+  is nothing to save, so the process says so, passes the signal on to the ranks it launched,
+  and exits with status 128 + the signal number (as it does at any time in a run without a
+  GracefulInterrupt callback, saying so);
+* once a :class:`~sru_lightning.callbacks.fault_tolerance.GracefulInterrupt` runs the fit, that callback
+  stops every rank at an agreed batch boundary, and the watch only starts its watchdog, which
+  ends a stop that cannot complete within ``stop_timeout`` seconds.
+
+While training has not set up yet, the watch also notices a launched rank that has died
+(killed alone, or failed at start-up), which would leave this process waiting for it in the
+rendezvous, and exits with a message naming it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import select
+import signal
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+__all__ = ["SignalWatch", "watching_signals"]
+
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+_POLL_SECONDS = 0.5
+
+
+def signal_name(signum: int) -> str:
+    return "SIGINT (Ctrl+C)" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class SignalWatch:
+    """Process-wide watch over SIGTERM/SIGINT for one run (see the module docstring).
+
+    ``start()`` from the main thread as early as possible, ``follow(trainer)`` once the
+    trainer exists (before ``trainer.fit``, which launches the other ranks), ``stop()`` when
+    the run is over; or ``with watching_signals() as watch: ...``. A GracefulInterrupt
+    callback takes over with ``take_over(callback)`` in its ``setup`` hook.
+    """
+
+    current: SignalWatch | None = None
+
+    def __init__(self) -> None:
+        self._trainer: Any = None
+        self._owner: Any = None
+        self._read_fd = self._write_fd = -1
+        self._previous_wakeup_fd = -1
+        self._previous_handlers: dict[int, Any] = {}
+        self._closed = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # -- life cycle --------------------------------------------------------------------------
+    def start(self) -> SignalWatch:
+        if threading.current_thread() is not threading.main_thread():
+            return self  # signal handlers can only be set from the main thread
+        self._read_fd, self._write_fd = os.pipe()
+        os.set_blocking(self._write_fd, False)
+        self._previous_wakeup_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        for signum in HANDLED_SIGNALS:
+            # A Python-level handler is what makes the C handler write to the wakeup fd; until a
+            # GracefulInterrupt takes over, the thread decides what a signal means.
+            self._previous_handlers[signum] = signal.getsignal(signum)
+            signal.signal(signum, _ignore_until_watched)
+        self._thread = threading.Thread(target=self._run, name="signal-watch", daemon=True)
+        self._thread.start()
+        SignalWatch.current = self
+        return self
+
+    def stop(self) -> None:
+        if SignalWatch.current is self:
+            SignalWatch.current = None
+        if self._thread is None:
+            return
+        self._closed.set()
+        signal.set_wakeup_fd(self._previous_wakeup_fd)
+        for signum, handler in self._previous_handlers.items():
+            if signal.getsignal(signum) is _ignore_until_watched:
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        self._thread.join(timeout=2 * _POLL_SECONDS)
+        for fd in (self._read_fd, self._write_fd):
+            os.close(fd)
+        self._thread = None
+
+    def follow(self, trainer: Any) -> None:
+        """The trainer whose launched ranks a signal is passed on to, and whose deaths are noticed."""
+        self._trainer = trainer
+
+    def take_over(self, owner: Any) -> None:
+        """From now on `owner` (a GracefulInterrupt) decides how to stop; the watch keeps time."""
+        self._owner = owner
+
+    # -- the thread --------------------------------------------------------------------------
+    def _run(self) -> None:
+        while not self._closed.is_set():
+            ready, _, _ = select.select([self._read_fd], [], [], _POLL_SECONDS)
+            if self._closed.is_set():
+                return
+            if ready:
+                try:
+                    received = os.read(self._read_fd, 64)
+                except OSError:
+                    return
+                for signum in received:
+                    if signum in HANDLED_SIGNALS:
+                        self._on_signal(signum)
+            elif self._owner is None:
+                self._check_launched_ranks()
+
+    def _on_signal(self, signum: int) -> None:
+        owner = self._owner
+        if owner is not None:
+            owner.start_watchdog(signum)
+            return
+        self._forward_to_launched_ranks(signum)
+        from sru_lightning.callbacks.fault_tolerance import GracefulInterrupt  # imports this module
+
+        callbacks = getattr(self._trainer, "callbacks", None)
+        if callbacks is not None and not any(isinstance(callback, GracefulInterrupt) for callback in callbacks):
+            _exit(f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
+                  "GracefulInterrupt callback: callbacks=default includes it)", 128 + signum)
+        _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)",
+              128 + signum)
+
+    def _launched_ranks(self) -> list[Any]:
+        launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
+        return list(getattr(launcher, "procs", None) or [])
+
+    def _forward_to_launched_ranks(self, signum: int) -> None:
+        # The launcher's list may not hold a rank it is starting at this very moment; on Linux
+        # the kernel's list of this process's children does.
+        pids = {process.pid for process in self._launched_ranks() if process.poll() is None} | _child_pids()
+        for pid in pids:
+            try:
+                os.kill(pid, signum)
+            except OSError:
+                pass
+
+    def _check_launched_ranks(self) -> None:
+        for rank, process in enumerate(self._launched_ranks(), start=1):
+            status = process.poll()
+            if status is not None and status != 0:
+                self._forward_to_launched_ranks(signal.SIGTERM)
+                _exit(f"rank {rank} (process {process.pid}) ended with status {status} before training started; "
+                      "exiting instead of waiting for it", 1)
+
+
+@contextlib.contextmanager
+def watching_signals() -> Iterator[SignalWatch]:
+    """A :class:`SignalWatch` for the duration of the block."""
+    watch = SignalWatch().start()
+    try:
+        yield watch
+    finally:
+        watch.stop()
+
+
+def _child_pids() -> set[int]:
+    pids: set[int] = set()
+    try:
+        threads = os.listdir(f"/proc/{os.getpid()}/task")
+    except OSError:
+        return pids
+    for thread in threads:
+        try:
+            with open(f"/proc/{os.getpid()}/task/{thread}/children") as children:
+                pids.update(int(pid) for pid in children.read().split())
+        except (OSError, ValueError):
+            continue
+    return pids
+
+
+def _ignore_until_watched(signum: int, frame: Any) -> None:
+    """Placeholder handler: the SignalWatch thread acts on the signal."""
+
+
+def _exit(message: str, status: int) -> None:
+    # From a thread while the main thread may hold the logging and stdio locks: write directly.
+    os.write(2, f"sru_lightning: {message}\n".encode())
+    os._exit(status)

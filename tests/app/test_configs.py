@@ -1,0 +1,135 @@
+"""Every config file composes; each group option instantiates the class it names."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import get_class, instantiate
+from omegaconf import OmegaConf, open_dict
+
+from sru_lightning._resources import conf_dir
+from sru_lightning.app.cli import config_groups
+
+CONF = conf_dir()
+# Groups whose options are picked as `group=option`; callbacks/logger files are also
+# composed one by one through their `default` / single-entry files.
+OPTIONS = [(group, option) for group, options in config_groups().items() for option in options]
+
+
+def compose_with(overrides, tmp_path):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(tmp_path)
+    HydraConfig.instance().set_config(cfg)
+    return cfg
+
+
+def test_the_config_tree_has_the_documented_groups():
+    groups = config_groups()
+    assert set(groups["model"]) >= {"sru", "srupp", "lstm", "sru_large"}
+    assert set(groups["data"]) >= {"pydoc", "stdlib", "enwik8", "text"}
+    assert set(groups["trainer"]) >= {"default", "cpu", "gpu", "ddp", "ddp_cpu", "deepspeed_stage_2",
+                                      "deepspeed_stage_3", "fsdp"}
+    assert set(groups["logger"]) >= {"csv", "tensorboard"}
+    assert "enwik8" in groups["experiment"]
+    assert (CONF / "hydra" / "default.yaml").is_file()
+
+
+def test_every_yaml_file_belongs_to_a_group_that_composes():
+    files = {p.relative_to(CONF) for p in CONF.rglob("*.yaml")}
+    covered = {Path("config.yaml"), Path("hydra/default.yaml")}
+    covered |= {Path(group) / f"{option}.yaml" for group, option in OPTIONS}
+    assert files == covered
+
+
+@pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
+def test_each_option_composes_and_names_an_importable_class(group, option, tmp_path):
+    override = f"{group}={option}"
+    cfg = compose_with([override], tmp_path)
+    node = cfg if group in ("experiment", "hparams_search") else cfg[group]  # global packages
+    # every interpolation of the job config resolves
+    OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
+    if group in ("callbacks", "logger"):
+        targets = [entry["_target_"] for entry in (node or {}).values()]
+    elif group == "experiment":
+        targets = [cfg.model._target_, cfg.data._target_, cfg.trainer._target_]
+    elif group == "hparams_search":
+        pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the `sweepers` extra")
+        targets = [cfg.hydra.sweeper._target_, cfg.hydra.sweeper.sampler._target_]
+    else:
+        targets = [node._target_]
+    for target in targets:
+        assert get_class(target) is not None
+
+
+def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp_path):
+    cfg = compose_with(["trainer.max_epochs=1"], tmp_path)
+    data = instantiate(cfg.data)
+    model = instantiate(cfg.model, vocab_size=data.vocab_size)
+    assert type(model).__name__ == "SRULanguageModel" and model.rnn_type == "sru"
+    callbacks = [instantiate(node) for node in cfg.callbacks.values()]
+    names = {type(c).__name__ for c in callbacks}
+    assert names == {
+        "SRUPrecisionCallback", "ModelCheckpoint", "LearningRateMonitor", "RichProgressBar",
+        # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
+        "InterruptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+        # honest runs: a NaN loss stops the run
+        "StopOnNonFiniteLoss",
+    }
+    checkpoint = next(c for c in callbacks if type(c).__name__ == "ModelCheckpoint")
+    assert checkpoint.save_last and Path(checkpoint.dirpath) == tmp_path / "checkpoints"
+    loggers = [instantiate(node) for node in cfg.logger.values()]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)
+    assert trainer.max_epochs == 1 and Path(trainer.logger.log_dir).parent == tmp_path
+
+
+def test_ddp_cpu_is_two_gloo_processes_on_cpu(tmp_path):
+    cfg = compose_with(["trainer=ddp_cpu"], tmp_path)
+    assert cfg.trainer.accelerator == "cpu" and cfg.trainer.devices == 2
+    strategy = instantiate(cfg.trainer.strategy)
+    assert type(strategy).__name__ == "DDPStrategy" and strategy._process_group_backend == "gloo"
+
+
+def test_deepspeed_configs_pick_their_zero_stage(tmp_path):
+    for stage in (2, 3):
+        cfg = compose_with([f"trainer=deepspeed_stage_{stage}", "data.batch_size=12"], tmp_path)
+        assert cfg.trainer.strategy.stage == stage
+        # the train loader has no batch sampler, so DeepSpeed must be told the micro-batch size
+        assert cfg.trainer.strategy.logging_batch_size_per_gpu == 12
+
+
+def test_enwik8_experiment_follows_the_paper_setup(tmp_path):
+    cfg = compose_with(["experiment=enwik8", "data.path=/data/enwik8"], tmp_path)
+    assert cfg.data._target_.endswith("Enwik8DataModule")
+    assert (cfg.data.train_bytes, cfg.data.val_bytes, cfg.data.test_bytes) == (90_000_000, 5_000_000, 5_000_000)
+    assert (cfg.data.batch_size, cfg.data.seq_len) == (128, 100)
+    assert cfg.model.rnn == "sru" and cfg.model.num_layers == 10
+    assert cfg.model.carry_hidden is True
+
+
+def test_run_and_sweep_dirs_are_unique_per_run_and_job(tmp_path):
+    hydra_node = OmegaConf.to_container(compose_with([], tmp_path).hydra, resolve=False)
+    assert hydra_node["run"]["dir"].endswith("${now:%H-%M-%S-%f}")
+    assert hydra_node["sweep"]["subdir"] == "${hydra.job.num}"
+    assert hydra_node["callbacks"]["sweep_summary"]["_target_"] == "sru_lightning.app.sweep.SweepSummary"
+
+
+@pytest.mark.parametrize("choice", ["model=sru", "model=srupp", "model=lstm", "model=sru_large", "experiment=enwik8"])
+def test_every_model_config_builds_and_runs_when_shrunk(choice, tmp_path):
+    import torch
+
+    shrink = ["model.hidden_size=16", "model.embedding_dim=8", "model.num_layers=2"]
+    if choice in ("model=sru_large", "experiment=enwik8"):
+        shrink.append("model.sru_options.projection_size=4")
+    if choice == "model=srupp":
+        shrink.append("model.sru_options.proj_size=4")
+    cfg = compose_with([choice, *shrink], tmp_path)
+    model = instantiate(cfg.model, vocab_size=7)
+    logits, _ = model(torch.randint(0, 7, (2, 5)))
+    assert logits.shape == (2, 5, 7)
+    optimizer = model.configure_optimizers() if cfg.model.lr_scheduler is None else None
+    assert optimizer is None or isinstance(optimizer, torch.optim.Optimizer)

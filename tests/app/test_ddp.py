@@ -1,0 +1,74 @@
+"""`trainer=ddp_cpu` (2 processes, gloo) trains the language model exactly like one process
+with the same global batch and seed.
+
+Each DDP rank reads half of the global batch's streams (batch_size 4 per rank against 8 in
+one process) and DDP averages the gradients, so the two runs take the same optimizer steps
+up to float rounding in the gradient all-reduce. Dropout is off: its masks would differ
+between one process and two. Compared: the validation bits-per-character curve (the
+torchmetrics mean is synchronised over ranks, so rank 0 logs the global value) and the
+final weights.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[2]
+GLOBAL_BATCH, MAX_STEPS, VALIDATE_EVERY = 8, 20, 5
+# float32 sums in a different order (per-rank losses, then the all-reduce): a few ulps.
+VAL_BPC_TOLERANCE = dict(rel=1e-5, abs=1e-5)
+WEIGHT_TOLERANCE = 1e-5
+
+TINY_FIT = [
+    "data.seq_len=16", "model.embedding_dim=16", "model.hidden_size=32", "model.num_layers=2",
+    "model.dropout=0", f"trainer.max_steps={MAX_STEPS}", f"trainer.val_check_interval={VALIDATE_EVERY}",
+    "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "seed=11",
+]
+
+
+def fit(run_dir: Path, *overrides: str) -> Path:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    command = [sys.executable, "-m", "sru_lightning", "fit", f"hydra.run.dir={run_dir}", *TINY_FIT, *overrides]
+    completed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    return run_dir
+
+
+def validation_curve(run_dir: Path) -> dict[int, float]:
+    with (run_dir / "csv" / "metrics.csv").open() as handle:
+        return {int(row["step"]): float(row["val_bpc"]) for row in csv.DictReader(handle) if row.get("val_bpc")}
+
+
+def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["global_step"] == MAX_STEPS
+    return checkpoint["state_dict"]
+
+
+@pytest.mark.slow
+def test_ddp_cpu_matches_one_process_with_the_same_global_batch(tmp_path):
+    single = fit(tmp_path / "single", "trainer=cpu", f"data.batch_size={GLOBAL_BATCH}")
+    ddp = fit(tmp_path / "ddp", "trainer=ddp_cpu", f"data.batch_size={GLOBAL_BATCH // 2}")
+
+    expected, got = validation_curve(single), validation_curve(ddp)
+    checkpoints = [VALIDATE_EVERY * k - 1 for k in range(1, MAX_STEPS // VALIDATE_EVERY + 1)]
+    assert sorted(expected) == sorted(got) == checkpoints
+    for step in checkpoints:
+        assert got[step] == pytest.approx(expected[step], **VAL_BPC_TOLERANCE), f"val_bpc at step {step}"
+    assert expected[checkpoints[-1]] < expected[checkpoints[0]], "the model must actually learn"
+
+    single_weights, ddp_weights = final_weights(single), final_weights(ddp)
+    assert single_weights.keys() == ddp_weights.keys()
+    largest = max((single_weights[k].float() - ddp_weights[k].float()).abs().max().item()
+                  for k in single_weights if single_weights[k].is_floating_point())
+    assert largest < WEIGHT_TOLERANCE, f"weights differ by up to {largest:.2e}"
+    # the training really ran in two processes: Lightning's launcher gives rank 1 its own Hydra job
+    assert (ddp / "train_ddp_process_1.log").exists()

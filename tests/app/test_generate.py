@@ -1,0 +1,132 @@
+"""`python -m sru_lightning generate`: text from a trained run, deterministic for a seed, at
+character and word level; bad settings get one named error."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from sru_lightning import cli
+from helpers.tiny_run import TINY_RUN
+
+
+def python_m_sru_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
+    root = str(Path(cli.__file__).resolve().parents[2])  # this checkout, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    return subprocess.run([sys.executable, "-m", "sru_lightning", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+
+
+def fit_tiny_run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+    run_dir.parent.mkdir(parents=True, exist_ok=True)
+    fit = python_m_sru_lightning("fit", *TINY_RUN, *overrides, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
+    assert fit.returncode == 0, fit.stderr[-2000:]
+    return fit
+
+
+def generated(result: subprocess.CompletedProcess, prompt: str) -> str:
+    """The text after the echoed prompt (generate ends its output with one newline)."""
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.startswith(prompt) and result.stdout.endswith("\n")
+    return result.stdout[len(prompt) : -1]
+
+
+@pytest.mark.parametrize(
+    "argument,message",
+    [
+        ("lenght=5", "unknown setting 'lenght' (did you mean 'length'?)"),
+        ("length=abc", "`length` must be an integer, got 'abc'"),
+        ("length=0", "`length` must be a positive integer (tokens to generate), got 0"),
+        ("temperature=-0.5", "`temperature` must be a finite number >= 0 (0 = greedy), got -0.5"),
+        ("top_k=-1", "`top_k` must be an integer >= 0 (0 = no limit), got -1"),
+        ("seed=1.5", "`seed` must be an integer, got '1.5'"),
+        ("prompt", "expected key=value, got 'prompt'"),
+        ("ckpt_path=/no/such.ckpt", "`ckpt_path` must be a checkpoint file, a run directory or 'last', got '/no/such.ckpt'"),
+    ],
+)
+def test_bad_settings_get_one_named_error_and_exit_2(argument, message, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["generate", argument]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
+
+
+def test_generate_is_listed_and_explains_its_settings(capsys):
+    assert cli.main(["--help"]) == 0
+    assert "  generate" in capsys.readouterr().out
+    assert cli.main(["generate", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "temperature=0.8" in out and "temperature=0 is greedy" in out and "top_k=0" in out
+
+
+def test_last_without_any_run_is_a_usage_error(tmp_path):
+    result = python_m_sru_lightning("generate", "ckpt_path=last", cwd=tmp_path)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir='outputs'" in result.stderr
+
+
+@pytest.mark.slow
+def test_character_level_generation_is_deterministic_and_has_the_requested_length(tmp_path):
+    run_dir = tmp_path / "outputs" / "char"
+    fit_tiny_run(run_dir)
+    settings = ("prompt=The ", "length=40", "temperature=0.8", "top_k=0")
+    first = python_m_sru_lightning("generate", f"ckpt_path={run_dir}", *settings, "seed=0", cwd=tmp_path)
+    text = generated(first, "The ")
+    assert len(text) == 40
+    assert re.search(r"40 tokens in [0-9.]+ s \([0-9]+ tokens/s; prompt of 4 tokens read in one pass\)", first.stderr)
+    # ckpt_path=last finds the run under resume_dir (default: outputs); another seed, other text
+    other_seed = python_m_sru_lightning("generate", "ckpt_path=last", *settings, "seed=1", cwd=tmp_path)
+    assert f"{run_dir / 'checkpoints' / 'last.ckpt'} (step 3, char level)" in other_seed.stderr
+    assert len(generated(other_seed, "The ")) == 40 and generated(other_seed, "The ") != text
+
+    # the same seed gives the same text, also from a checkpoint without the saved vocabulary
+    # (as written before it was saved): rebuilt from the run's .hydra/config.yaml
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint.pop("PydocDataModule")["token_codec"]["level"] == "char"
+    torch.save(checkpoint, run_dir / "checkpoints" / "older.ckpt")
+    older = python_m_sru_lightning("generate", f"ckpt_path={run_dir / 'checkpoints' / 'older.ckpt'}", *settings,
+                                   "seed=0", cwd=tmp_path)
+    assert generated(older, "The ") == text
+    assert "rebuilding the vocabulary from the data config" in older.stderr
+
+
+@pytest.mark.slow
+def test_word_level_runs_log_bits_per_word_and_generate_words_joined_by_spaces(tmp_path):
+    from pydoc_data.topics import topics
+
+    corpus = tmp_path / "prose.txt"
+    corpus.write_text("\n".join(topics[key] for key in sorted(topics))[:60_000])
+    run_dir = tmp_path / "word"
+    fit = fit_tiny_run(run_dir, "data=text", f"data.path={corpus}", "data.level=word")
+    assert re.search(r"final val_bpw=[0-9.]+ \(unigram baseline bpw=[0-9.]+\)", fit.stdout)
+    assert [path.name for path in (run_dir / "checkpoints").glob("*val_bpw*.ckpt")], "ModelCheckpoint monitors val_bpw"
+    header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
+    assert "val_bpw" in header and "val_word_ppl" in header and "val_bpc" not in header
+
+    result = python_m_sru_lightning("generate", f"ckpt_path={run_dir}", "prompt=The ", "length=25", "seed=0",
+                                    cwd=tmp_path)
+    text = generated(result, "The ")
+    assert len(re.findall(r"[^\s]+|\n", text)) == 25  # a word or an end of line per token
+    assert "  " not in text and " \n" not in text and not text.startswith(" ")
+    assert "word level" in result.stderr
+
+
+def test_sampling_is_greedy_at_temperature_zero_restricted_by_top_k_and_seeded():
+    from sru_lightning.app.generate import sample
+
+    logits = torch.randn(4, 50)
+    best = logits.argmax(-1)
+    generator = torch.Generator()
+    assert torch.equal(sample(logits, 0.0, 0, generator), best)
+    assert torch.equal(sample(logits, 5.0, 1, generator), best)
+    top3 = logits.topk(3, dim=-1).indices
+    draws = torch.stack([sample(logits, 10.0, 3, generator) for _ in range(50)], dim=1)
+    assert all(set(row.tolist()) <= set(allowed.tolist()) for row, allowed in zip(draws, top3))
+    first = [sample(logits, 1.0, 0, torch.Generator().manual_seed(7)) for _ in range(2)]
+    assert torch.equal(first[0], first[1])

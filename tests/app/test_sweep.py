@@ -1,0 +1,70 @@
+"""Multirun sweeps: one directory per job, failures isolated, a summary table at the end."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from sru_lightning import cli
+from sru_lightning.app.sweep import collect_results, write_result, write_summary
+from helpers.tiny_run import TINY_RUN
+
+TINY = TINY_RUN
+
+
+def read_csv(path):
+    with open(path, newline="") as handle:
+        return list(csv.DictReader(handle))
+
+
+@pytest.mark.slow
+def test_precision_sweep_runs_both_jobs_and_writes_a_summary(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    status = cli.main(["fit", "-m", "trainer.precision=32-true,bf16-true", *TINY, f"hydra.sweep.dir={sweep_dir}"])
+    assert status == 0
+    for job in ("0", "1"):
+        record = json.loads((sweep_dir / job / "result.json").read_text())
+        assert record["status"] == "completed"
+        assert (sweep_dir / job / "checkpoints" / "last.ckpt").is_file()
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert [row["overrides"].split()[0] for row in rows] == ["trainer.precision=32-true", "trainer.precision=bf16-true"]
+    assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
+    markdown = (sweep_dir / "summary.md").read_text()
+    assert "| job | status | overrides | val_bpc |" in markdown.replace(" val_ppl |", "").split("\n")[2] or "val_bpc" in markdown
+    assert "2 of 2 jobs completed." in markdown
+    assert "2 of 2 jobs completed." in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_failing_job_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    status = cli.main(["fit", "--multirun", "model.rnn=gru,sru", *TINY, f"hydra.sweep.dir={sweep_dir}"])
+    assert status == 1  # the sweep reports its failure...
+    rows = {row["job"]: row for row in read_csv(sweep_dir / "summary.csv")}
+    assert rows["0"]["status"] == "failed" and "model.rnn" in rows["0"]["error"]
+    assert rows["1"]["status"] == "completed" and float(rows["1"]["val_bpc"]) > 0  # ...after running the rest
+    assert "1 of 2 runs did not complete" in capsys.readouterr().err
+
+
+def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
+    for job, overrides in (("0", ["lr=1"]), ("1", ["lr=2"]), ("10", ["lr=3"])):
+        (tmp_path / job / ".hydra").mkdir(parents=True)
+        (tmp_path / job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
+    write_result(tmp_path / "0", {"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5, "zeta": 1.0},
+                                  "optimizer_steps": 40, "tokens_per_second": 1234.5, "wall_seconds": 9.5})
+    write_result(tmp_path / "10", {"status": "failed", "overrides": ["lr=3"], "error": "ValueError: bad\nmore"})
+    rows = collect_results(tmp_path)
+    assert [row["job"] for row in rows] == ["0", "1", "10"]  # numeric order
+    assert [row["status"] for row in rows] == ["completed", "missing", "failed"]
+    markdown, table = write_summary(tmp_path, rows)
+    lines = read_csv(table)
+    assert list(lines[0]) == ["job", "status", "overrides", "val_bpc", "zeta", "optimizer_steps",
+                              "tokens_per_second", "wall_seconds", "error"]
+    assert lines[0]["tokens_per_second"] == "1234" and lines[0]["wall_seconds"] == "9.5"
+    assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == "" and lines[1]["tokens_per_second"] == ""
+    assert lines[2]["error"] == "ValueError: bad"
+    assert "1 of 3 jobs completed." in markdown.read_text()

@@ -1,0 +1,169 @@
+"""One rule for a usage error, whatever the command: one line on stderr that names the setting,
+exit status 2, no traceback, and no run directory left behind.
+
+The table below tries bad values for the keys of every command (fit, validate, test, generate,
+bench, fidelity, build, gpu-check) through the real entry point, in-process.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from sru_lightning import cli
+from helpers.tiny_run import TINY_RUN
+
+TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
+PROG = "python -m sru_lightning"
+
+# (command, key, arguments, what the message must contain). "{run}" is a trained tiny run,
+# "{truncated}" the first bytes of its checkpoint, "{other_text}" a text file of characters
+# its vocabulary lacks, "{empty_dir}" a folder without checkpoints.
+TRAINER_CASES = [
+    ("fit", "seed", ["seed=abc"], "`seed` must be an integer"),
+    ("fit", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
+    ("fit", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
+    ("fit", "ckpt_path", ["ckpt_path={run}", "model.hidden_size=24"], "was trained with model.hidden_size=16"),
+    ("fit", "ckpt_path", ["ckpt_path={run}", "model=lstm"], "was trained with model.rnn='sru'"),
+    ("fit", "ckpt_path", ["ckpt_path={empty_dir}"], "holds no checkpoints/last.ckpt"),
+    ("fit", "resume_dir", ["ckpt_path=last", "resume_dir=/nonexistent"], "`resume_dir` must be a folder"),
+    ("fit", "trainer.max_steps", ["trainer.max_steps=0"], "`trainer.max_steps` must be a positive"),
+    ("fit", "trainer.max_steps", ["trainer.max_steps=abc"], "`trainer.max_steps` must be an integer"),
+    ("fit", "trainer.max_epochs", ["trainer.max_epochs=0"], "`trainer.max_epochs` must be a positive"),
+    ("fit", "trainer.limit_train_batches", ["trainer.limit_train_batches=0"], "`trainer.limit_train_batches` must"),
+    ("fit", "trainer.val_check_interval", ["trainer.val_check_interval=0"], "`trainer.val_check_interval` must"),
+    ("fit", "trainer.val_check_interval", ["trainer.val_check_interval=1.5"], "`trainer.val_check_interval` must"),
+    ("fit", "trainer.val_check_interval", ["trainer.val_check_interval=10000"], "`val_check_interval` (10000)"),
+    ("fit", "trainer.precision", ["trainer.precision=8-true"], "`trainer.precision` must be"),
+    ("fit", "trainer.gradient_clip_val", ["trainer.gradient_clip_val=abc"], "`trainer.gradient_clip_val` must be"),
+    ("fit", "trainer.<unknown>", ["trainer.nokey=1"], "Could not override 'trainer.nokey'"),
+    ("fit", "model", ["model=nope"], "Could not find 'model/nope'"),
+    ("fit", "model.rnn", ["model.rnn=gru"], "`model.rnn` must be one of"),
+    ("fit", "model.hidden_size", ["model.hidden_size=0"], "`model.hidden_size` must be a positive integer"),
+    ("fit", "model.num_layers", ["model.num_layers=abc"], "`model.num_layers` must be a positive integer"),
+    ("fit", "model.embedding_dim", ["model.embedding_dim=-1"], "`model.embedding_dim` must be a positive integer"),
+    ("fit", "model.dropout", ["model.dropout=1.5"], "`model.dropout` must be in [0, 1)"),
+    ("fit", "model.sru_options.bidirectional", ["+model.sru_options.bidirectional=true"],
+     "`model.sru_options.bidirectional` must be false"),
+    ("fit", "data", ["data=nope"], "Could not find 'data/nope'"),
+    ("fit", "data.batch_size", ["data.batch_size=0"], "`data.batch_size` must be a positive integer"),
+    ("fit", "data.seq_len", ["data.seq_len=abc"], "`data.seq_len` must be a positive integer"),
+    ("fit", "data.path", ["data=text", "data.path=/no/such.txt"], "`data.path` must point to"),
+    ("fit", "data.level", ["data=text", "data.path={other_text}", "data.level=sentence"], "`data.level` must be one of"),
+    ("fit", "data.encoding", ["data=text", "data.path={other_text}", "data.encoding=utf-99"],
+     "`data.encoding` must be a text encoding"),
+    ("fit", "logger", ["logger=nope"], "Could not find 'logger/nope'"),
+    ("fit", "model.rnn_dropout", ["model.rnn_dropout=2"], "`rnn_dropout` must be in [0, 1)"),
+    ("fit", "model.tie_weights", ["model.tie_weights=maybe"], "`model.tie_weights` must be true or false"),
+    ("fit", "model.optimizer.lr", ["model.optimizer.lr=abc"], "torch.optim.adamw.AdamW"),
+    ("fit", "model.lr_scheduler.warmup_fraction", ["model.lr_scheduler.warmup_fraction=2"],
+     "`warmup_fraction` must be in [0, 1)"),
+    ("fit", "data.eval_batch_size", ["data.eval_batch_size=0"], "`data.eval_batch_size` must be a positive integer"),
+    ("fit", "trainer.accelerator", ["trainer.accelerator=tpu9"], "invalid accelerator name: `accelerator='tpu9'`"),
+    ("fit", "trainer.devices", ["trainer.devices=0"], "`Trainer(devices=0)` value is not a valid input"),
+    ("validate", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
+    ("validate", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
+    ("validate", "data.path", ["ckpt_path={run}", "data=text", "data.path={other_text}", "data.batch_size=4",
+                               "data.seq_len=16"], "not in the checkpoint's vocabulary"),
+    ("validate", "resume_dir", ["ckpt_path=last", "resume_dir=/nonexistent"], "`resume_dir` must be a folder"),
+    ("test", "ckpt_path", ["ckpt_path={empty_dir}"], "holds no checkpoints/last.ckpt"),
+    ("test", "model.hidden_size", ["ckpt_path={run}", "model.hidden_size=24"], "was trained with model.hidden_size=16"),
+]
+
+TOOL_CASES = [
+    ("generate", "length", ["ckpt_path={run}", "length=0"], "`length` must be a positive integer"),
+    ("generate", "length", ["ckpt_path={run}", "length=abc"], "`length` must be an integer"),
+    ("generate", "temperature", ["ckpt_path={run}", "temperature=-1"], "`temperature` must be a finite number"),
+    ("generate", "top_k", ["ckpt_path={run}", "top_k=-2"], "`top_k` must be an integer >= 0"),
+    ("generate", "device", ["ckpt_path={run}", "device=gpu"], "`device` must be 'cpu' or 'cuda'"),
+    ("generate", "prompt", ["ckpt_path={run}", "prompt="], "`prompt` must hold at least one token"),
+    ("generate", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
+    ("generate", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
+    ("generate", "<unknown>", ["lenght=5"], "unknown setting 'lenght'"),
+    ("generate", "seed", ["ckpt_path={run}", "seed=abc"], "`seed` must be an integer"),
+    ("generate", "resume_dir", ["ckpt_path=last", "resume_dir=/nonexistent"], "resume_dir='/nonexistent'"),
+    ("export", "format", ["ckpt_path={run}", "format=zip", "out=x"], "`format` must be one of onnx, pt2, aoti"),
+    ("export", "out", ["ckpt_path={run}", "format=onnx"], "`out` is required"),
+    ("export", "overwrite", ["ckpt_path={run}", "overwrite=maybe", "out=x"], "`overwrite` must be true or false"),
+    ("export", "ckpt_path", ["ckpt_path=/no/such.ckpt", "out=x"], "`ckpt_path` must be a checkpoint file"),
+    ("export", "ckpt_path", ["ckpt_path={truncated}", "out=x"], "cannot read the checkpoint"),
+    ("export", "<unknown>", ["frmat=onnx"], "unknown setting 'frmat' (did you mean 'format'?)"),
+    ("bench", "--batch", ["--batch", "0"], "--batch must be >= 1"),
+    ("bench", "--layers", ["--layers", "0"], "--layers must be >= 1"),
+    ("bench", "--repeats", ["--repeats", "0"], "--repeats must be >= 1"),
+    ("bench", "--warmup", ["--warmup", "x"], "argument --warmup: invalid int value"),
+    ("bench", "--tokens", ["--decode", "--tokens", "0"], "--tokens must be >= 1"),
+    ("bench", "--length", ["--length", "0"], "--length must be >= 1"),
+    ("bench", "--threads", ["--threads", "x"], "argument --threads: invalid int value"),
+    ("bench", "--dtype", ["--dtype", "fp8"], "argument --dtype: invalid choice"),
+    ("bench", "--statistic", ["--statistic", "mean"], "argument --statistic: invalid choice"),
+    ("bench", "--plot", ["--plot", "/no/such/dir/x.png"], "--plot must be a file in an existing folder"),
+    ("bench", "--plot", ["--plot", "x.txt"], "--plot must name an image file"),
+    ("fidelity", "--device", ["--device", "gpu"], "argument --device: must be cpu, cuda or cuda:N, got 'gpu'"),
+    ("fidelity", "--length", ["--length", "abc"], "argument --length: invalid int value"),
+    ("fidelity", "--hidden", ["--hidden", "0"], "--hidden"),
+    ("fidelity", "--batch", ["--batch", "0"], "`--batch` must be a positive int, got 0"),
+    ("fidelity", "--seed", ["--seed", "x"], "argument --seed: invalid int value"),
+    ("build", "--cuda-arch", ["--cuda-arch", "9.x"], "--cuda-arch"),
+    ("gpu-check", "--only", ["--only", "nope"], "argument --only: invalid choice"),
+    ("gpu-check", "--budget", ["--budget", "soon"], "argument --budget: invalid float value"),
+]
+
+CASES = TRAINER_CASES + TOOL_CASES
+
+
+def _case_id(case) -> str:
+    command, key, arguments, _ = case
+    return f"{command}-{key}-{'_'.join(arguments)[-40:]}"
+
+
+@pytest.fixture(scope="module")
+def places(tmp_path_factory) -> dict[str, str]:
+    """A trained tiny run and the odd inputs the table refers to."""
+    root = tmp_path_factory.mktemp("usage")
+    run = root / "run"
+    assert cli.main(["fit", *TINY, f"hydra.run.dir={run}"]) == 0
+    truncated = root / "truncated.ckpt"
+    truncated.write_bytes((run / "checkpoints" / "last.ckpt").read_bytes()[:4000])
+    other_text = root / "other.txt"  # characters the pydoc vocabulary does not hold
+    other_text.write_text("\u4e00\u4e8c\u4e09\u56db\u4e94 " * 2000)
+    empty_dir = root / "empty"
+    empty_dir.mkdir()
+    return {"run": str(run), "truncated": str(truncated), "other_text": str(other_text), "empty_dir": str(empty_dir)}
+
+
+def invoke(argv: list[str]) -> int:
+    try:
+        return cli.main(argv)
+    except SystemExit as exit_request:  # argparse's exit, as the console script would see it
+        return exit_request.code if isinstance(exit_request.code, int) else 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", CASES, ids=[_case_id(case) for case in CASES])
+def test_a_bad_value_is_one_line_naming_it_with_status_2(case, places, tmp_path, monkeypatch, capsys):
+    command, key, arguments, expected = case
+    monkeypatch.chdir(tmp_path)
+    arguments = [argument.format(**places) for argument in arguments]
+    run_dir = tmp_path / "attempt"
+    argv = [command, *arguments]
+    if command in cli.TRAINER_COMMANDS:  # the tiny settings first: the case's own values win
+        argv = [command, *TINY, *arguments, f"hydra.run.dir={run_dir}"]
+    capsys.readouterr()
+    status = invoke(argv)
+    out, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    if command == "generate":  # generate names the checkpoint it read on stderr before it starts
+        lines = [line for line in lines if not line.startswith(f"{PROG} generate: /")]
+    assert status == 2, f"exit status {status}; stderr: {err}"
+    assert len(lines) == 1, f"expected one line on stderr, got: {err}"
+    assert lines[0].startswith(PROG), lines[0]
+    assert expected in lines[0], lines[0]
+    assert "Traceback" not in out + err
+    assert "run directory" not in out, "a usage error leaves no run directory to point at"
+    assert not run_dir.exists(), "a usage error leaves no failed run directory behind"
+
+
+def test_the_table_covers_every_command():
+    assert {case[0] for case in CASES} == {*cli.TRAINER_COMMANDS, *cli.TOOL_COMMANDS}
