@@ -11,7 +11,7 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from sru_lightning.precision.apex_support import register_with_apex
 from sru_lightning.nn import SRU, SRUCell, SRUpp, SRUppCell, iter_sru_cells, set_recurrence_policy
-from sru_lightning.ops.policy import validate_policy
+from sru_lightning.ops.storage_dtype import validate_policy
 from sru_lightning.precision import Regime, detect_regime, dtype_name
 
 from .tensor_cores import (

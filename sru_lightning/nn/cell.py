@@ -20,7 +20,7 @@ import torch
 from torch import Tensor, nn
 
 from sru_lightning.ops.projection import input_projection
-from sru_lightning.ops.policy import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype
+from sru_lightning.ops.storage_dtype import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype
 
 from .checks import (
     check_floating_tensor,

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pad_packed_sequence
 
 from sru_lightning.ops import functional
-from sru_lightning.ops.policy import validate_policy
+from sru_lightning.ops.storage_dtype import validate_policy
 
 from .checks import check_floating_tensor, check_same_device, check_shape
 

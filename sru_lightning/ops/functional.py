@@ -5,7 +5,7 @@ tools that patch functions by name (``apex.amp.register_half_function(functional
 "sru_recurrence")``) reach every call.
 
 Boundary rule: pick the storage dtype S from the policy and U's dtype A
-(:func:`~sru_lightning.ops.policy.resolve_storage_dtype`), cast every floating input to S
+(:func:`~sru_lightning.ops.storage_dtype.resolve_storage_dtype`), cast every floating input to S
 with autocast disabled, run the kernel (accumulating in float32, float64 for float64), and
 return ``h`` and ``c_last`` in A. Inputs of mixed dtypes therefore never reach the kernel.
 """
@@ -17,7 +17,7 @@ import contextlib
 import torch
 
 from .build import cuda_extension_available, extension_available
-from .policy import accumulation_dtype, resolve_storage_dtype, validate_policy
+from .storage_dtype import accumulation_dtype, resolve_storage_dtype, validate_policy
 from .reference import sru_recurrence_reference
 from .shapes import check_recurrence_inputs
 from .tracing import record_kernel_call, tracing_active
@@ -130,7 +130,7 @@ def sru_recurrence(
         mask_pad: (L, B) bool, True on padding: c is carried over and h is 0 there.
         bidirectional: the second half of the columns runs from t = L-1 down to 0.
         has_skip_term: add the highway skip term to h.
-        policy: "auto", "fp32" or "half" (see :mod:`sru_lightning.ops.policy`).
+        policy: "auto", "fp32" or "half" (see :mod:`sru_lightning.ops.storage_dtype`).
     """
     return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, False)
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 
 from .build import load_extension
-from .policy import accumulation_dtype
+from .storage_dtype import accumulation_dtype
 from .tracing import record_kernel_call
 
 load_extension()

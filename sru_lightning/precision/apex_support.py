@@ -75,7 +75,7 @@ def initialized_apex_properties():
 
 def registration_kind(policy: str) -> str:
     """``"half"`` or ``"float"``: how APEX should cast the recurrence under ``policy``."""
-    from sru_lightning.ops.policy import validate_policy
+    from sru_lightning.ops.storage_dtype import validate_policy
 
     return "float" if validate_policy(policy) == "fp32" else "half"
 

@@ -8,7 +8,7 @@ from typing import Mapping
 
 import torch
 
-from sru_lightning.ops.policy import HALF_DTYPES
+from sru_lightning.ops.storage_dtype import HALF_DTYPES
 
 from .apex import apex_regime
 from .regime import Regime, dtype_name, regime_from_dtypes

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from sru_lightning.ops.policy import HALF_DTYPES
+from sru_lightning.ops.storage_dtype import HALF_DTYPES
 
 from .regime import PRECISION_STRINGS, Regime, dtype_name, regime_from_dtypes
 

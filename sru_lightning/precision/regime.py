@@ -11,7 +11,7 @@ from typing import Mapping
 
 import torch
 
-from sru_lightning.ops.policy import (
+from sru_lightning.ops.storage_dtype import (
     HALF_DTYPES,
     POLICIES,
     accumulation_dtype,
