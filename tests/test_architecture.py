@@ -1,0 +1,183 @@
+"""The package is a one-way stack: the library at the bottom, the application on it, the
+diagnostics on top (docs/architecture.md). Checked on the source: every `import` statement of
+every module, at module level or inside a function, is an edge of the import graph."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE_DIR = Path(__file__).resolve().parents[1] / "sru_lightning"
+PACKAGE = PACKAGE_DIR.name
+
+# The layers, bottom first: the application is sru_lightning.app (and `python -m`'s
+# __main__), the diagnostics sru_lightning.diagnostics, every other module is library.
+APPLICATION = f"{PACKAGE}.app"
+DIAGNOSTICS = f"{PACKAGE}.diagnostics"
+LAYERS = ("library", "application", "diagnostics")
+
+
+def layer_of(module: str) -> str:
+    if module == f"{PACKAGE}.__main__":  # `python -m sru_lightning`: the application's entry point
+        return "application"
+    if module == DIAGNOSTICS or module.startswith(DIAGNOSTICS + "."):
+        return "diagnostics"
+    if module == APPLICATION or module.startswith(APPLICATION + "."):
+        return "application"
+    return "library"
+
+
+def module_names() -> dict[str, Path]:
+    names = {}
+    for path in PACKAGE_DIR.rglob("*.py"):
+        parts = path.relative_to(PACKAGE_DIR.parent).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        names[".".join(parts)] = path
+    return names
+
+
+def _resolve(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = importer.split(".")
+    if not is_package:
+        base = base[:-1]
+    base = base[: len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports_of(module: str, path: Path, known: set[str]) -> set[str]:
+    """The package's modules that `module` imports: `from pkg import sub` counts as an import
+    of the submodule `pkg.sub` when it is one, else of `pkg` (whose __init__ defines the name)."""
+    found = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = _resolve(module, is_package, node)
+            for alias in node.names:
+                submodule = f"{source}.{alias.name}"
+                found.add(submodule if submodule in known else source)
+    edges = set()
+    for name in found:
+        while name and name not in known:  # `import a.b.c` of a name inside a module
+            name = name.rpartition(".")[0]
+        if name and name != module:
+            edges.add(name)
+    return edges
+
+
+def import_graph() -> dict[str, set[str]]:
+    names = module_names()
+    known = set(names)
+    return {module: imports_of(module, path, known) for module, path in names.items()}
+
+
+def strongly_connected(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Tarjan's algorithm, iterative; returns the components with more than one module."""
+    index, low, on_stack, stack, found = {}, {}, set(), [], []
+    counter = 0
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = counter
+                    counter += 1
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return found
+
+
+def test_the_graph_reader_sees_imports_of_every_form(tmp_path):
+    package = tmp_path / "pkg"
+    (package / "sub").mkdir(parents=True)
+    (package / "__init__.py").write_text("from .a import thing\n")
+    (package / "a.py").write_text("def f():\n    from .sub import b\n    import pkg.sub.c\n")
+    (package / "sub" / "__init__.py").write_text("")
+    (package / "sub" / "b.py").write_text("from .. import a\nfrom ..sub import c\n")
+    (package / "sub" / "c.py").write_text("from pkg import thing\n")
+    known = {"pkg", "pkg.a", "pkg.sub", "pkg.sub.b", "pkg.sub.c"}
+    assert imports_of("pkg", package / "__init__.py", known) == {"pkg.a"}
+    assert imports_of("pkg.a", package / "a.py", known) == {"pkg.sub.b", "pkg.sub.c"}
+    assert imports_of("pkg.sub.b", package / "sub" / "b.py", known) == {"pkg.a", "pkg.sub.c"}
+    assert imports_of("pkg.sub.c", package / "sub" / "c.py", known) == {"pkg"}
+    graph = {m: imports_of(m, p, known) for m, p in [
+        ("pkg", package / "__init__.py"), ("pkg.a", package / "a.py"), ("pkg.sub", package / "sub" / "__init__.py"),
+        ("pkg.sub.b", package / "sub" / "b.py"), ("pkg.sub.c", package / "sub" / "c.py")]}
+    assert strongly_connected(graph) == [["pkg", "pkg.a", "pkg.sub.b", "pkg.sub.c"]]  # pkg.sub imports nothing
+
+
+def test_the_layers_are_where_the_architecture_says():
+    names = module_names()
+    assert layer_of(f"{PACKAGE}.app.cli") == "application" and f"{PACKAGE}.app.cli" in names
+    assert layer_of(f"{PACKAGE}.diagnostics.bench") == "diagnostics" and f"{PACKAGE}.diagnostics.bench" in names
+    assert layer_of(f"{PACKAGE}.ops.op") == "library" and f"{PACKAGE}.ops.op" in names
+    # every module of the top level that is not a layer's package is library: no stray application module
+    top_level = {name.split(".")[1] for name in names if name.count(".") >= 1}
+    assert {"app", "diagnostics", "ops", "nn", "precision", "callbacks"} <= top_level
+
+
+def test_imports_point_down_the_stack_only():
+    graph = import_graph()
+    upward = [
+        f"{module} ({layer_of(module)}) imports {target} ({layer_of(target)})"
+        for module, targets in sorted(graph.items())
+        for target in sorted(targets)
+        if LAYERS.index(layer_of(target)) > LAYERS.index(layer_of(module))
+    ]
+    assert upward == [], "imports against the stack:\n" + "\n".join(upward)
+
+
+def test_the_import_graph_has_no_cycle():
+    cycles = strongly_connected(import_graph())
+    assert cycles == [], "modules that import each other (directly or around a loop):\n" + "\n".join(
+        " <-> ".join(component) for component in cycles
+    )
+
+
+@pytest.mark.slow
+def test_the_library_imports_without_hydra_or_the_application():
+    library = sorted(name for name in module_names() if layer_of(name) == "library")
+    script = "\n".join([
+        "import importlib, sys",
+        "sys.modules.update(hydra=None, omegaconf=None)  # as if not installed",
+        f"for name in {library!r}:",
+        "    importlib.import_module(name)",
+        f"above = sorted(n for n in sys.modules if n.startswith(({APPLICATION!r}, {DIAGNOSTICS!r})))",
+        "assert not above, f'the library imported {above}'",
+    ])
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=PACKAGE_DIR.parent, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
