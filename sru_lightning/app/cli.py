@@ -151,7 +151,7 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from sru_lightning import sweep
+    from sru_lightning.app import sweep
 
     original_argv = list(sys.argv)
     statuses: list[str] = []

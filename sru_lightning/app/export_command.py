@@ -63,7 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(argument in ("-h", "--help", "help") for argument in argv):
         print(usage())
         return 0
-    from sru_lightning import generate
+    from sru_lightning.app import generate
 
     from sru_lightning.export.graph_module import ExportError
 

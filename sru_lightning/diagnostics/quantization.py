@@ -51,7 +51,7 @@ def main(argv=None) -> int:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from sru_lightning import generate
+    from sru_lightning.app import generate
     from sru_lightning.export.quantize import quantize_input_projections
 
     settings = dict(argument.split("=", 1) for argument in (sys.argv[1:] if argv is None else argv))

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from sru_lightning import cli
+from sru_lightning.app import cli
 from sru_lightning.app.sweep import collect_results, write_result, write_summary
 from helpers.tiny_run import TINY_RUN
 

@@ -165,7 +165,7 @@ def test_advisor_checks_input_size_and_u_width_of_srupp_layers():
 def test_model_sweep_compares_sru_srupp_and_lstm(tmp_path, monkeypatch):
     import csv
 
-    from sru_lightning import cli
+    from sru_lightning.app import cli
     from tiny_run import TINY_RUN
 
     monkeypatch.chdir(tmp_path)

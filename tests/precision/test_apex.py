@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch import Trainer
 from torch import nn
 
-from sru_lightning import apex_support
+from sru_lightning.precision import apex_support
 from sru_lightning.callbacks import SRUPrecisionCallback
 from sru_lightning.nn import SRU, SRUCell
 from sru_lightning.ops import functional, trace_storage_dtypes
