@@ -21,7 +21,7 @@ from torch import nn
 
 from sru_lightning.callbacks import SRUPrecisionCallback
 from sru_lightning.data import PydocDataModule
-from sru_lightning.callbacks.guards import StopOnNonFiniteLoss
+from sru_lightning.callbacks.nonfinite_loss import StopOnNonFiniteLoss
 from sru_lightning.nn import SRU
 
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
-from sru_lightning.precision.apex_support import register_with_apex
 from sru_lightning.nn import SRU, SRUCell, SRUpp, SRUppCell, iter_sru_cells, set_recurrence_policy
 from sru_lightning.ops.storage_dtype import validate_policy
 from sru_lightning.precision import Regime, detect_regime, dtype_name
+from sru_lightning.precision.apex import register_with_apex
 
 from .tensor_cores import (
     TENSOR_CORE_MULTIPLE, ShapeAdvice, TensorCoreShapeWarning, rows_of, should_advise_tensor_cores,

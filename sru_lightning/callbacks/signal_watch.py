@@ -10,7 +10,8 @@ descriptor (`signal.set_wakeup_fd`) at once; :class:`SignalWatch` reads it in a 
   is nothing to save, so the process says so, passes the signal on to the ranks it launched,
   and exits with status 128 + the signal number (as it does at any time in a run without a
   GracefulInterrupt callback, saying so);
-* once a :class:`~sru_lightning.callbacks.fault_tolerance.GracefulInterrupt` runs the fit, that callback
+* once a callback that stops the fit itself (a :class:`StopsOnSignal`, such as
+  :class:`~sru_lightning.callbacks.interrupts.GracefulInterrupt`) runs the fit, that callback
   stops every rank at an agreed batch boundary, and the watch only starts its watchdog, which
   ends a stop that cannot complete within ``stop_timeout`` seconds.
 
@@ -29,7 +30,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SignalWatch", "watching_signals"]
+__all__ = ["SignalWatch", "StopsOnSignal", "watching_signals"]
 
 HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 _POLL_SECONDS = 0.5
@@ -37,6 +38,19 @@ _POLL_SECONDS = 0.5
 
 def signal_name(signum: int) -> str:
     return "SIGINT (Ctrl+C)" if signum == signal.SIGINT else signal.Signals(signum).name
+
+
+class StopsOnSignal:
+    """A callback that stops the fit itself on SIGTERM or Ctrl+C (GracefulInterrupt is one).
+
+    A run whose trainer has such a callback is one a signal can stop with a checkpoint; the
+    :class:`SignalWatch` hands the stop over to it (:meth:`SignalWatch.take_over`) and only
+    keeps time through :meth:`start_watchdog`.
+    """
+
+    def start_watchdog(self, signum: int) -> None:
+        """End the process if the stop asked for by ``signum`` has not finished in time."""
+        raise NotImplementedError
 
 
 class SignalWatch:
@@ -52,7 +66,7 @@ class SignalWatch:
 
     def __init__(self) -> None:
         self._trainer: Any = None
-        self._owner: Any = None
+        self._owner: StopsOnSignal | None = None
         self._read_fd = self._write_fd = -1
         self._previous_wakeup_fd = -1
         self._previous_handlers: dict[int, Any] = {}
@@ -95,7 +109,7 @@ class SignalWatch:
         """The trainer whose launched ranks a signal is passed on to, and whose deaths are noticed."""
         self._trainer = trainer
 
-    def take_over(self, owner: Any) -> None:
+    def take_over(self, owner: StopsOnSignal) -> None:
         """From now on `owner` (a GracefulInterrupt) decides how to stop; the watch keeps time."""
         self._owner = owner
 
@@ -122,10 +136,8 @@ class SignalWatch:
             owner.start_watchdog(signum)
             return
         self._forward_to_launched_ranks(signum)
-        from sru_lightning.callbacks.fault_tolerance import GracefulInterrupt  # imports this module
-
         callbacks = getattr(self._trainer, "callbacks", None)
-        if callbacks is not None and not any(isinstance(callback, GracefulInterrupt) for callback in callbacks):
+        if callbacks is not None and not any(isinstance(callback, StopsOnSignal) for callback in callbacks):
             _exit(f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
                   "GracefulInterrupt callback: callbacks=default includes it)", 128 + signum)
         _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)",

@@ -104,65 +104,89 @@ def tensor_core_advice(
     for name, cell in cells:
         if name in rows:
             row_layers.setdefault(tuple(rows[name]), []).append(name)
-        if isinstance(cell, SRUppCell):
-            advice.extend(_srupp_advice(name, cell, multiple))
-            input_size = None
-        elif getattr(cell, "custom_m", None) is not None:
-            continue  # the user's module computes U; its shapes are not ours to judge
-        else:
-            input_size = cell.input_size
-        if input_size is not None and input_size % multiple:
-            advice.append(
-                ShapeAdvice(
-                    name,
-                    "input_size",
-                    input_size,
-                    f"input_size={input_size} is not a multiple of {multiple} (inner dimension of "
-                    f"U = x @ W); make the layer input {_next_multiple(input_size, multiple)} wide",
-                )
-            )
-        projection = getattr(cell, "projection_size", 0)
-        if projection and projection % multiple:
-            advice.append(
-                ShapeAdvice(
-                    name,
-                    "projection_size",
-                    projection,
-                    f"n_proj={projection} is not a multiple of {multiple}; use "
-                    f"n_proj={_next_multiple(projection, multiple)}",
-                )
-            )
-        dirs, k, hidden = cell.num_directions, cell.num_matrices, cell.hidden_size
-        width = hidden * dirs * k
-        if width % multiple:
-            better = _smallest_at_least(hidden + 1, lambda h: (h * dirs * k) % multiple == 0)
-            advice.append(
-                ShapeAdvice(
-                    name,
-                    "u_width",
-                    width,
-                    f"output size x num matrices = {hidden * dirs} x {k} = {width} is not a "
-                    f"multiple of {multiple}; use hidden_size={better} "
-                    f"({better * dirs} x {k} = {better * dirs * k})",
-                )
-            )
+        advice.extend(_layer_advice(name, cell, multiple))
     for (length, batch), names in row_layers.items():
-        total = length * batch
-        if total % multiple == 0:
-            continue
-        better_batch = _smallest_at_least(batch + 1, lambda b: (length * b) % multiple == 0)
-        better_length = _smallest_at_least(length + 1, lambda n: (n * batch) % multiple == 0)
-        layers = names[0] if len(names) == 1 else f"{names[0]} (and {len(names) - 1} more layers)"
-        advice.append(
-            ShapeAdvice(
-                layers,
-                "rows",
-                total,
-                f"seq_len x batch = {length} x {batch} = {total} rows is not a multiple of "
-                f"{multiple}; use batch_size={better_batch} or seq_len={better_length}",
-            )
-        )
+        advice.extend(_rows_advice(length, batch, names, multiple))
     return advice
+
+
+def _layer_advice(name: str, cell: SRUCell | SRUppCell, multiple: int) -> list[ShapeAdvice]:
+    """The advice on one layer's own matmul dimensions (its rows are judged with its peers')."""
+    if isinstance(cell, SRUppCell):
+        advice = _srupp_advice(name, cell, multiple)
+    elif getattr(cell, "custom_m", None) is not None:
+        return []  # the user's module computes U; its shapes are not ours to judge
+    else:
+        advice = _input_size_advice(name, cell.input_size, multiple)
+    advice += _projection_advice(name, getattr(cell, "projection_size", 0), multiple)
+    advice += _u_width_advice(name, cell, multiple)
+    return advice
+
+
+def _input_size_advice(name: str, input_size: int, multiple: int) -> list[ShapeAdvice]:
+    if input_size % multiple == 0:
+        return []
+    return [
+        ShapeAdvice(
+            name,
+            "input_size",
+            input_size,
+            f"input_size={input_size} is not a multiple of {multiple} (inner dimension of "
+            f"U = x @ W); make the layer input {_next_multiple(input_size, multiple)} wide",
+        )
+    ]
+
+
+def _projection_advice(name: str, projection: int, multiple: int) -> list[ShapeAdvice]:
+    if not projection or projection % multiple == 0:
+        return []
+    return [
+        ShapeAdvice(
+            name,
+            "projection_size",
+            projection,
+            f"n_proj={projection} is not a multiple of {multiple}; use "
+            f"n_proj={_next_multiple(projection, multiple)}",
+        )
+    ]
+
+
+def _u_width_advice(name: str, cell: SRUCell | SRUppCell, multiple: int) -> list[ShapeAdvice]:
+    """U's width: output size (hidden_size x directions) times the number of matrices k."""
+    dirs, k, hidden = cell.num_directions, cell.num_matrices, cell.hidden_size
+    width = hidden * dirs * k
+    if width % multiple == 0:
+        return []
+    better = _smallest_at_least(hidden + 1, lambda h: (h * dirs * k) % multiple == 0)
+    return [
+        ShapeAdvice(
+            name,
+            "u_width",
+            width,
+            f"output size x num matrices = {hidden * dirs} x {k} = {width} is not a "
+            f"multiple of {multiple}; use hidden_size={better} "
+            f"({better * dirs} x {k} = {better * dirs * k})",
+        )
+    ]
+
+
+def _rows_advice(length: int, batch: int, names: list[str], multiple: int) -> list[ShapeAdvice]:
+    """The rows of x (seq_len x batch) shared by the layers in ``names``."""
+    total = length * batch
+    if total % multiple == 0:
+        return []
+    better_batch = _smallest_at_least(batch + 1, lambda b: (length * b) % multiple == 0)
+    better_length = _smallest_at_least(length + 1, lambda n: (n * batch) % multiple == 0)
+    layers = names[0] if len(names) == 1 else f"{names[0]} (and {len(names) - 1} more layers)"
+    return [
+        ShapeAdvice(
+            layers,
+            "rows",
+            total,
+            f"seq_len x batch = {length} x {batch} = {total} rows is not a multiple of "
+            f"{multiple}; use batch_size={better_batch} or seq_len={better_length}",
+        )
+    ]
 
 
 def should_advise_tensor_cores(regime: Regime) -> bool:

@@ -1,4 +1,5 @@
-"""Language-modelling data: contiguous token streams from local corpora."""
+"""Language-modelling data: contiguous token streams from local corpora, and a DataLoader whose
+position inside the epoch survives a checkpoint."""
 
 from .modules import (
     Corpus,
@@ -8,6 +9,7 @@ from .modules import (
     StdlibDataModule,
     TextDataModule,
 )
+from .sampling import EpochSeededRandomSampler, ResumableDataLoader, global_seed
 from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
 from .tokens import TokenCodec
 
@@ -15,11 +17,14 @@ __all__ = [
     "ContiguousStreams",
     "Corpus",
     "Enwik8DataModule",
+    "EpochSeededRandomSampler",
     "LanguageModelDataModule",
     "PydocDataModule",
+    "ResumableDataLoader",
     "StdlibDataModule",
     "TextDataModule",
     "TokenCodec",
     "Vocabulary",
+    "global_seed",
     "unigram_bits_per_token",
 ]

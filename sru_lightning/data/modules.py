@@ -14,6 +14,7 @@ import lightning.pytorch as pl
 import torch
 from torch.utils.data import DataLoader
 
+from .sampling import ResumableDataLoader
 from .streams import ContiguousStreams, Vocabulary, split_by_fractions, unigram_bits_per_token, word_tokens
 from .tokens import UNKNOWN_WORD, TokenCodec, token_unit
 
@@ -169,9 +170,7 @@ class LanguageModelDataModule(pl.LightningDataModule):
             self.setup()
         # Batches are already whole windows; the streams' order must be kept for state carry.
         # The training loader remembers its position, so a mid-epoch checkpoint resumes there.
-        loader_class = DataLoader
-        if split == "train":
-            from sru_lightning.callbacks.fault_tolerance import ResumableDataLoader as loader_class
+        loader_class = ResumableDataLoader if split == "train" else DataLoader
         return loader_class(self._datasets[split], batch_size=None)
 
     def train_dataloader(self) -> DataLoader:

@@ -58,6 +58,25 @@ def resolve_amp_flag(owner: str, amp_recurrence_fp16: bool, recurrence_policy: s
     return "half"
 
 
+def _check_cell_options(owner: str, use_tanh, highway_bias, weight_c_init, custom_m) -> None:
+    """Refuse the options of an SRU layer that are not sizes or rates (those are checked as stored)."""
+    if use_tanh:
+        raise ValueError(
+            f"{owner}: `use_tanh` must be False (the tanh activation, deprecated in the sru "
+            f"package, is not supported by this recurrence), got {use_tanh!r}"
+        )
+    if isinstance(highway_bias, bool) or not isinstance(highway_bias, numbers.Real):
+        raise TypeError(f"{owner}: `highway_bias` must be a float, got {type(highway_bias).__name__}")
+    if weight_c_init is not None and (
+        isinstance(weight_c_init, bool)
+        or not isinstance(weight_c_init, numbers.Real)
+        or weight_c_init <= 0
+    ):
+        raise ValueError(f"{owner}: `weight_c_init` must be None or a positive float, got {weight_c_init!r}")
+    if custom_m is not None and not isinstance(custom_m, nn.Module):
+        raise TypeError(f"{owner}: `custom_m` must be an nn.Module or None, got {type(custom_m).__name__}")
+
+
 class SRUCell(RecurrentCellMixin, nn.Module):
     """A single SRU layer (one or two directions).
 
@@ -115,24 +134,27 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         self.dropout = check_probability(owner, "dropout", dropout)
         self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
         n_proj = check_non_negative_int(owner, "n_proj", n_proj)
-        if use_tanh:
-            raise ValueError(
-                f"{owner}: `use_tanh` must be False (the tanh activation, deprecated in the sru "
-                f"package, is not supported by this recurrence), got {use_tanh!r}"
-            )
-        if isinstance(highway_bias, bool) or not isinstance(highway_bias, numbers.Real):
-            raise TypeError(f"{owner}: `highway_bias` must be a float, got {type(highway_bias).__name__}")
-        if weight_c_init is not None and (
-            isinstance(weight_c_init, bool)
-            or not isinstance(weight_c_init, numbers.Real)
-            or weight_c_init <= 0
-        ):
-            raise ValueError(f"{owner}: `weight_c_init` must be None or a positive float, got {weight_c_init!r}")
-        if custom_m is not None and not isinstance(custom_m, nn.Module):
-            raise TypeError(f"{owner}: `custom_m` must be an nn.Module or None, got {type(custom_m).__name__}")
+        _check_cell_options(owner, use_tanh, highway_bias, weight_c_init, custom_m)
         if self.rnn_dropout > 0:
             warn_rnn_dropout(owner)
+        self._store_settings(
+            bidirectional, highway_bias, has_skip_term, rescale, v1, normalize_after, weight_c_init,
+            amp_recurrence_fp16, batch_first,
+        )
+        self.recurrence_policy = resolve_amp_flag(
+            owner, self.amp_recurrence_fp16, checked_policy(owner, recurrence_policy)
+        )
+        self._choose_matrix_layout(n_proj)
+        self.custom_m = custom_m
+        self._add_input_weights()
+        self._add_recurrence_parameters(layer_norm)
+        self.reset_parameters()
 
+    def _store_settings(
+        self, bidirectional, highway_bias, has_skip_term, rescale, v1, normalize_after, weight_c_init,
+        amp_recurrence_fp16, batch_first,
+    ) -> None:
+        """Keep the (already checked) options, in the types the layer works with."""
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
         self.output_size = self.hidden_size * self.num_directions
@@ -144,28 +166,26 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         self.weight_c_init = None if weight_c_init is None else float(weight_c_init)
         self.amp_recurrence_fp16 = bool(amp_recurrence_fp16)
         self.batch_first = bool(batch_first)
-        self.recurrence_policy = resolve_amp_flag(
-            owner, self.amp_recurrence_fp16, checked_policy(owner, recurrence_policy)
-        )
 
+    def _choose_matrix_layout(self, n_proj: int) -> None:
+        """The projection size (0: none) and the number of matrices k that U holds."""
         # A factorised U = (x @ P) @ W only pays off when the inner size is the smallest.
         self.projection_size = n_proj if 0 < n_proj < min(self.input_size, self.output_size) else 0
         # k = 4 carries its own skip column in U when the input cannot be added to h directly.
         self.num_matrices = 4 if self.has_skip_term and self.input_size != self.output_size else 3
 
-        self.custom_m = custom_m
-        if custom_m is None:
-            inner = self.projection_size or self.input_size
-            if self.projection_size:
-                self.weight_proj = nn.Parameter(torch.empty(self.input_size, self.projection_size))
-            else:
-                self.register_parameter("weight_proj", None)
-            self.weight = nn.Parameter(torch.empty(inner, self.output_size * self.num_matrices))
-        else:
+    def _add_input_weights(self) -> None:
+        """Register weight_proj and weight (None when `custom_m` computes U), uninitialised."""
+        if self.custom_m is not None:
             self.register_parameter("weight_proj", None)
             self.register_parameter("weight", None)
-        self._add_recurrence_parameters(layer_norm)
-        self.reset_parameters()
+            return
+        inner = self.projection_size or self.input_size
+        if self.projection_size:
+            self.weight_proj = nn.Parameter(torch.empty(self.input_size, self.projection_size))
+        else:
+            self.register_parameter("weight_proj", None)
+        self.weight = nn.Parameter(torch.empty(inner, self.output_size * self.num_matrices))
 
     # ------------------------------------------------------------------ init
     def reset_parameters(self) -> None:

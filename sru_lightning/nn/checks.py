@@ -69,33 +69,36 @@ def check_shape(owner: str, name: str, value: Tensor, expected: tuple, meaning: 
         )
 
 
-def as_padding_mask(owner: str, mask_pad, expected: tuple, meaning: str, device: torch.device) -> Tensor:
-    """Validate ``mask_pad`` and return it as a bool tensor (True = padding).
+def as_padding_mask(
+    owner: str, mask_pad, expected: tuple, meaning: str, device: torch.device, name: str = "mask_pad"
+) -> Tensor:
+    """Validate a padding mask (the argument ``name``) and return it as a bool tensor (True = padding).
 
     Bool, integer (0/1) and floating (0.0/1.0) masks are accepted, as the ``sru`` package does;
     any non-zero entry marks a padded position.
     """
     if not isinstance(mask_pad, Tensor):
-        raise TypeError(f"{owner}: `mask_pad` must be a torch.Tensor, got {type(mask_pad).__name__}")
+        raise TypeError(f"{owner}: `{name}` must be a torch.Tensor, got {type(mask_pad).__name__}")
     if mask_pad.is_complex():
-        raise TypeError(f"{owner}: `mask_pad` must be a bool, integer or float tensor, got {mask_pad.dtype}")
-    check_shape(owner, "mask_pad", mask_pad, expected, meaning)
-    check_same_device(owner, "mask_pad", mask_pad, device, "the input's")
+        raise TypeError(f"{owner}: `{name}` must be a bool, integer or float tensor, got {mask_pad.dtype}")
+    check_shape(owner, name, mask_pad, expected, meaning)
+    check_same_device(owner, name, mask_pad, device, "the input's")
     return mask_pad if mask_pad.dtype == torch.bool else mask_pad != 0
 
 
-def to_time_major(owner: str, input, input_size: int, batch_first: bool, device: torch.device):
+def to_time_major(
+    owner: str, input, input_size: int, batch_first: bool, device: torch.device, one_step_allowed: bool = True
+):
     """Check a layer input and return ``(x, one_step)`` with x laid out (L, B, input_size).
 
-    A 2-D input is one time step (B, input_size) and comes back as (1, B, input_size).
+    A 2-D input is one time step (B, input_size) and comes back as (1, B, input_size), unless
+    ``one_step_allowed`` is False (then only 3-D input is accepted).
     """
     check_floating_tensor(owner, "input", input)
-    if input.dim() not in (2, 3):
+    if input.dim() not in ((2, 3) if one_step_allowed else (3,)):
         layout = "(B, L, input_size)" if batch_first else "(L, B, input_size)"
-        raise ValueError(
-            f"{owner}: `input` must be 3-D {layout} or 2-D (B, input_size) for one step, "
-            f"got shape {tuple(input.shape)}"
-        )
+        one_step = " or 2-D (B, input_size) for one step" if one_step_allowed else ""
+        raise ValueError(f"{owner}: `input` must be 3-D {layout}{one_step}, got shape {tuple(input.shape)}")
     if input.shape[-1] != input_size:
         raise ValueError(
             f"{owner}: `input` last dimension must be input_size={input_size}, got shape {tuple(input.shape)}"
@@ -108,16 +111,17 @@ def to_time_major(owner: str, input, input_size: int, batch_first: bool, device:
 
 
 def time_major_padding_mask(
-    owner: str, mask_pad, length: int, batch: int, one_step: bool, batch_first: bool, device: torch.device
+    owner: str, mask_pad, length: int, batch: int, one_step: bool, batch_first: bool, device: torch.device,
+    name: str = "mask_pad",
 ) -> Tensor:
-    """Check ``mask_pad`` against the input's layout and return it as (L, B) bool."""
+    """Check a padding mask (the argument ``name``) against the input's layout and return it as (L, B) bool."""
     if one_step:
         expected, meaning = (batch,), "(batch,) for one step"
     elif batch_first:
         expected, meaning = (batch, length), "(batch, length) with batch_first=True"
     else:
         expected, meaning = (length, batch), "(length, batch)"
-    mask = as_padding_mask(owner, mask_pad, expected, meaning, device)
+    mask = as_padding_mask(owner, mask_pad, expected, meaning, device, name)
     if one_step:
         return mask.unsqueeze(0)
     return mask.t() if batch_first else mask

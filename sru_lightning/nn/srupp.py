@@ -17,18 +17,35 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
 from .checks import (
-    as_padding_mask,
     check_floating_tensor,
     check_positive_int,
     check_probability,
     check_same_device,
     check_shape,
+    time_major_padding_mask,
+    to_time_major,
 )
 from .common import StackMixin, checked_policy, non_default_settings, unpack_sequence
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 
 MemoryBank = Dict[str, List[Tensor]]
+
+
+def _checked_attention_placement(owner: str, every, last) -> Tuple[int, int]:
+    """``(attention_every_n_layers, attention_last_n_layers)`` checked: at most one of them set."""
+    every = check_positive_int(owner, "attention_every_n_layers", every)
+    if isinstance(last, bool) or not isinstance(last, numbers.Integral):
+        raise TypeError(f"{owner}: `attention_last_n_layers` must be an int, got {type(last).__name__}")
+    last = int(last)
+    if last != -1 and last < 0:
+        raise ValueError(f"{owner}: `attention_last_n_layers` must be -1 (unset) or >= 0, got {last}")
+    if every != 1 and last != -1:
+        raise ValueError(
+            f"{owner}: give at most one of `attention_every_n_layers` and `attention_last_n_layers`, "
+            f"got attention_every_n_layers={every} and attention_last_n_layers={last}"
+        )
+    return every, last
 
 
 class SRUpp(StackMixin, nn.Module):
@@ -98,21 +115,25 @@ class SRUpp(StackMixin, nn.Module):
             )
         self.dropout = check_probability(owner, "dropout", dropout)
         self.attn_dropout = check_probability(owner, "attn_dropout", attn_dropout)
-        every = check_positive_int(owner, "attention_every_n_layers", attention_every_n_layers)
-        if isinstance(attention_last_n_layers, bool) or not isinstance(attention_last_n_layers, numbers.Integral):
-            raise TypeError(
-                f"{owner}: `attention_last_n_layers` must be an int, got {type(attention_last_n_layers).__name__}"
-            )
-        last = int(attention_last_n_layers)
-        if last != -1 and last < 0:
-            raise ValueError(f"{owner}: `attention_last_n_layers` must be -1 (unset) or >= 0, got {last}")
-        if every != 1 and last != -1:
-            raise ValueError(
-                f"{owner}: give at most one of `attention_every_n_layers` and `attention_last_n_layers`, "
-                f"got attention_every_n_layers={every} and attention_last_n_layers={last}"
-            )
-        self.attention_every_n_layers = every
-        self.attention_last_n_layers = last
+        self.attention_every_n_layers, self.attention_last_n_layers = _checked_attention_placement(
+            owner, attention_every_n_layers, attention_last_n_layers
+        )
+        self._store_settings(
+            bidirectional, layer_norm, normalize_after, attn_layer_norm, highway_bias, rescale,
+            nn_rnn_compatible_return, weight_c_init, batch_first,
+        )
+        policy = checked_policy(owner, recurrence_policy)
+        # Construction order follows the reference, so one seed gives the same initial weights.
+        first_input_size = self._add_input_to_hidden(proj_input_to_hidden_first)
+        self.rnn_lst = nn.ModuleList(
+            [self._build_layer(index, first_input_size, policy) for index in range(self.num_layers)]
+        )
+
+    def _store_settings(
+        self, bidirectional, layer_norm, normalize_after, attn_layer_norm, highway_bias, rescale,
+        nn_rnn_compatible_return, weight_c_init, batch_first,
+    ) -> None:
+        """Keep the options the stack reports (``extra_repr``) and hands to its layers."""
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
         self.output_size = self.hidden_size * self.num_directions
@@ -124,47 +145,44 @@ class SRUpp(StackMixin, nn.Module):
         self.nn_rnn_compatible_return = bool(nn_rnn_compatible_return)
         self.weight_c_init = weight_c_init
         self.batch_first = bool(batch_first)
-        policy = checked_policy(owner, recurrence_policy)
 
-        # Construction order follows the reference, so one seed gives the same initial weights.
-        first_input_size = self.input_size
+    def _add_input_to_hidden(self, proj_input_to_hidden_first: bool) -> int:
+        """The optional first projection to the output size (initialised here, as the reference
+        does); returns the first layer's input size."""
         if proj_input_to_hidden_first and self.input_size != self.output_size:
             self.input_to_hidden = nn.Linear(self.input_size, self.output_size, bias=False)
             nn.init.xavier_uniform_(self.input_to_hidden.weight)
-            first_input_size = self.output_size
-        else:
-            self.input_to_hidden = None
+            return self.output_size
+        self.input_to_hidden = None
+        return self.input_size
 
-        layers = []
-        for index in range(self.num_layers):
-            in_features = first_input_size if index == 0 else self.output_size
-            out_features = self.output_size * (3 if in_features == self.output_size else 4)
-            if self.layer_has_attention(index):
-                transform = SRUppAttention(
-                    in_features, out_features, self.proj_size, num_heads=self.num_heads, dropout=self.dropout,
-                    attn_dropout=self.attn_dropout, layer_norm=self.attn_layer_norm,
-                )
-            else:
-                transform = SRUppProjectedLinear(
-                    in_features, out_features, self.proj_size, dropout=self.dropout,
-                    layer_norm=self.attn_layer_norm,
-                )
-            layers.append(
-                SRUppCell(
-                    in_features,
-                    self.hidden_size,
-                    transform,
-                    dropout=self.dropout if index + 1 < self.num_layers else 0.0,
-                    bidirectional=self.bidirectional,
-                    layer_norm=self.use_layer_norm,
-                    normalize_after=self.normalize_after,
-                    highway_bias=highway_bias,
-                    rescale=self.rescale,
-                    weight_c_init=weight_c_init,
-                    recurrence_policy=policy,
-                )
+    def _build_layer(self, index: int, first_input_size: int, policy: str) -> SRUppCell:
+        """Layer `index`: its input transform (attention or a projected linear), then the cell."""
+        in_features = first_input_size if index == 0 else self.output_size
+        out_features = self.output_size * (3 if in_features == self.output_size else 4)
+        return SRUppCell(
+            in_features,
+            self.hidden_size,
+            self._build_transform(index, in_features, out_features),
+            dropout=self.dropout if index + 1 < self.num_layers else 0.0,
+            bidirectional=self.bidirectional,
+            layer_norm=self.use_layer_norm,
+            normalize_after=self.normalize_after,
+            highway_bias=self.highway_bias,
+            rescale=self.rescale,
+            weight_c_init=self.weight_c_init,
+            recurrence_policy=policy,
+        )
+
+    def _build_transform(self, index: int, in_features: int, out_features: int) -> nn.Module:
+        if self.layer_has_attention(index):
+            return SRUppAttention(
+                in_features, out_features, self.proj_size, num_heads=self.num_heads, dropout=self.dropout,
+                attn_dropout=self.attn_dropout, layer_norm=self.attn_layer_norm,
             )
-        self.rnn_lst = nn.ModuleList(layers)
+        return SRUppProjectedLinear(
+            in_features, out_features, self.proj_size, dropout=self.dropout, layer_norm=self.attn_layer_norm,
+        )
 
     def layer_has_attention(self, index: int) -> bool:
         if self.attention_last_n_layers != -1:
@@ -201,10 +219,10 @@ class SRUpp(StackMixin, nn.Module):
         if isinstance(input, PackedSequence):
             input, lengths, mask_pad = unpack_sequence(owner, input, mask_pad, device)
             batch_first = False
-        x = self._time_major_input(owner, input, batch_first, device)
+        x, _ = to_time_major(owner, input, self.input_size, batch_first, device, one_step_allowed=False)
         length, batch = x.shape[0], x.shape[1]
         if mask_pad is not None and lengths is None:
-            mask_pad = self._time_major_mask(owner, "mask_pad", mask_pad, length, batch, batch_first, device)
+            mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, False, batch_first, device)
 
         layer_c0 = self._layer_initial_states(owner, c0, batch, device)
 
@@ -216,8 +234,8 @@ class SRUpp(StackMixin, nn.Module):
                     f"{owner}: `memory_mask_pad` must be None when no `memory` is given, "
                     f"got a tensor of shape {tuple(memory_mask_pad.shape)}"
                 )
-            memory_mask_pad = self._time_major_mask(
-                owner, "memory_mask_pad", memory_mask_pad, memory_length, batch, batch_first, device
+            memory_mask_pad = time_major_padding_mask(
+                owner, memory_mask_pad, memory_length, batch, False, batch_first, device, "memory_mask_pad"
             )
         if attn_mask is not None:
             check_floating_tensor(owner, "attn_mask", attn_mask)
@@ -265,32 +283,6 @@ class SRUpp(StackMixin, nn.Module):
         return result
 
     # ------------------------------------------------------------------ checks
-    def _time_major_input(self, owner: str, input, batch_first: bool, device: torch.device) -> Tensor:
-        check_floating_tensor(owner, "input", input)
-        layout = "(B, L, input_size)" if batch_first else "(L, B, input_size)"
-        if input.dim() != 3:
-            raise ValueError(f"{owner}: `input` must be 3-D {layout}, got shape {tuple(input.shape)}")
-        if input.shape[-1] != self.input_size:
-            raise ValueError(
-                f"{owner}: `input` last dimension must be input_size={self.input_size}, got shape {tuple(input.shape)}"
-            )
-        check_same_device(owner, "input", input, device, "the parameters'")
-        return input.transpose(0, 1) if batch_first else input
-
-    @staticmethod
-    def _time_major_mask(
-        owner: str, name: str, mask, length: int, batch: int, batch_first: bool, device: torch.device
-    ) -> Tensor:
-        if batch_first:
-            expected, meaning = (batch, length), "(batch, length) with batch_first=True"
-        else:
-            expected, meaning = (length, batch), "(length, batch)"
-        try:
-            checked = as_padding_mask(owner, mask, expected, meaning, device)
-        except (TypeError, ValueError) as error:
-            raise type(error)(str(error).replace("`mask_pad`", f"`{name}`")) from None
-        return checked.t() if batch_first else checked
-
     def _time_major_memory(
         self, owner: str, memory, batch: int, batch_first: bool, device: torch.device
     ) -> List[Optional[Tensor]]:

@@ -6,7 +6,6 @@ import copy
 import warnings
 from typing import Optional, Sequence, Tuple, Union
 
-import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
 
@@ -20,6 +19,15 @@ from .checks import (
     to_time_major,
 )
 from .common import StackMixin, casts_own_inputs, checked_policy, non_default_settings, unpack_sequence, warn_rnn_dropout
+
+
+def _layer_custom_m(custom_m, index: int) -> Optional[nn.Module]:
+    """Layer `index`'s own ``custom_m``: its entry of a list, else a copy of the one module given."""
+    if isinstance(custom_m, (list, tuple)):
+        return custom_m[index]
+    if custom_m is not None:
+        return copy.deepcopy(custom_m)
+    return None
 
 
 class SRU(StackMixin, nn.Module):
@@ -88,6 +96,35 @@ class SRU(StackMixin, nn.Module):
         self.dropout = check_probability(owner, "dropout", dropout)
         self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
         self.projection_size = check_non_negative_int(owner, "projection_size", projection_size)
+        self._store_settings(
+            layer_norm, has_skip_term, rescale, v1, normalize_after, weight_c_init, highway_bias,
+            amp_recurrence_fp16, nn_rnn_compatible_return, batch_first,
+        )
+        # Same construction order as sru.SRU, so a seed gives the same initial weights.
+        first_input_size = self._add_input_to_hidden(proj_input_to_hidden_first)
+        layer_options = dict(
+            rnn_dropout=rnn_dropout,
+            bidirectional=self.bidirectional,
+            n_proj=projection_size,
+            use_tanh=use_tanh,
+            highway_bias=highway_bias,
+            has_skip_term=self.has_skip_term,
+            layer_norm=self.use_layer_norm,
+            rescale=self.rescale,
+            v1=self.v1,
+            normalize_after=self.normalize_after,
+            weight_c_init=weight_c_init,
+            recurrence_policy=policy,
+        )
+        self.rnn_lst = nn.ModuleList(self._build_layers(first_input_size, dropout, custom_m, layer_options))
+        if self.rnn_dropout > 0:
+            warn_rnn_dropout(owner)
+
+    def _store_settings(
+        self, layer_norm, has_skip_term, rescale, v1, normalize_after, weight_c_init, highway_bias,
+        amp_recurrence_fp16, nn_rnn_compatible_return, batch_first,
+    ) -> None:
+        """Keep the options the stack reports (``extra_repr``) and hands to its layers."""
         self.use_layer_norm = bool(layer_norm)
         self.has_skip_term = bool(has_skip_term)
         self.rescale = bool(rescale)
@@ -99,49 +136,33 @@ class SRU(StackMixin, nn.Module):
         self.nn_rnn_compatible_return = bool(nn_rnn_compatible_return)
         self.batch_first = bool(batch_first)
 
-        # Same construction order as sru.SRU, so a seed gives the same initial weights.
-        first_input_size = self.input_size
+    def _add_input_to_hidden(self, proj_input_to_hidden_first: bool) -> int:
+        """The optional first projection to the output size; returns the first layer's input size."""
         if proj_input_to_hidden_first and self.input_size != self.output_size:
             self.input_to_hidden = nn.Linear(self.input_size, self.output_size, bias=False)
-            first_input_size = self.output_size
-        else:
-            self.input_to_hidden = None
+            return self.output_size
+        self.input_to_hidden = None
+        return self.input_size
 
+    def _build_layers(self, first_input_size: int, dropout: float, custom_m, layer_options: dict) -> list:
+        """One SRUCell per layer, built (and so initialised) in order; no dropout after the last."""
         with warnings.catch_warnings():
             # One deprecation warning for the stack, not one per layer.
             warnings.simplefilter("ignore", FutureWarning)
             layers = []
             for index in range(self.num_layers):
-                layer_custom_m = None
-                if isinstance(custom_m, (list, tuple)):
-                    layer_custom_m = custom_m[index]
-                elif custom_m is not None:
-                    layer_custom_m = copy.deepcopy(custom_m)
                 layers.append(
                     SRUCell(
                         first_input_size if index == 0 else self.output_size,
                         self.hidden_size,
                         dropout=dropout if index + 1 < self.num_layers else 0.0,
-                        rnn_dropout=rnn_dropout,
-                        bidirectional=self.bidirectional,
-                        n_proj=projection_size,
-                        use_tanh=use_tanh,
-                        highway_bias=highway_bias,
-                        has_skip_term=self.has_skip_term,
-                        layer_norm=self.use_layer_norm,
-                        rescale=self.rescale,
-                        v1=self.v1,
-                        custom_m=layer_custom_m,
-                        normalize_after=self.normalize_after,
-                        weight_c_init=weight_c_init,
-                        recurrence_policy=policy,
+                        custom_m=_layer_custom_m(custom_m, index),
+                        **layer_options,
                     )
                 )
                 # Keep the deprecated flag visible on the layers without re-resolving the policy.
                 layers[-1].amp_recurrence_fp16 = self.amp_recurrence_fp16
-        self.rnn_lst = nn.ModuleList(layers)
-        if self.rnn_dropout > 0:
-            warn_rnn_dropout(owner)
+        return layers
 
     def reset_parameters(self) -> None:
         for layer in self.rnn_lst:

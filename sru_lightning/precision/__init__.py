@@ -20,9 +20,10 @@ first:
 * APEX AMP initialised by the user (``amp.initialize(..., opt_level="O1")``) on top of a
   32-true Trainer.
 
-Modules import one way: :mod:`.regime` (the Regime type) at the bottom; the readers
-:mod:`.lightning`, :mod:`.fsdp`, :mod:`.apex` and :mod:`.deepspeed` above it; :mod:`.detect`
-on top.
+Modules import one way, each only from the levels below it: :mod:`.regime` (the Regime
+type) at the bottom; the readers :mod:`.lightning`, :mod:`.fsdp` and :mod:`.apex` (APEX AMP:
+registration with ``apex.amp`` and its regime) above it; :mod:`.deepspeed` above those (its
+``amp`` section is APEX's regime); :mod:`.detect` on top.
 """
 
 from __future__ import annotations

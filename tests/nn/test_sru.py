@@ -1,4 +1,5 @@
-"""SRUCell / SRU: shapes, options, dropout, layouts, recurrence policy and dtypes."""
+"""SRUCell / SRU: shapes, options, dropout, layouts, recurrence policy and dtypes (and the last-state
+layout SRU and SRUpp share)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from sru_lightning.nn import SRU, SRUCell, iter_sru_cells, set_recurrence_policy
+from sru_lightning.nn import SRU, SRUCell, SRUpp, iter_sru_cells, set_recurrence_policy
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 
 L, B, D_IN, H = 5, 3, 6, 4
@@ -164,9 +165,15 @@ def test_packed_sequence_round_trip():
     assert out_lengths.tolist() == lengths.tolist()
 
 
-def test_nn_rnn_compatible_return_layout():
-    model = SRU(D_IN, H, num_layers=2, bidirectional=True, nn_rnn_compatible_return=True).eval()
-    plain = SRU(D_IN, H, num_layers=2, bidirectional=True).eval()
+def _srupp(input_size, hidden_size, **options):
+    return SRUpp(input_size, hidden_size, 4, **options)
+
+
+@pytest.mark.parametrize("stack", [SRU, _srupp], ids=["SRU", "SRUpp"])
+def test_nn_rnn_compatible_return_layout(stack):
+    # Both stacks lay out their last states through the same StackMixin.
+    model = stack(D_IN, H, num_layers=2, bidirectional=True, nn_rnn_compatible_return=True).eval()
+    plain = stack(D_IN, H, num_layers=2, bidirectional=True).eval()
     plain.load_state_dict(model.state_dict())
     x = torch.randn(L, B, D_IN)
     c = model(x)[1]

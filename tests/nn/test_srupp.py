@@ -197,17 +197,6 @@ def test_packed_sequence_matches_mask_pad():
     assert len(bank["saved_inputs"]) == 2
 
 
-def test_nn_rnn_compatible_return_layout():
-    model = SRUpp(D_IN, H, P, num_layers=2, bidirectional=True, nn_rnn_compatible_return=True).eval()
-    plain = SRUpp(D_IN, H, P, num_layers=2, bidirectional=True).eval()
-    plain.load_state_dict(model.state_dict())
-    x = torch.randn(L, B, D_IN)
-    c = model(x)[1]
-    c_plain = plain(x)[1]
-    assert c.shape == (4, B, H)
-    torch.testing.assert_close(c[1], c_plain[0, :, H:])  # layer 0, backward direction
-
-
 def test_memory_continues_a_causal_sequence():
     """Two segments with memory + causal mask equal one causal pass over both."""
     model = attending(SRUpp(D_IN, H, P, num_layers=3, num_heads=2, attention_every_n_layers=1).eval())

@@ -16,10 +16,10 @@ import torch
 from lightning.pytorch import Trainer
 from torch import nn
 
-from sru_lightning.precision import apex_support
 from sru_lightning.callbacks import SRUPrecisionCallback
 from sru_lightning.nn import SRU, SRUCell
 from sru_lightning.ops import functional, trace_storage_dtypes
+from sru_lightning.precision import apex as sru_apex
 from sru_lightning.precision import detect_regime
 
 
@@ -89,7 +89,7 @@ def standin_apex(monkeypatch):
     monkeypatch.setitem(sys.modules, "apex", apex)
     monkeypatch.setitem(sys.modules, "apex.amp", apex.amp)
     # The stand-in's O1 replaces these module attributes; monkeypatch puts them back.
-    for name in apex_support.ENTRY_POINTS:
+    for name in sru_apex.ENTRY_POINTS:
         monkeypatch.setattr(functional, name, getattr(functional, name))
     return apex
 
@@ -159,14 +159,14 @@ def test_layer_with_fp16_matmul_output_and_fp32_residual_does_not_raise():
 def test_without_apex_nothing_is_registered(monkeypatch):
     monkeypatch.setitem(sys.modules, "apex", None)  # makes `import apex` raise ImportError
     monkeypatch.delitem(sys.modules, "apex.amp", raising=False)
-    assert apex_support.apex_amp() is None
-    assert apex_support.register_with_apex("auto") == []
-    assert apex_support.initialized_apex_properties() is None
+    assert sru_apex.apex_amp() is None
+    assert sru_apex.register_with_apex("auto") == []
+    assert sru_apex.initialized_apex_properties() is None
 
 
 @pytest.mark.parametrize("policy, dtype", [("auto", torch.float16), ("half", torch.float16), ("fp32", torch.float32)])
 def test_policy_picks_half_or_float_registration(standin_apex, policy, dtype):
-    done = apex_support.register_with_apex(policy)
+    done = sru_apex.register_with_apex(policy)
     kind = "float" if dtype == torch.float32 else "half"
     assert done == [("sru_recurrence", kind), ("sru_recurrence_inference", kind)]
     assert standin_apex.amp.queued == [(functional, "sru_recurrence", dtype),
@@ -175,13 +175,13 @@ def test_policy_picks_half_or_float_registration(standin_apex, policy, dtype):
 
 def test_bad_policy_is_rejected_before_anything_is_registered(standin_apex):
     with pytest.raises(ValueError, match=r"`policy` must be one of .* got 'fp16'"):
-        apex_support.register_with_apex("fp16")
+        sru_apex.register_with_apex("fp16")
     assert standin_apex.amp.queued == []
 
 
 @pytest.mark.parametrize("policy, storage", [("auto", torch.float16), ("fp32", torch.float32)])
 def test_o1_casts_every_recurrence_input_the_way_the_policy_says(standin_apex, policy, storage):
-    apex_support.register_with_apex(policy)
+    sru_apex.register_with_apex(policy)
     layer = SRU(8, 8, num_layers=1, recurrence_policy=policy)
     original = functional.sru_recurrence
     standin_apex.amp.initialize(layer, opt_level="O1")
@@ -199,13 +199,13 @@ def test_o1_casts_every_recurrence_input_the_way_the_policy_says(standin_apex, p
 def test_registering_after_initialize_warns_that_it_is_too_late(standin_apex):
     standin_apex.amp.initialize(nn.Linear(2, 2), opt_level="O1")
     with pytest.warns(RuntimeWarning, match="before amp.initialize"):
-        apex_support.register_with_apex("auto")
+        sru_apex.register_with_apex("auto")
 
 
 def test_changing_the_registration_kind_warns(standin_apex):
-    apex_support.register_with_apex("auto")
+    sru_apex.register_with_apex("auto")
     with pytest.warns(RuntimeWarning, match="registered with APEX as a half function"):
-        apex_support.register_with_apex("fp32")
+        sru_apex.register_with_apex("fp32")
 
 
 # ---------------------------------------------------------------- regimes

@@ -1,5 +1,6 @@
 """The precision package imports one way: the Regime type at the bottom, the readers of
-Lightning / FSDP / APEX / DeepSpeed setups above it, detect_regime on top."""
+Lightning / FSDP / APEX setups above it, the DeepSpeed reader (which reads an ``amp`` section
+as APEX) above those, detect_regime on top."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_every_module_has_a_layer_and_imports_only_lower_layers():
 
 def test_public_names_are_kept():
     from sru_lightning import detect_regime
-    from sru_lightning.precision.apex_support import register_with_apex
+    from sru_lightning.precision.apex import register_with_apex
 
     assert detect_regime is precision.detect_regime and callable(register_with_apex)
     assert set(precision.__all__) == {"Regime", "detect_regime", "regime_from_dtypes", "dtype_name"}

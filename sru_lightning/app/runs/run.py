@@ -202,8 +202,8 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     other jobs go on). A NaN loss raises RunFailed. An interruption records the status and
     the command that resumes the run; in a sweep it stops the sweep.
     """
-    from sru_lightning.callbacks.fault_tolerance import interruption_cause
-    from sru_lightning.callbacks.guards import NonFiniteLossError
+    from sru_lightning.callbacks.interrupts import interruption_cause
+    from sru_lightning.callbacks.nonfinite_loss import NonFiniteLossError
     from sru_lightning.callbacks.signal_watch import watching_signals
 
     output_dir = Path(output_dir).absolute()
@@ -390,7 +390,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from sru_lightning.callbacks import SRUPrecisionCallback
-    from sru_lightning.callbacks.guards import TrainingThroughput, ValidateBeforeStop
+    from sru_lightning.callbacks.throughput import TrainingThroughput
+    from sru_lightning.callbacks.validate_before_stop import ValidateBeforeStop
     from sru_lightning.nn.policy import iter_sru_cells
 
     seed = cfg.get("seed")

@@ -1,45 +1,22 @@
-"""Training that survives interruption and resumes exactly where it stopped.
+"""Stopping a fit on SIGTERM or Ctrl+C with a checkpoint to resume from.
 
-Lightning already does most of the work; this module supplies the three pieces it leaves
-to the user, so that `fit(ckpt_path=...)` after a SIGTERM or Ctrl+C reproduces the losses
-the uninterrupted run would have produced:
-
-* **A checkpoint when the run is stopped.** :class:`GracefulInterrupt` turns SIGTERM and the
-  first Ctrl+C (SIGINT) into a stop at a batch boundary that every process agrees on (one
-  collective at a fixed point, never inside the signal handler), and Lightning then calls
-  every callback's ``on_exception``, where :class:`InterruptionCheckpoint` saves the
-  checkpoint. A second Ctrl+C aborts at once; a watchdog ends a stop that cannot complete.
-* **The data position.** Lightning 2.x stores the ``state_dict()`` of every training
-  dataloader that has one in the checkpoint (``loops.fit_loop.state_dict.combined_loader``)
-  and hands it back through ``load_state_dict()`` before it restarts the epoch; a plain
-  ``DataLoader`` has neither, so a mid-epoch resume would start the epoch over.
-  :class:`ResumableDataLoader` counts the batches it has handed out and skips them after a
-  resume; with ``shuffle=True`` its order depends only on (seed, epoch)
-  (:class:`EpochSeededRandomSampler`), the same permutation Lightning's ``DistributedSampler``
-  draws, so a one-process run and a DDP run see the same global batches. Lightning 2.6 hands
-  the state back only when the dataloader is first set up after the restore; a model whose
-  ``configure_optimizers`` reads ``trainer.estimated_stepping_batches`` (as step-based
-  schedules such as OneCycleLR often do; with ``max_epochs`` set this loads the dataloader)
-  sets it up earlier, and the state is silently dropped.
-  :class:`RestoreDataPosition` applies it before the first batch in that case.
-* **The random numbers.** Lightning does not checkpoint RNG states, and the data pipeline
-  draws from the global generator at unpredictable moments (every ``iter(DataLoader)`` draws
-  a worker seed). :class:`SeedEveryBatch` reseeds the generators before every training batch
-  from (seed, batch index, rank), so dropout after a resume is the dropout the
-  uninterrupted run used.
+:class:`GracefulInterrupt` turns SIGTERM and the first Ctrl+C (SIGINT) into a stop at a batch
+boundary that every process agrees on (one collective at a fixed point, never inside the
+signal handler), and Lightning then calls every callback's ``on_exception``, where
+:class:`InterruptionCheckpoint` saves the checkpoint. A second Ctrl+C aborts at once; a
+watchdog ends a stop that cannot complete. :func:`interruption_cause` says afterwards why a
+fit stopped. Resuming exactly (the data position, the random numbers) is the job of
+:mod:`sru_lightning.callbacks.resume` and :class:`sru_lightning.data.ResumableDataLoader`.
 """
 
 from __future__ import annotations
 
-import hashlib
-import itertools
 import logging
 import os
-import random
-import signal
 import shutil
+import signal
+import sys
 import threading
-import warnings
 from typing import Any
 
 import lightning.pytorch as pl
@@ -47,147 +24,16 @@ import torch
 from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
 
-from sru_lightning.callbacks.signal_watch import HANDLED_SIGNALS, SignalWatch, signal_name
-from torch.utils.data import DataLoader, RandomSampler
+from sru_lightning.callbacks.signal_watch import HANDLED_SIGNALS, SignalWatch, StopsOnSignal, signal_name
 
 log = logging.getLogger(__name__)
 
-__all__ = [
-    "EpochSeededRandomSampler",
-    "GracefulInterrupt",
-    "InterruptionCheckpoint",
-    "RestoreDataPosition",
-    "ResumableDataLoader",
-    "SeedEveryBatch",
-    "global_seed",
-]
+__all__ = ["GracefulInterrupt", "InterruptionCheckpoint", "interruption_cause", "is_interruption"]
 
 
-def global_seed(seed: int | None = None) -> int:
-    """``seed`` when given, else the seed `lightning.seed_everything` recorded, else 0.
-
-    ``PL_GLOBAL_SEED`` is also what Lightning seeds its ``DistributedSampler`` with, so
-    defaulting to it keeps one-process and DDP data orders identical.
-    """
-    if seed is not None:
-        return int(seed)
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
-
-
-class EpochSeededRandomSampler(RandomSampler):
-    """A random permutation that depends only on ``seed + epoch``.
-
-    Lightning calls ``set_epoch`` at the start of every epoch. The permutation is the one
-    ``torch.utils.data.DistributedSampler(shuffle=True, seed=seed)`` draws before it splits
-    it between ranks, so under DDP (where Lightning swaps this sampler for a
-    ``DistributedSampler``, because it is a ``RandomSampler``) the union of the ranks'
-    batches equals this sampler's batch of the global size.
-    """
-
-    def __init__(self, data_source, seed: int | None = None) -> None:
-        super().__init__(data_source)
-        self.seed = global_seed(seed)
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = int(epoch)
-
-    def __iter__(self):
-        generator = torch.Generator()
-        generator.manual_seed(self.seed + self.epoch)
-        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
-
-    def __len__(self) -> int:
-        return len(self.data_source)
-
-
-class ResumableDataLoader(DataLoader):
-    """A ``DataLoader`` whose position inside the epoch survives a checkpoint.
-
-    Takes every ``DataLoader`` argument, plus ``seed`` for the shuffled order
-    (default: the seed given to `lightning.seed_everything`). After ``load_state_dict``
-    the next ``iter()`` skips the batches the checkpointed run had already consumed.
-    Skipped batches are still loaded (then dropped), which is cheap for in-memory
-    datasets; the sampler's order is untouched, so it works with any sampler, including
-    the ``DistributedSampler`` Lightning injects under DDP.
-    """
-
-    def __init__(self, dataset, *args: Any, shuffle: bool | None = None, seed: int | None = None,
-                 **kwargs: Any) -> None:
-        self.seed = global_seed(seed)
-        if shuffle and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
-            kwargs["sampler"] = EpochSeededRandomSampler(dataset, seed=self.seed)
-            shuffle = None
-        super().__init__(dataset, *args, shuffle=shuffle, **kwargs)
-        self._batches_yielded = 0
-        self._resume_position = 0
-
-    def __iter__(self):
-        # A generator: nothing runs until the first batch is requested, which Lightning
-        # does only after it has called `set_epoch` on the sampler.
-        start, self._resume_position = self._resume_position, 0
-        self._batches_yielded = start
-        batches = super().__iter__()
-        if start:
-            batches = itertools.islice(batches, start, None)
-        for batch in batches:
-            self._batches_yielded += 1
-            yield batch
-
-    def state_dict(self) -> dict[str, int]:
-        """Position in the current epoch: how many batches have been handed out."""
-        num_batches = len(self) if _has_len(self) else -1
-        return {"batches_yielded": self._batches_yielded, "num_batches": num_batches}
-
-    def load_state_dict(self, state_dict: dict[str, int]) -> None:
-        """Resume the next epoch iteration after ``state_dict["batches_yielded"]`` batches."""
-        if "batches_yielded" not in state_dict:
-            raise ValueError(
-                "ResumableDataLoader.load_state_dict: `state_dict` must have key 'batches_yielded', "
-                f"got keys {sorted(state_dict)}"
-            )
-        position = int(state_dict["batches_yielded"])
-        saved_length = int(state_dict.get("num_batches", -1))
-        length = len(self) if _has_len(self) else -1
-        if saved_length >= 0 and length >= 0 and saved_length != length:
-            warnings.warn(
-                f"ResumableDataLoader: the checkpoint was taken with {saved_length} batches per "
-                f"epoch, this loader has {length}; resuming at batch {min(position, length)} "
-                "will not reproduce the interrupted run (dataset, batch_size or device count changed)",
-                stacklevel=2,
-            )
-            position = min(position, length)
-        self._resume_position = position
-
-
-def _has_len(loader: DataLoader) -> bool:
-    try:
-        len(loader)
-    except TypeError:
-        return False
-    return True
-
-
-class RestoreDataPosition(Callback):
-    """Hand the checkpointed dataloader position to the training dataloaders, if Lightning did not.
-
-    Lightning loads the states of stateful training dataloaders while it sets them up, but
-    only when the checkpoint has already been restored. ``trainer.estimated_stepping_batches``
-    (read by ``configure_optimizers`` for step-based schedules) sets the dataloaders up
-    before that, and Lightning then never loads the states. ``on_train_start`` runs after
-    the restore and before the first batch is fetched, so loading them here still takes
-    effect for a :class:`ResumableDataLoader` (it reads its position on the first batch).
-    """
-
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        fit_loop = trainer.fit_loop
-        # Lightning's own restore consumes (empties) this list; anything left was skipped.
-        if fit_loop.restarting and getattr(fit_loop, "_combined_loader_states_to_load", None):
-            fit_loop._load_combined_loader_states()
-
-
-class GracefulInterrupt(Callback):
+class GracefulInterrupt(StopsOnSignal, Callback):
     """Stop on SIGTERM or Ctrl+C (SIGINT) at a batch boundary that every process agrees on.
 
     Lightning's own SIGTERM handler runs a collective (a broadcast) inside the signal handler,
@@ -238,6 +84,7 @@ class GracefulInterrupt(Callback):
         self._watchdog_lock = threading.Lock()
 
     # -- handlers ----------------------------------------------------------------------------
+    @override
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # Before Lightning registers its handler (and before the checkpoint restore), so a
         # signal from here on is recorded rather than acted on inside whatever code runs.
@@ -247,15 +94,19 @@ class GracefulInterrupt(Callback):
         if watch is not None:
             watch.take_over(self)
 
+    @override
     def on_sanity_check_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()  # Lightning has just put its own SIGTERM handler in place
 
+    @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
 
+    @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
 
+    @override
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
 
@@ -306,10 +157,12 @@ class GracefulInterrupt(Callback):
         self.start_watchdog(signum)
 
     # -- agreement ---------------------------------------------------------------------------
+    @override
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                            batch: Any, batch_idx: int) -> None:
         self._agree(trainer)
 
+    @override
     def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
                                 batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._agree(trainer)
@@ -330,6 +183,7 @@ class GracefulInterrupt(Callback):
         self._trainer._signal_connector.received_sigterm = True
 
     # -- watchdog ----------------------------------------------------------------------------
+    @override
     def start_watchdog(self, signum: int) -> None:
         """End the process with a message if it is still running `stop_timeout` seconds from now.
 
@@ -364,9 +218,11 @@ class GracefulInterrupt(Callback):
         os._exit(1)
 
     # -- end of the fit ----------------------------------------------------------------------
+    @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._restore_handlers()
 
+    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
                      exception: BaseException) -> None:
         if self.stop_signal is None:
@@ -375,6 +231,7 @@ class GracefulInterrupt(Callback):
         # After an agreed stop the handlers stay until the process ends: a repeated SIGTERM must
         # not kill the checkpoint being written, and a second Ctrl+C still aborts.
 
+    @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._restore_handlers()
         if self._stop_finished is not None:
@@ -386,8 +243,6 @@ def _main_thread_in_a_trainer_call() -> bool:
     """True while the main thread is inside a Trainer entry point (fit, validate, test, predict):
     Lightning runs each through ``lightning.pytorch.trainer.call._call_and_handle_interrupt``,
     its exception handling (the interruption checkpoint) included."""
-    import sys
-
     frame = sys._current_frames().get(threading.main_thread().ident)
     while frame is not None:
         code = frame.f_code
@@ -431,7 +286,7 @@ class InterruptionCheckpoint(OnExceptionCheckpoint):
 
     It writes the checkpoint when the fit is stopped at a batch boundary by SIGTERM or the
     first Ctrl+C (Lightning's ``SIGTERMException``) after at least one optimizer step. A
-    crash, a diverged loss (see :mod:`sru_lightning.callbacks.guards`) or an abort (a second Ctrl+C,
+    crash, a diverged loss (see :mod:`sru_lightning.callbacks.nonfinite_loss`) or an abort (a second Ctrl+C,
     ``KeyboardInterrupt``, which may land half way through a step) leaves no new checkpoint:
     its weights may be NaN or half-updated, and a file named like a resumable one would
     invite a requeue to continue from them. The file appears complete or not at all (written
@@ -439,6 +294,7 @@ class InterruptionCheckpoint(OnExceptionCheckpoint):
     stay where they are.
     """
 
+    @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if not isinstance(exception, SIGTERMException):
             why = "aborted" if isinstance(exception, KeyboardInterrupt) else f"failed ({type(exception).__name__})"
@@ -465,35 +321,3 @@ def _put_in_place(source: str, target: str) -> None:
     elif os.path.isdir(source) and os.path.exists(target):
         os.remove(target)
     os.replace(source, target)
-
-
-class SeedEveryBatch(Callback):
-    """Reseed Python, NumPy and torch (CPU and every GPU) before each training batch.
-
-    The seed is derived from (``seed``, the batch index counted over the whole fit, the
-    global rank), all of which Lightning restores from a checkpoint; a resumed run therefore
-    draws the same dropout masks as the uninterrupted one, whatever else consumed random
-    numbers in between. ``seed`` defaults to the seed given to `lightning.seed_everything`.
-    """
-
-    def __init__(self, seed: int | None = None) -> None:
-        super().__init__()
-        self.seed = seed
-
-    @staticmethod
-    def batch_seed(seed: int, batch_index: int, rank: int) -> int:
-        """A well-mixed 63-bit seed for one (seed, batch, rank) triple."""
-        digest = hashlib.blake2b(f"{seed}/{batch_index}/{rank}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") >> 1
-
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
-        batch_index = trainer.fit_loop.epoch_loop.total_batch_idx
-        value = self.batch_seed(global_seed(self.seed), batch_index, trainer.global_rank)
-        random.seed(value)
-        torch.manual_seed(value)  # also seeds every CUDA device
-        try:
-            import numpy
-        except ImportError:
-            return
-        numpy.random.seed(value % 2**32)

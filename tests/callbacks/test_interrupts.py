@@ -1,0 +1,106 @@
+"""SIGTERM and Ctrl+C stop a fit at a batch boundary with a checkpoint (in process; the
+end-to-end version lives in tests/app/test_signals.py)."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from helpers.interruptible_fit import DropoutRegressor, SignalAtStep, make_trainer
+
+from sru_lightning.callbacks.interrupts import GracefulInterrupt, InterruptionCheckpoint, interruption_cause
+
+
+class DoubleSigint(pl.Callback):
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+            os.kill(os.getpid(), signal.SIGINT)
+
+
+def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path):
+    pl.seed_everything(0)
+    model = DropoutRegressor()
+    graceful = GracefulInterrupt()
+    callbacks = [InterruptionCheckpoint(tmp_path / "ckpt", filename="interrupted"), graceful, DoubleSigint()]
+    trainer = make_trainer(tmp_path, callbacks)
+    with pytest.raises(SystemExit) as stopped:
+        trainer.fit(model)
+    # Lightning's KeyboardInterrupt path exits with status 1; the graceful SIGTERM path with None
+    assert stopped.value.code == 1
+    # the abort may land half way through a step: nothing that looks resumable is written
+    assert not (tmp_path / "ckpt" / "interrupted.ckpt").exists()
+    assert graceful.aborted
+    assert interruption_cause(trainer, stopped.value).startswith("aborted by a second Ctrl+C (SIGINT)")
+
+
+@pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT (Ctrl+C)"), (signal.SIGTERM, "SIGTERM")])
+def test_the_record_names_the_signal_that_stopped_the_fit(tmp_path, signum, name):
+    pl.seed_everything(0)
+    callbacks = [InterruptionCheckpoint(tmp_path / "ckpt", filename="interrupted"), GracefulInterrupt(),
+                 SignalAtStep(5, signum)]
+    trainer = make_trainer(tmp_path, callbacks)
+    with pytest.raises(SystemExit) as stopped:
+        trainer.fit(DropoutRegressor())
+    assert interruption_cause(trainer, stopped.value) == f"stopped by {name}"
+    checkpoint = torch.load(tmp_path / "ckpt" / "interrupted.ckpt", weights_only=True)
+    assert checkpoint["global_step"] == 5
+    assert not list((tmp_path / "ckpt").glob("*.partial"))
+
+
+def test_graceful_interrupt_pickles_for_spawned_processes():
+    import pickle
+
+    copy = pickle.loads(pickle.dumps(GracefulInterrupt(stop_timeout=7)))
+    assert copy.stop_timeout == 7 and copy.received_signal is None
+
+
+def test_graceful_interrupt_refuses_a_bad_stop_timeout():
+    with pytest.raises(ValueError, match="`stop_timeout` must be a positive number of seconds, got 0"):
+        GracefulInterrupt(stop_timeout=0)
+
+
+def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):
+    before = signal.getsignal(signal.SIGINT)
+    pl.seed_everything(0)
+    make_trainer(tmp_path, [GracefulInterrupt()]).fit(DropoutRegressor())
+    assert signal.getsignal(signal.SIGINT) is before
+
+
+def test_the_stop_watchdog_stands_down_when_the_fit_has_ended():
+    """A stop that completed must not end the process later: a script, a notebook or a test
+    process goes on after an interrupted fit. Inside a fit that cannot finish stopping, the
+    same watchdog ends its process (checked in a child process)."""
+    import subprocess
+    import sys
+    import time
+
+    graceful = GracefulInterrupt(stop_timeout=0.3)
+    graceful.start_watchdog(signal.SIGTERM)  # outside any fit: as after trainer.fit returned
+    time.sleep(0.8)  # past the timeout: this test process is still here
+    graceful.teardown(None, None, "fit")
+    assert graceful._stop_finished.is_set()
+
+    code = """
+import signal, time
+import lightning.pytorch as pl
+from lightning.pytorch.demos.boring_classes import BoringModel
+from sru_lightning.callbacks.interrupts import GracefulInterrupt
+
+graceful = GracefulInterrupt(stop_timeout=0.5)
+
+class StuckStop(pl.Callback):
+    def on_train_start(self, trainer, pl_module):
+        graceful.start_watchdog(signal.SIGTERM)
+        time.sleep(60)  # a stop that never completes, inside trainer.fit
+
+trainer = pl.Trainer(accelerator="cpu", max_steps=1, callbacks=[graceful, StuckStop()], logger=False,
+                     enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+trainer.fit(BoringModel())
+"""
+    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert child.returncode == 1, child.stderr[-2000:]
+    assert "has not finished stopping" in child.stderr
