@@ -63,14 +63,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if any(argument in ("-h", "--help", "help") for argument in argv):
         print(usage())
         return 0
-    from sru_lightning import generate
-
+    from sru_lightning.app import generate
     from sru_lightning.export.graph_module import ExportError
 
     try:
         settings = parse_settings(argv)
-        path = generate.checkpoint_file(settings.ckpt_path, settings.resume_dir)
-        checkpoint = generate.load_checkpoint(path)
+        path, checkpoint = generate.load_checkpoint(settings.ckpt_path, settings.resume_dir)
         model = generate.build_model(checkpoint, path)
         codec = generate.load_codec(checkpoint, path)
         from sru_lightning.export.exporter import export_language_model

@@ -16,7 +16,7 @@ import torch
 
 pytest.importorskip("onnxruntime", reason="needs the `export` extra: pip install 'sru_lightning[export]'")
 
-from sru_lightning import cli, generate  # noqa: E402
+from sru_lightning.app import cli, generate  # noqa: E402
 from sru_lightning.data import TokenCodec  # noqa: E402
 from sru_lightning.app import export_command as command  # noqa: E402
 from sru_lightning.models import SRULanguageModel  # noqa: E402

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sru_lightning import cli
+from sru_lightning.app import cli
 from helpers.tiny_run import TINY_RUN
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sru_lightning import cli
+from sru_lightning.app import cli
 from sru_lightning.models.schedules import WarmupCosineLR
 from helpers.tiny_run import TINY_RUN
 

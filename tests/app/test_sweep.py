@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from sru_lightning import cli
-from sru_lightning.app.sweep import collect_results, write_result, write_summary
+from sru_lightning.app import cli
+from sru_lightning.app.runs.records import write_result
+from sru_lightning.app.sweep import collect_results, write_summary
 from helpers.tiny_run import TINY_RUN
 
 TINY = TINY_RUN

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from sru_lightning import cli
+from sru_lightning.app import cli
 from helpers.tiny_run import TINY_RUN
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
