@@ -161,7 +161,7 @@ def _say(message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# records
+# interruptions
 def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     words = [*PROG.split(), command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
