@@ -215,11 +215,13 @@ class Attempt:
 
 
 def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
-    """Build everything from `cfg`, run `command`, record the result in `output_dir`.
+    """Build everything from `cfg`, run `command`, record the result in `output_dir`; return the record.
 
-    Configuration problems raise UsageError (single run) or mark the job failed (sweep: the
-    other jobs go on). A NaN loss raises RunFailed. An interruption records the status and
-    the command that resumes the run; in a sweep it stops the sweep.
+    The outcomes: completed; refused (a configuration problem: a single run exits with status 2
+    and leaves its directory as it was, a sweep job is recorded as failed and the others go on);
+    interrupted (recorded with the command that resumes it; a sweep stops); failed (recorded; a
+    single run exits with status 1 for a failure its message explains, such as a NaN loss, and
+    with the traceback otherwise; a sweep job is logged and the others go on).
     """
     from sru_lightning.callbacks.signal_watch import watching_signals
 
