@@ -254,3 +254,15 @@ def test_fits_run_one_at_a_time(monkeypatch):
 def test_the_new_parts_can_be_chosen():
     for part in ("devices", "compile", "sanitizer", "bandwidth"):
         assert part in gpu_check.PARTS
+
+
+def test_parts_past_the_time_budget_are_skipped_in_order(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    checks = gpu_check.run_checks({"fits", "bench", "sanitizer"}, budget_s=0)
+    bf16_fits = [spec.name for spec in gpu_fits.FITS if "bf16" in spec.precision]
+    other_fits = [spec.name for spec in gpu_fits.FITS if "bf16" not in spec.precision]
+    assert [(c.name, c.status) for c in checks] == [
+        *((name, SKIP) for name in bf16_fits + other_fits), ("bench fp32", SKIP), ("bench fp16", SKIP),
+        ("compute-sanitizer memcheck", SKIP)]
+    assert [c.detail for c in checks][-3:] == ["time budget spent"] * 3
+    assert all(c.detail == "this GPU has no bf16 support" for c in checks[:len(bf16_fits)])
