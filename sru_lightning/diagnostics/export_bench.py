@@ -130,7 +130,8 @@ def _row(result: ExportBenchResult, name: str, backend: str) -> tuple[str, ...]:
 
 def format_table(result: ExportBenchResult) -> str:
     cfg = result.config
-    exports = ", ".join(f"{name.split()[0]} {fmt} {seconds:.0f} s" for (name, fmt), seconds in result.export_seconds.items())
+    exports = ", ".join(f"{name.split()[0]} {fmt} {seconds:.0f} s"
+                        for (name, fmt), seconds in result.export_seconds.items())
     lines = [
         f"Export benchmark: default models, threads={cfg.threads}, decoding step at B=1 ({cfg.steps} chained steps), "
         f"sequence L={cfg.length} B={cfg.batch} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats}, interleaved)",
