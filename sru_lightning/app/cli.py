@@ -13,10 +13,6 @@ from pathlib import Path
 from typing import Any
 
 from sru_lightning._resources import conf_dir
-# The run machinery lives in sru_lightning.app.runs; these names stay importable from here.
-from sru_lightning.app.runs.checkpoints import (  # noqa: F401
-    CHECKPOINT_NAME, RESUMABLE_NAMES, find_last_checkpoint, newest_resumable, resolve_checkpoint,
-)
 
 PROG = "python -m sru_lightning"
 TRAINER_COMMANDS = {
@@ -151,7 +147,7 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from sru_lightning.app import sweep
+    from sru_lightning.app.sweep import SweepIncomplete
 
     original_argv = list(sys.argv)
     statuses: list[str] = []
@@ -177,7 +173,6 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     problem = _unparsable_override(overrides)
     if problem:
         return _fail(problem)
-    sweep.last_summary = None
     entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
     sys.argv = [original_argv[0], *overrides]
     # Hydra's own errors (an unknown key or option) come back as exceptions, told in one line below.
@@ -185,6 +180,8 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         entry()
+    except SweepIncomplete as incomplete:  # the summary above lists every job
+        return _report_incomplete(incomplete)
     except SystemExit as exit_request:
         return exit_request.code if isinstance(exit_request.code, int) else 1
     except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
@@ -204,18 +201,19 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
             os.environ.pop("HYDRA_FULL_ERROR", None)
         else:
             os.environ["HYDRA_FULL_ERROR"] = full_error
-    summary = sweep.last_summary
-    failed = [row for row in (summary or []) if row["status"] != "completed"]
-    if failed:
-        for row in failed:
-            error = row["error"].splitlines()[0] if row["error"] else "no result was written"
-            print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
-        print(f"{PROG}: {len(failed)} of {len(summary)} runs did not complete; see the summary above",
-              file=sys.stderr)
-        return 1
     if any(status != "completed" for status in statuses):
         return 1  # the run said why (interrupted, failed)
     return 0
+
+
+def _report_incomplete(incomplete) -> int:
+    """One line per job of a sweep that did not complete, then the count; exit status 1."""
+    for row in incomplete.rows:
+        error = row["error"].splitlines()[0] if row["error"] else "no result was written"
+        print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
+    print(f"{PROG}: {len(incomplete.rows)} of {incomplete.total} runs did not complete; see the summary above",
+          file=sys.stderr)
+    return 1
 
 
 def _override_key(override: str) -> str:

@@ -64,13 +64,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(usage())
         return 0
     from sru_lightning.app import generate
-
     from sru_lightning.export.graph_module import ExportError
 
     try:
         settings = parse_settings(argv)
-        path = generate.checkpoint_file(settings.ckpt_path, settings.resume_dir)
-        checkpoint = generate.load_checkpoint(path)
+        path, checkpoint = generate.load_checkpoint(settings.ckpt_path, settings.resume_dir, "export")
         model = generate.build_model(checkpoint, path)
         codec = generate.load_codec(checkpoint, path)
         from sru_lightning.export.exporter import export_language_model

@@ -85,60 +85,16 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
 
 # --------------------------------------------------------------------------------------------
 # checkpoint -> model and vocabulary
-def checkpoint_file(setting: str, resume_dir: str) -> Path:
-    """Turn `ckpt_path` into a checkpoint file: the file itself, a run directory's newest
-    last/interrupted checkpoint, or for "last" the newest such checkpoint under `resume_dir`
-    that holds at least one optimizer step, of a run that did not fail (any model or data)."""
-    from sru_lightning.app.runs.checkpoints import (
-        RESUMABLE_NAMES, CheckpointError, checkpoint_step, newest_resumable, run_status,
-    )
+def load_checkpoint(setting: str, resume_dir: str, command: str = "generate") -> tuple[Path, dict[str, Any]]:
+    """The checkpoint `ckpt_path` names (see `model_checkpoint`) and its contents; a problem
+    raises UsageError in one line."""
+    from sru_lightning.app.runs.checkpoints import CheckpointError, model_checkpoint, read_model_checkpoint
 
-    if setting == "last":
-        root = Path(resume_dir).expanduser()
-        found = [path for name in RESUMABLE_NAMES for path in root.rglob(f"checkpoints/{name}")] if root.is_dir() else []
-        for candidate in sorted(found, key=lambda path: path.stat().st_mtime, reverse=True):
-            if run_status(candidate.parent.parent) == "failed":
-                continue
-            try:
-                if checkpoint_step(candidate) < 1:
-                    continue
-            except CheckpointError:
-                continue
-            return candidate.absolute()
-        raise UsageError(
-            f"`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir={resume_dir!r}; "
-            "pass ckpt_path=<run directory or .ckpt file>"
-        )
-    path = Path(setting).expanduser()
-    if path.is_dir():
-        for folder in (path / "checkpoints", path):
-            candidate = newest_resumable(folder)
-            if candidate is not None:
-                return candidate.absolute()
-        raise UsageError(f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/last.ckpt")
-    if not path.is_file():
-        raise UsageError(
-            f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
-        )
-    return path.absolute()
-
-
-def load_checkpoint(path: Path) -> dict[str, Any]:
-    from sru_lightning.app.runs.checkpoints import (
-        CheckpointError, deepspeed_folder_elsewhere, is_deepspeed_folder, read_checkpoint,
-    )
-
-    if is_deepspeed_folder(path):
-        raise UsageError(str(deepspeed_folder_elsewhere(path, "generate")))
     try:
-        checkpoint = read_checkpoint(path)  # weights_only=True: a checkpoint is untrusted input
+        path = model_checkpoint(setting, resume_dir)
+        return path, read_model_checkpoint(path, command)
     except CheckpointError as error:
         raise UsageError(str(error).splitlines()[0]) from None
-    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
-        raise UsageError(
-            f"{str(path)!r} is not a checkpoint of sru_lightning's language model (no state_dict / hyper_parameters)"
-        )
-    return checkpoint
 
 
 def build_model(checkpoint: Mapping[str, Any], path: Path):
@@ -253,8 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stats = generate_text(model, codec, settings, sys.stdout)
             _report(stats)
             return 0
-        path = checkpoint_file(settings.ckpt_path, settings.resume_dir)
-        checkpoint = load_checkpoint(path)
+        path, checkpoint = load_checkpoint(settings.ckpt_path, settings.resume_dir)
         model = build_model(checkpoint, path).to(settings.device)
         codec = load_codec(checkpoint, path)
         if codec.vocab_size != model.hparams.vocab_size:

@@ -3,7 +3,9 @@
 Every run writes `result.json` into its own output directory. After a multirun, the
 `SweepSummary` Hydra callback reads the result of each job directory (whatever launcher ran
 it: local, joblib, submitit on SLURM) and writes `summary.md` and `summary.csv` next to them.
-A job that died without writing its result is listed as `missing`.
+A job that died without writing its result is listed as `missing`. When a job did not
+complete, the callback ends the command with :class:`SweepIncomplete`, which carries those
+rows to the command line.
 """
 
 from __future__ import annotations
@@ -20,9 +22,10 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from sru_lightning.app.runs.records import RESULT_FILE
+
 log = logging.getLogger(__name__)
 
-RESULT_FILE = "result.json"
 SUMMARY_MARKDOWN = "summary.md"
 SUMMARY_CSV = "summary.csv"
 # Metrics shown first when present; any other metric follows in alphabetical order.
@@ -35,18 +38,16 @@ PREFERRED_METRICS = (
 # Column -> decimals shown.
 RUN_COLUMNS = {"optimizer_steps": 0, "tokens_per_second": 0, "wall_seconds": 1}
 
-#: The rows of the most recent summary written in this process (for the CLI's exit status).
-last_summary: list[dict[str, Any]] | None = None
 
+class SweepIncomplete(SystemExit):
+    """Ends a sweep in which some jobs did not complete, with exit status 1 (Hydra lets
+    SystemExit pass its callbacks); `rows` are the summary rows of those jobs, `total` the
+    number of jobs in the summary."""
 
-def write_result(output_dir: str | Path, record: dict[str, Any]) -> Path:
-    """Write one run's result record (status, command, overrides, metrics, error) as JSON."""
-    path = Path(output_dir) / RESULT_FILE
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
-    tmp.replace(path)  # atomic: a reader never sees half a file
-    return path
+    def __init__(self, rows: list[dict[str, Any]], total: int) -> None:
+        super().__init__(1)
+        self.rows = rows
+        self.total = total
 
 
 def _job_sort_key(path: Path) -> tuple[int, str]:
@@ -160,12 +161,13 @@ class SweepSummary(Callback):
         self.started = time.time() - 1.0
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global last_summary
         sweep_dir = Path(config.hydra.sweep.dir)
         if not sweep_dir.is_dir():
             return
         rows = collect_results(sweep_dir, since=self.started)
-        last_summary = rows
         markdown_path, csv_path = write_summary(sweep_dir, rows)
         print(markdown_path.read_text(), flush=True)
         log.info("Sweep summary: %s and %s", markdown_path, csv_path)
+        incomplete = [row for row in rows if row["status"] != "completed"]
+        if incomplete:
+            raise SweepIncomplete(incomplete, len(rows))

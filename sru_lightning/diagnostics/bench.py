@@ -15,10 +15,8 @@ against the LSTM of the same size, one token at a time (see ``decode_bench``).
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import os
-import statistics
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -27,8 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 from sru_lightning.app.usage import CommandParser
+from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
 
-STATISTIC_NAMES = {"min": "best", "median": "median"}
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -149,17 +147,6 @@ def _make_inference_step(model: nn.Module, x: torch.Tensor):
     return step
 
 
-@contextlib.contextmanager
-def intra_op_threads(count: int):
-    """Run the block with `count` intra-op threads, then restore the previous count."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(count)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(previous)
-
-
 def run_benchmark(config: BenchConfig) -> BenchResult:
     """Time every model, interleaved round by round; keep the best (or median) time of each."""
     with intra_op_threads(config.threads):
@@ -203,7 +190,7 @@ def _run_benchmark(config: BenchConfig) -> BenchResult:
                 samples.setdefault((kind, name), []).append((time.perf_counter() - start) * 1e3)
     for (kind, name), times in samples.items():
         target = result.train_ms if kind == "train" else result.inference_ms
-        target[name] = min(times) if config.statistic == "min" else statistics.median(times)
+        target[name] = statistic_of(config.statistic)(times)
 
     result.saved_bytes = measure_saved_bytes(config)
     if dtype in (torch.bfloat16, torch.float16):
@@ -241,7 +228,7 @@ def measure_kernel(config: BenchConfig, dtype_names) -> dict[str, float]:
             start = time.perf_counter()
             step()
             samples[name].append((time.perf_counter() - start) * 1e3)
-    pick = min if config.statistic == "min" else statistics.median
+    pick = statistic_of(config.statistic)
     return {name: pick(times) for name, times in samples.items()}
 
 
@@ -261,28 +248,30 @@ def measure_saved_bytes(config: BenchConfig) -> dict[str, int]:
     return {"fp32": fp32, "half (bf16 autocast)": saved_tensor_bytes(half_forward)}
 
 
+COLUMNS = (("model", "<22"), ("fwd+bwd ms", ">12"), ("x LSTM", ">9"), ("x GRU", ">8"), ("x GEMM", ">9"),
+           ("infer ms", ">11"), ("x LSTM", ">9"), ("x GRU", ">8"))
+
+
+def _cell(value: float | None, digits: int) -> str:
+    return "-" if value is None else f"{value:.{digits}f}"
+
+
+def _row(result: BenchResult, name: str) -> tuple[str, ...]:
+    """One model's times and their ratios to nn.LSTM, nn.GRU and the GEMM floor ("-" where missing)."""
+    return (name, _cell(result.train_ms.get(name), 2), _cell(result.ratio("train", name, "nn.LSTM"), 3),
+            _cell(result.ratio("train", name, "nn.GRU"), 3), _cell(result.ratio("train", name, "GEMM floor"), 3),
+            _cell(result.inference_ms.get(name), 2), _cell(result.ratio("inference", name, "nn.LSTM"), 3),
+            _cell(result.ratio("inference", name, "nn.GRU"), 3))
+
+
 def format_table(result: BenchResult) -> str:
     cfg = result.config
+    names = dict.fromkeys(list(result.train_ms) + list(result.inference_ms))
     lines = [
         f"SRU benchmark: L={cfg.length} B={cfg.batch} D={cfg.hidden} layers={cfg.layers} "
         f"dtype={cfg.dtype} threads={cfg.threads} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats})",
-        f"{'model':<22}{'fwd+bwd ms':>12}{'x LSTM':>9}{'x GRU':>8}{'x GEMM':>9}{'infer ms':>11}{'x LSTM':>9}"
-        f"{'x GRU':>8}",
+        *fixed_width_lines(COLUMNS, [_row(result, name) for name in names]),
     ]
-    def cell(value, width, digits):
-        return f"{'-':>{width}}" if value is None else f"{value:>{width}.{digits}f}"
-
-    for name in dict.fromkeys(list(result.train_ms) + list(result.inference_ms)):
-        lines.append(
-            f"{name:<22}"
-            + cell(result.train_ms.get(name), 12, 2)
-            + cell(result.ratio("train", name, "nn.LSTM"), 9, 3)
-            + cell(result.ratio("train", name, "nn.GRU"), 8, 3)
-            + cell(result.ratio("train", name, "GEMM floor"), 9, 3)
-            + cell(result.inference_ms.get(name), 11, 2)
-            + cell(result.ratio("inference", name, "nn.LSTM"), 9, 3)
-            + cell(result.ratio("inference", name, "nn.GRU"), 8, 3)
-        )
     if result.kernel_ms:
         half, fp32 = result.kernel_ms[cfg.dtype], result.kernel_ms["fp32"]
         lines.append(

@@ -12,11 +12,12 @@ the carried state, no embedding, output layer or sampling) are timed the same wa
 from __future__ import annotations
 
 import os
-import statistics
 import time
 from dataclasses import dataclass, field
 
 import torch
+
+from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
 
 MODELS = {"SRU (model=sru)": "sru", "SRU++ (model=srupp)": "srupp", "nn.LSTM (model=lstm)": "lstm"}
 BASELINE = "nn.LSTM (model=lstm)"
@@ -65,8 +66,6 @@ def default_models():
 
 
 def run_decode_benchmark(config: DecodeBenchConfig) -> DecodeBenchResult:
-    from .bench import intra_op_threads
-
     with intra_op_threads(config.threads):
         return _run(config)
 
@@ -96,7 +95,7 @@ def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
                 if round_index >= config.warmup:
                     generate_seconds[name].append(stats.seconds)
                     layer_seconds[name].append(layers)
-    pick = min if config.statistic == "min" else statistics.median
+    pick = statistic_of(config.statistic)
     for name in models:
         result.generate_tokens_per_s[name] = config.tokens / pick(generate_seconds[name])
         result.layer_steps_per_s[name] = config.tokens / pick(layer_seconds[name])
@@ -116,21 +115,21 @@ def _time_layer_steps(model, steps: int) -> float:
         return time.perf_counter() - started
 
 
+COLUMNS = (("model", "<24"), ("generate tok/s", ">16"), ("x LSTM", ">9"), ("layers steps/s", ">17"), ("x LSTM", ">9"))
+
+
 def format_table(result: DecodeBenchResult) -> str:
     cfg = result.config
-    statistic = "best" if cfg.statistic == "min" else "median"
+    rows = [
+        (name, f"{result.generate_tokens_per_s[name]:.0f}", f"{result.ratio(result.generate_tokens_per_s, name):.2f}",
+         f"{result.layer_steps_per_s[name]:.0f}", f"{result.ratio(result.layer_steps_per_s, name):.2f}")
+        for name in result.generate_tokens_per_s
+    ]
     lines = [
         f"Decoding benchmark: {result.description}, {cfg.tokens} tokens per run, threads={cfg.threads} "
-        f"({statistic} of {cfg.repeats})",
-        f"{'model':<24}{'generate tok/s':>16}{'x LSTM':>9}{'layers steps/s':>17}{'x LSTM':>9}",
+        f"({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats})",
+        *fixed_width_lines(COLUMNS, rows),
+        "generate tok/s: `generate`'s loop after the prompt (sample, step, decode, write); "
+        "layers: the recurrent stack alone",
     ]
-    for name in result.generate_tokens_per_s:
-        generate_ratio = result.ratio(result.generate_tokens_per_s, name)
-        layer_ratio = result.ratio(result.layer_steps_per_s, name)
-        lines.append(
-            f"{name:<24}{result.generate_tokens_per_s[name]:>16.0f}{generate_ratio:>9.2f}"
-            f"{result.layer_steps_per_s[name]:>17.0f}{layer_ratio:>9.2f}"
-        )
-    lines.append("generate tok/s: `generate`'s loop after the prompt (sample, step, decode, write); "
-                 "layers: the recurrent stack alone")
     return "\n".join(lines)

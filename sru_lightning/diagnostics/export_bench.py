@@ -10,13 +10,15 @@ compare runtimes, not models.
 
 from __future__ import annotations
 
-import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+
+from sru_lightning.diagnostics.decode_bench import default_models
+from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
 
 BACKENDS = ("eager", "aoti", "onnxruntime")
 BASELINE_MODEL = "nn.LSTM (model=lstm)"
@@ -84,9 +86,6 @@ def _time_sequence(run, specs, tokens) -> float:
 
 
 def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
-    from .bench import intra_op_threads
-    from .decode_bench import default_models
-
     result = ExportBenchResult(config)
     with intra_op_threads(config.threads), tempfile.TemporaryDirectory(prefix="sru-export-bench-") as folder:
         torch.manual_seed(0)
@@ -105,35 +104,39 @@ def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
                     if round_index >= config.warmup:
                         steps[(name, backend)].append(step)
                         sequences[(name, backend)].append(sequence)
-    pick = min if config.statistic == "min" else statistics.median
+    pick = statistic_of(config.statistic)
     result.step_seconds = {key: pick(values) for key, values in steps.items()}
     result.sequence_seconds = {key: pick(values) for key, values in sequences.items()}
     return result
 
 
+COLUMNS = (("model", "<22"), ("backend", "<13"), ("step us", ">9"), ("tok/s", ">8"), ("x eager", ">9"),
+           ("x LSTM", ">8"), ("seq ms", ">9"), ("x eager", ">9"), ("x LSTM", ">8"))
+
+
+def _ratio(table: dict, key: tuple, other: tuple) -> str:
+    return f"{table[key] / table[other]:.2f}" if other in table else "-"
+
+
+def _row(result: ExportBenchResult, name: str, backend: str) -> tuple[str, ...]:
+    """One model on one backend: its step and sequence times, and their ratios to eager and to the LSTM."""
+    key, eager, lstm = (name, backend), (name, "eager"), (BASELINE_MODEL, backend)
+    step, sequence = result.step_seconds[key], result.sequence_seconds[key]
+    return (name, backend, f"{step * 1e6:.0f}", f"{1 / step:.0f}",
+            _ratio(result.step_seconds, key, eager), _ratio(result.step_seconds, key, lstm),
+            f"{sequence * 1e3:.2f}", _ratio(result.sequence_seconds, key, eager),
+            _ratio(result.sequence_seconds, key, lstm))
+
+
 def format_table(result: ExportBenchResult) -> str:
     cfg = result.config
-    statistic = "best" if cfg.statistic == "min" else "median"
+    exports = ", ".join(f"{name.split()[0]} {fmt} {seconds:.0f} s"
+                        for (name, fmt), seconds in result.export_seconds.items())
     lines = [
         f"Export benchmark: default models, threads={cfg.threads}, decoding step at B=1 ({cfg.steps} chained steps), "
-        f"sequence L={cfg.length} B={cfg.batch} ({statistic} of {cfg.repeats}, interleaved)",
-        f"{'model':<22}{'backend':<13}{'step us':>9}{'tok/s':>8}{'x eager':>9}{'x LSTM':>8}"
-        f"{'seq ms':>9}{'x eager':>9}{'x LSTM':>8}",
+        f"sequence L={cfg.length} B={cfg.batch} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats}, interleaved)",
+        *fixed_width_lines(COLUMNS, [_row(result, name, backend) for name, backend in result.step_seconds]),
+        f"export time: {exports}",
+        "x eager: time over the same model run eagerly; x LSTM: over the LSTM model on the same backend",
     ]
-
-    def ratio(table, key, other):
-        return f"{table[key] / table[other]:.2f}" if other in table else "-"
-
-    for (name, backend), step in result.step_seconds.items():
-        sequence = result.sequence_seconds[(name, backend)]
-        lines.append(
-            f"{name:<22}{backend:<13}{step * 1e6:>9.0f}{1 / step:>8.0f}"
-            f"{ratio(result.step_seconds, (name, backend), (name, 'eager')):>9}"
-            f"{ratio(result.step_seconds, (name, backend), (BASELINE_MODEL, backend)):>8}"
-            f"{sequence * 1e3:>9.2f}{ratio(result.sequence_seconds, (name, backend), (name, 'eager')):>9}"
-            f"{ratio(result.sequence_seconds, (name, backend), (BASELINE_MODEL, backend)):>8}"
-        )
-    exports = ", ".join(f"{name.split()[0]} {fmt} {seconds:.0f} s" for (name, fmt), seconds in result.export_seconds.items())
-    lines.append(f"export time: {exports}")
-    lines.append("x eager: time over the same model run eagerly; x LSTM: over the LSTM model on the same backend")
     return "\n".join(lines)

@@ -34,22 +34,9 @@ from sru_lightning.diagnostics.kernel_parity import (
     error_for_c0_on_the_cpu,
     nonfinite_mismatches,
 )
-from sru_lightning.diagnostics import gpu_speed
-from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 from sru_lightning.app.usage import CommandParser
-# Re-exported: gpu_check is where the fits' names have always been found.
-from sru_lightning.diagnostics.gpu_fits import (  # noqa: F401
-    DEEPSPEED_FITS,
-    FITS,
-    MEMORY_FITS,
-    RESULT_PREFIX,
-    FitSpec,
-    collect_fit,
-    fit_worker,
-    judge_fit,
-    judge_memory,
-    launch_fit,
-)
+from sru_lightning.diagnostics import gpu_fits, gpu_speed
+from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 
 PARTS = ("build", "kernels", "devices", "compile", "sanitizer", "fits", "deepspeed", "memory", "bandwidth", "bench")
 
@@ -235,88 +222,120 @@ def no_cuda_message() -> str | None:
             f"{build}). Run it on a machine with an NVIDIA GPU and a CUDA build of PyTorch; nothing was checked.")
 
 
+class Budget:
+    """The seconds left of the whole check's time budget."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.started = time.monotonic()
+
+    def remaining(self) -> float:
+        return self.seconds - (time.monotonic() - self.started)
+
+
 def run_checks(parts, budget_s: float) -> list[Check]:
-    started = time.monotonic()
+    """Run the chosen parts in order; each appends its lines. Without a working CUDA build nothing else runs."""
+    budget = Budget(budget_s)
     checks: list[Check] = []
-
-    def remaining() -> float:
-        return budget_s - (time.monotonic() - started)
-
-    def build():
-        from sru_lightning.ops import load_cuda_extension
-        from sru_lightning.ops.op import cuda_kernels_loaded
-
-        t0 = time.monotonic()
-        path = load_cuda_extension()
-        if not cuda_kernels_loaded():
-            return Check("build CUDA extension", FAIL, f"{path} has no CUDA kernels registered")
-        return Check("build CUDA extension", PASS, f"ready in {time.monotonic() - t0:.0f} s")
-
     if "build" in parts:
-        guarded("build CUDA extension", build, checks)
+        guarded("build CUDA extension", build_extension, checks)
         if checks[-1].status == FAIL:
             return checks  # nothing else can run on the GPU kernels
     bf16 = torch.cuda.is_bf16_supported()
     if "kernels" in parts:
-        for dtype_name in STORAGE_DTYPES:
-            if dtype_name == "bf16" and not bf16:
-                checks.append(Check("kernels bf16", SKIP, "this GPU has no bf16 support"))
-                continue
-            guarded(f"kernels {dtype_name}", lambda d=dtype_name: check_kernels(d), checks)
-        guarded("bad input: c0 on the CPU, U on the GPU", check_device_mismatch, checks)
-        guarded("NaN input: same non-finite pattern as CPU", check_nonfinite, checks)
+        run_kernel_checks(bf16, checks)
     if "devices" in parts:
         guarded("kernels on other streams and devices", lambda: check_devices(torch.cuda.device_count()), checks)
     if "compile" in parts:
         guarded("torch.compile on CUDA", check_compile, checks)
+    reports = run_fits(fit_specs(parts, bf16, checks), budget, checks)
+    if "memory" in parts:
+        guarded("memory 16-mixed / 32-true", lambda: gpu_fits.judge_memory(reports), checks)
+    if "bandwidth" in parts:
+        for dtype_name in ("fp32", "fp16"):
+            guarded(f"bandwidth {dtype_name}", lambda d=dtype_name: check_bandwidth(d), checks)
+    if "bench" in parts:
+        run_benchmarks(budget, checks)
+    # Last: memcheck slows the kernels down a hundredfold, so it gets what time is left.
+    if "sanitizer" in parts:
+        run_sanitizer(budget, checks)
+    return checks
 
-    specs = list(FITS if "fits" in parts else ()) + list(MEMORY_FITS if "memory" in parts else ())
+
+def build_extension() -> Check:
+    """Build (or load) the extension and confirm its CUDA kernels are registered."""
+    from sru_lightning.ops import load_cuda_extension
+    from sru_lightning.ops.op import cuda_kernels_loaded
+
+    started = time.monotonic()
+    path = load_cuda_extension()
+    if not cuda_kernels_loaded():
+        return Check("build CUDA extension", FAIL, f"{path} has no CUDA kernels registered")
+    return Check("build CUDA extension", PASS, f"ready in {time.monotonic() - started:.0f} s")
+
+
+def run_kernel_checks(bf16: bool, checks: list[Check]) -> None:
+    """The kernels against the CPU kernels and the reference in every storage dtype, then bad inputs."""
+    for dtype_name in STORAGE_DTYPES:
+        if dtype_name == "bf16" and not bf16:
+            checks.append(Check("kernels bf16", SKIP, "this GPU has no bf16 support"))
+            continue
+        guarded(f"kernels {dtype_name}", lambda d=dtype_name: check_kernels(d), checks)
+    guarded("bad input: c0 on the CPU, U on the GPU", check_device_mismatch, checks)
+    guarded("NaN input: same non-finite pattern as CPU", check_nonfinite, checks)
+
+
+def fit_specs(parts, bf16: bool, checks: list[Check]) -> list[gpu_fits.FitSpec]:
+    """The fits the chosen parts ask for; those this machine cannot run are SKIP lines instead."""
+    specs = list(gpu_fits.FITS if "fits" in parts else ()) + list(gpu_fits.MEMORY_FITS if "memory" in parts else ())
     if "deepspeed" in parts:
         try:
             import deepspeed  # noqa: F401
-            specs += list(DEEPSPEED_FITS)
+            specs += list(gpu_fits.DEEPSPEED_FITS)
         except Exception as error:
             checks.append(Check("fit DeepSpeed ZeRO-2", SKIP, f"deepspeed does not import: {str(error)[:120]}"))
     if not bf16:
         checks += [Check(spec.name, SKIP, "this GPU has no bf16 support") for spec in specs if "bf16" in spec.precision]
         specs = [spec for spec in specs if "bf16" not in spec.precision]
-    # One fit at a time, each in its own process: the seconds a fit reports are its own, and
-    # no fit's memory peak or speed depends on another one sharing the GPU.
+    return specs
+
+
+def run_fits(specs: list[gpu_fits.FitSpec], budget: Budget, checks: list[Check]) -> dict[str, dict]:
+    """Each fit in its own process, one at a time: the seconds a fit reports are its own, and no
+    fit's memory peak or speed depends on another one sharing the GPU. Returns each fit's report;
+    a memory fit adds a line only when it failed (the memory part judges the others)."""
     reports = {}
     for spec in specs:
-        if remaining() < 20:
+        if budget.remaining() < 20:
             checks.append(Check(spec.name, SKIP, "time budget spent"))
             continue
         try:
-            process = launch_fit(spec)
+            process = gpu_fits.launch_fit(spec)
         except Exception as error:
             checks.append(Check(spec.name, FAIL, f"could not start: {error}"))
             continue
-        check, report = collect_fit(spec, process, remaining())
+        check, report = gpu_fits.collect_fit(spec, process, budget.remaining())
         reports[spec.name] = report
-        if not spec.peak_memory:
+        if not spec.peak_memory or check.status == FAIL:
             checks.append(check)
-        elif check.status == FAIL:
-            checks.append(check)
-    if "memory" in parts:
-        guarded("memory 16-mixed / 32-true", lambda: judge_memory(reports), checks)
+    return reports
 
-    if "bandwidth" in parts:
-        for dtype_name in ("fp32", "fp16"):
-            guarded(f"bandwidth {dtype_name}", lambda d=dtype_name: check_bandwidth(d), checks)
-    if "bench" in parts:
-        for dtype_name in ("fp32", "fp16"):
-            if remaining() < 30:
-                checks.append(Check(f"bench {dtype_name}", SKIP, "time budget spent"))
-                continue
-            guarded(f"bench {dtype_name}", lambda d=dtype_name: check_benchmark(d), checks)
-    # Last: memcheck slows the kernels down a hundredfold, so it gets what time is left.
-    if "sanitizer" in parts:
-        if remaining() < 30:
-            checks.append(Check("compute-sanitizer memcheck", SKIP, "time budget spent"))
-        else:
-            guarded("compute-sanitizer memcheck", lambda: check_sanitizer(min(150.0, remaining())), checks)
-    return checks
+
+def run_benchmarks(budget: Budget, checks: list[Check]) -> None:
+    """SRU against cuDNN LSTM in fp32 and fp16, while the budget lasts."""
+    for dtype_name in ("fp32", "fp16"):
+        if budget.remaining() < 30:
+            checks.append(Check(f"bench {dtype_name}", SKIP, "time budget spent"))
+            continue
+        guarded(f"bench {dtype_name}", lambda d=dtype_name: check_benchmark(d), checks)
+
+
+def run_sanitizer(budget: Budget, checks: list[Check]) -> None:
+    """compute-sanitizer's memcheck with what is left of the budget (at most 150 s)."""
+    if budget.remaining() < 30:
+        checks.append(Check("compute-sanitizer memcheck", SKIP, "time budget spent"))
+    else:
+        guarded("compute-sanitizer memcheck", lambda: check_sanitizer(min(150.0, budget.remaining())), checks)
 
 
 def main(argv=None) -> int:
@@ -338,8 +357,8 @@ def main(argv=None) -> int:
     if args.sanitizer_worker:
         return sanitizer_worker()
     if args.fit_worker:
-        report = fit_worker(FitSpec(**json.loads(args.fit_worker)))
-        print(RESULT_PREFIX + json.dumps(report), flush=True)
+        report = gpu_fits.fit_worker(gpu_fits.FitSpec(**json.loads(args.fit_worker)))
+        print(gpu_fits.RESULT_PREFIX + json.dumps(report), flush=True)
         return 0
     message = no_cuda_message()
     if message:

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 
 import torch
 
-# (L, B, D): the reference size first, then smaller ones where launch overhead shows.
+# (L, B, D): first sequence 256, batch 64, width 1024, the size at which gpu-check's `bench` part
+# requires SRU's fwd+bwd to beat cuDNN LSTM; then smaller ones, where launch overhead shows.
 BENCH_SIZES = ((256, 64, 1024), (256, 32, 512), (64, 16, 256))
 BANDWIDTH_SIZES = ((256, 64, 1024), (128, 32, 4096))
 

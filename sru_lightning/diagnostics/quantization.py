@@ -57,8 +57,8 @@ def main(argv=None) -> int:
     settings = dict(argument.split("=", 1) for argument in (sys.argv[1:] if argv is None else argv))
     threads, repeats = int(settings.get("threads", 1)), int(settings.get("repeats", 7))
     torch.set_num_threads(threads)
-    path = generate.checkpoint_file(settings.get("ckpt_path", "last"), settings.get("resume_dir", "outputs"))
-    checkpoint = generate.load_checkpoint(path)
+    path, checkpoint = generate.load_checkpoint(settings.get("ckpt_path", "last"),
+                                                settings.get("resume_dir", "outputs"))
     models = {"float32": generate.build_model(checkpoint, path)}
     models["int8 (projections + decoder)"] = quantize_input_projections(models["float32"])
     datamodule = instantiate(OmegaConf.load(Path(path).resolve().parent.parent / ".hydra" / "config.yaml").data)

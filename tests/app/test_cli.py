@@ -173,7 +173,7 @@ def test_a_run_directory_resumes_from_its_newest_checkpoint(tmp_path):
 
     from omegaconf import OmegaConf
 
-    from sru_lightning.app.cli import resolve_checkpoint
+    from sru_lightning.app.runs.checkpoints import resolve_checkpoint
 
     checkpoints = tmp_path / "run" / "checkpoints"
     checkpoints.mkdir(parents=True)

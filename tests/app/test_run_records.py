@@ -83,7 +83,8 @@ def test_a_summary_lists_only_the_jobs_this_sweep_started(tmp_path):
     import os
     import time
 
-    from sru_lightning.app.sweep import collect_results, write_result
+    from sru_lightning.app.runs.records import write_result
+    from sru_lightning.app.sweep import collect_results
 
     for job, status in (("0", "completed"), ("1", "completed")):
         (tmp_path / job / ".hydra").mkdir(parents=True)
@@ -97,7 +98,8 @@ def test_a_summary_lists_only_the_jobs_this_sweep_started(tmp_path):
 
 
 def test_summaries_print_integers_as_integers_and_overrides_as_typed(tmp_path):
-    from sru_lightning.app.sweep import collect_results, write_result, write_summary
+    from sru_lightning.app.runs.records import write_result
+    from sru_lightning.app.sweep import collect_results, write_summary
 
     (tmp_path / "0").mkdir()
     write_result(tmp_path / "0", {"status": "completed", "overrides": ["data.path=my notes.txt", "~callbacks.x"],

@@ -8,7 +8,8 @@ import json
 import pytest
 
 from sru_lightning.app import cli
-from sru_lightning.app.sweep import collect_results, write_result, write_summary
+from sru_lightning.app.runs.records import write_result
+from sru_lightning.app.sweep import collect_results, write_summary
 from helpers.tiny_run import TINY_RUN
 
 TINY = TINY_RUN
@@ -68,3 +69,23 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == "" and lines[1]["tokens_per_second"] == ""
     assert lines[2]["error"] == "ValueError: bad"
     assert "1 of 3 jobs completed." in markdown.read_text()
+
+
+def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_path, capsys):
+    from omegaconf import OmegaConf
+
+    from sru_lightning.app.sweep import SweepIncomplete, SweepSummary
+
+    write_result(tmp_path / "0", {"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5}})
+    write_result(tmp_path / "1", {"status": "failed", "overrides": ["lr=2"], "error": "ValueError: bad\nmore"})
+    config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
+    with pytest.raises(SweepIncomplete) as ended:
+        SweepSummary().on_multirun_end(config)
+    assert ended.value.code == 1 and ended.value.total == 2
+    assert [(row["job"], row["status"]) for row in ended.value.rows] == [("1", "failed")]
+    assert cli._report_incomplete(ended.value) == 1
+    err = capsys.readouterr().err
+    assert "job 1 failed: ValueError: bad\n" in err and "1 of 2 runs did not complete" in err
+    write_result(tmp_path / "1", {"status": "completed", "overrides": ["lr=2"], "metrics": {"val_bpc": 2.0}})
+    SweepSummary().on_multirun_end(config)  # every job completed: the command goes on to status 0
+    assert "2 of 2 jobs completed." in capsys.readouterr().out

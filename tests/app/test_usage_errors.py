@@ -80,6 +80,7 @@ TOOL_CASES = [
     ("generate", "prompt", ["ckpt_path={run}", "prompt="], "`prompt` must hold at least one token"),
     ("generate", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
     ("generate", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
+    ("generate", "ckpt_path", ["ckpt_path={empty_dir}"], "holds no checkpoints/last.ckpt or checkpoints/interrupted.ckpt"),
     ("generate", "<unknown>", ["lenght=5"], "unknown setting 'lenght'"),
     ("generate", "seed", ["ckpt_path={run}", "seed=abc"], "`seed` must be an integer"),
     ("generate", "resume_dir", ["ckpt_path=last", "resume_dir=/nonexistent"], "resume_dir='/nonexistent'"),

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from sru_lightning.diagnostics import gpu_check, kernel_parity
-from sru_lightning.diagnostics.gpu_check import FAIL, PASS, SKIP, Check, FitSpec
+from sru_lightning.diagnostics import gpu_check, gpu_fits, kernel_parity
+from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
+from sru_lightning.diagnostics.gpu_fits import FitSpec
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -114,7 +115,7 @@ def test_nonfinite_check_runs_and_catches_a_kernel_that_drops_nan(monkeypatch):
 def test_fit_judgement():
     spec = FitSpec("fit 16-mixed", "16-mixed", expected_storage="fp16", steps=8)
     good = {"losses": [4.0, 3.9, 3.5, 3.2, 3.0, 2.9, 2.8, 2.7], "storage": ["fp16"], "backends": ["cpp"]}
-    assert gpu_check.judge_fit(spec, good).status == PASS
+    assert gpu_fits.judge_fit(spec, good).status == PASS
     for change, reason in [
         ({"losses": good["losses"][:4] + [float("nan")] * 4}, "non-finite loss"),
         ({"losses": [3.0] * 8}, "loss did not fall"),
@@ -122,17 +123,17 @@ def test_fit_judgement():
         ({"backends": ["reference"]}, "backend on the device ['reference']"),
         ({"losses": [4.0, 3.0]}, "only 2 of 8 steps ran"),
     ]:
-        check = gpu_check.judge_fit(spec, {**good, **change})
+        check = gpu_fits.judge_fit(spec, {**good, **change})
         assert check.status == FAIL and reason in check.detail, check.detail
 
 
 def test_memory_judgement():
     reports = {"memory 32-true": {"peak_bytes": 4 * 2**30}, "memory 16-mixed": {"peak_bytes": 2 * 2**30}}
-    check = gpu_check.judge_memory(reports)
+    check = gpu_fits.judge_memory(reports)
     assert check.status == PASS and "= 0.50" in check.detail
     reports["memory 16-mixed"]["peak_bytes"] = 5 * 2**30
-    assert gpu_check.judge_memory(reports).status == FAIL
-    assert gpu_check.judge_memory({}).status == FAIL
+    assert gpu_fits.judge_memory(reports).status == FAIL
+    assert gpu_fits.judge_memory({}).status == FAIL
 
 
 def test_a_failing_part_becomes_one_fail_line_and_the_rest_still_runs():
@@ -158,8 +159,8 @@ def test_fit_worker_runs_in_its_own_process_and_reports(tmp_path):
     # The worker the GPU check launches per precision, here on CPU with bf16-mixed.
     spec = FitSpec("fit bf16-mixed (cpu)", "bf16-mixed", expected_storage="bf16", steps=6, batch=4,
                    seq_len=16, hidden=32, layers=1, accelerator="cpu")
-    process = gpu_check.launch_fit(spec)
-    check, report = gpu_check.collect_fit(spec, process, timeout_s=120)
+    process = gpu_fits.launch_fit(spec)
+    check, report = gpu_fits.collect_fit(spec, process, timeout_s=120)
     assert report["storage"] == ["bf16"] and report["backends"] == ["cpp"], report
     assert len(report["losses"]) == 6 and all(math.isfinite(x) for x in report["losses"])
     assert check.status == PASS, check.detail
@@ -241,15 +242,27 @@ def test_fits_run_one_at_a_time(monkeypatch):
         events.append(("collect", process.name))
         return Check(spec.name, PASS, "ok"), {"peak_bytes": 1}
 
-    monkeypatch.setattr(gpu_check, "launch_fit", launch)
-    monkeypatch.setattr(gpu_check, "collect_fit", collect)
+    monkeypatch.setattr(gpu_fits, "launch_fit", launch)
+    monkeypatch.setattr(gpu_fits, "collect_fit", collect)
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     checks = gpu_check.run_checks({"fits", "memory"}, budget_s=300)
-    names = [spec.name for spec in gpu_check.FITS + gpu_check.MEMORY_FITS]
+    names = [spec.name for spec in gpu_fits.FITS + gpu_fits.MEMORY_FITS]
     assert [name for kind, name in events if kind == "launch"] == names
-    assert [c.name for c in checks if c.name.startswith("fit")] == [spec.name for spec in gpu_check.FITS]
+    assert [c.name for c in checks if c.name.startswith("fit")] == [spec.name for spec in gpu_fits.FITS]
 
 
 def test_the_new_parts_can_be_chosen():
     for part in ("devices", "compile", "sanitizer", "bandwidth"):
         assert part in gpu_check.PARTS
+
+
+def test_parts_past_the_time_budget_are_skipped_in_order(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: False)
+    checks = gpu_check.run_checks({"fits", "bench", "sanitizer"}, budget_s=0)
+    bf16_fits = [spec.name for spec in gpu_fits.FITS if "bf16" in spec.precision]
+    other_fits = [spec.name for spec in gpu_fits.FITS if "bf16" not in spec.precision]
+    assert [(c.name, c.status) for c in checks] == [
+        *((name, SKIP) for name in bf16_fits + other_fits), ("bench fp32", SKIP), ("bench fp16", SKIP),
+        ("compute-sanitizer memcheck", SKIP)]
+    assert [c.detail for c in checks][-3:] == ["time budget spent"] * 3
+    assert all(c.detail == "this GPU has no bf16 support" for c in checks[:len(bf16_fits)])

@@ -12,10 +12,12 @@ Checkpoints are untrusted input: they are read with `weights_only=True`.
 
 from __future__ import annotations
 
-import json
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from .records import run_status
 
 log = logging.getLogger("sru_lightning")
 
@@ -24,7 +26,6 @@ INTERRUPTED_NAME = "interrupted.ckpt"
 # What a run leaves to continue from: the last epoch-end/periodic save, and the checkpoint
 # written when a fit is interrupted (conf/callbacks/fault_tolerance.yaml). The newer one wins.
 RESUMABLE_NAMES = (CHECKPOINT_NAME, INTERRUPTED_NAME)
-RESULT_FILE = "result.json"
 
 
 class CheckpointError(ValueError):
@@ -83,14 +84,6 @@ def checkpoint_step(path: str | Path) -> int:
     return int(read_checkpoint(path).get("global_step", 0) or 0)
 
 
-def run_status(run_dir: Path) -> str | None:
-    """The status in the run directory's result.json (None when it has none or it is unreadable)."""
-    try:
-        return json.loads((run_dir / RESULT_FILE).read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
 def newest_resumable(folder: Path) -> Path | None:
     """The most recently written of `folder`'s resumable checkpoints, or None."""
     found = [folder / name for name in RESUMABLE_NAMES
@@ -124,23 +117,7 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
         return None
     setting = str(setting)
     if setting != "last":
-        path = Path(setting).expanduser()
-        if is_deepspeed_folder(path):
-            return str(path.absolute())
-        if path.is_dir():
-            for folder in (path / "checkpoints", path):
-                candidate = newest_resumable(folder)
-                if candidate is not None:
-                    return str(candidate.absolute())
-            raise CheckpointError(
-                f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/{CHECKPOINT_NAME} "
-                f"or checkpoints/{INTERRUPTED_NAME}; point ckpt_path at a .ckpt file"
-            )
-        if not path.is_file():
-            raise CheckpointError(
-                f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
-            )
-        return str(path.absolute())
+        return str(named_checkpoint(setting))
 
     resume_dir = Path(str(cfg.get("resume_dir") or "outputs")).expanduser()
     if cfg.get("resume_dir") is not None and str(cfg.get("resume_dir")) != "outputs" and not resume_dir.is_dir():
@@ -178,11 +155,61 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path) -> str | None:
     return None
 
 
-def find_last_checkpoint(root: Path, model_config: dict, data_config: dict, exclude: Path | None = None) -> Path | None:
-    """Newest resumable checkpoint (`last.ckpt` or `interrupted.ckpt`) under `root` whose run used
-    the same model and data config, holds at least one optimizer step and did not fail."""
-    from omegaconf import OmegaConf
+def named_checkpoint(setting: str) -> Path:
+    """A `ckpt_path` other than `last` as an absolute checkpoint path: the file itself, a
+    DeepSpeed checkpoint folder, or a run directory's newest resumable checkpoint."""
+    path = Path(setting).expanduser()
+    if is_deepspeed_folder(path):
+        return path.absolute()
+    if path.is_dir():
+        for folder in (path / "checkpoints", path):
+            candidate = newest_resumable(folder)
+            if candidate is not None:
+                return candidate.absolute()
+        raise CheckpointError(
+            f"`ckpt_path` is the directory {setting!r}, which holds no checkpoints/{CHECKPOINT_NAME} "
+            f"or checkpoints/{INTERRUPTED_NAME}; point ckpt_path at a .ckpt file"
+        )
+    if not path.is_file():
+        raise CheckpointError(
+            f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
+        )
+    return path.absolute()
 
+
+def model_checkpoint(setting: str, resume_dir: str) -> Path:
+    """The checkpoint a command that reads a trained model (generate, export) is pointed at:
+    `ckpt_path` as for a run, except that `last` is the newest resumable checkpoint under
+    `resume_dir` of any trained run that did not fail, whatever its model or data."""
+    if setting != "last":
+        return named_checkpoint(setting)
+    found = find_last_checkpoint(Path(resume_dir).expanduser())
+    if found is None:
+        raise CheckpointError(
+            f"`ckpt_path=last` found no checkpoints/{CHECKPOINT_NAME} of a trained run under "
+            f"resume_dir={resume_dir!r}; pass ckpt_path=<run directory or .ckpt file>"
+        )
+    return found
+
+
+def read_model_checkpoint(path: Path, command: str) -> dict[str, Any]:
+    """The contents of a one-file checkpoint of the language model, for `command` (generate,
+    export): its weights (`state_dict`) and constructor arguments (`hyper_parameters`)."""
+    if is_deepspeed_folder(path):
+        raise deepspeed_folder_elsewhere(path, command)
+    checkpoint = read_checkpoint(path)
+    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
+        raise CheckpointError(
+            f"{str(path)!r} is not a checkpoint of sru_lightning's language model (no state_dict / hyper_parameters)"
+        )
+    return checkpoint
+
+
+def find_last_checkpoint(root: Path, model_config: dict | None = None, data_config: dict | None = None,
+                         exclude: Path | None = None) -> Path | None:
+    """Newest resumable checkpoint (`last.ckpt` or `interrupted.ckpt`) under `root` that holds at
+    least one optimizer step, of a run that did not fail and, when `model_config` and
+    `data_config` are given, used that model and data config."""
     if not root.is_dir():
         return None
     candidates = []
@@ -190,18 +217,7 @@ def find_last_checkpoint(root: Path, model_config: dict, data_config: dict, excl
         run_dir = checkpoint.parent.parent
         if exclude is not None and run_dir.resolve() == exclude.resolve():
             continue
-        saved = run_dir / ".hydra" / "config.yaml"
-        if not saved.is_file():
-            continue
-        try:
-            config = OmegaConf.load(saved)
-            same = (
-                OmegaConf.to_container(config.model, resolve=True) == model_config
-                and OmegaConf.to_container(config.data, resolve=True) == data_config
-            )
-        except Exception:  # an unreadable or foreign config is simply not a match
-            continue
-        if same:
+        if model_config is None or _same_configs(run_dir, model_config, data_config):
             candidates.append((checkpoint.stat().st_mtime, checkpoint))
     for _, checkpoint in sorted(candidates, reverse=True):
         reason = _why_not_resumable(checkpoint)
@@ -209,6 +225,23 @@ def find_last_checkpoint(root: Path, model_config: dict, data_config: dict, excl
             return checkpoint.absolute()
         log.info("ckpt_path=last: skipping %s: %s", checkpoint, reason)
     return None
+
+
+def _same_configs(run_dir: Path, model_config: dict, data_config: dict | None) -> bool:
+    """Whether the run in `run_dir` was configured (its `.hydra/config.yaml`) with this model and data."""
+    from omegaconf import OmegaConf
+
+    saved = run_dir / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return False
+    try:
+        config = OmegaConf.load(saved)
+        return (
+            OmegaConf.to_container(config.model, resolve=True) == model_config
+            and OmegaConf.to_container(config.data, resolve=True) == data_config
+        )
+    except Exception:  # an unreadable or foreign config is simply not a match
+        return False
 
 
 # --------------------------------------------------------------------------------------------

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import json
 import logging
 import math
 import os
@@ -19,8 +18,9 @@ import re
 import shlex
 import time
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from lightning.pytorch.callbacks import Callback
 
@@ -33,13 +33,13 @@ from .checkpoints import (
     resolve_checkpoint,
     saved_codec,
 )
+from .records import write_record
 from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
 
 PROG = "python -m sru_lightning"
-HISTORY_FILE = "history.jsonl"
 
 # Warnings the user cannot act on: the package's streams define __len__ on purpose (one
 # worker, so no duplicates); Lightning's own use of a torch API that torch deprecated.
@@ -161,18 +161,7 @@ def _say(message: str) -> None:
 
 
 # --------------------------------------------------------------------------------------------
-# records
-def write_record(output_dir: Path, record: dict[str, Any], *, keep_result: bool = False) -> None:
-    """Append the attempt to history.jsonl and make it the run's result.json, unless
-    `keep_result`: an attempt refused before it started leaves an earlier run's result alone."""
-    from sru_lightning.app.sweep import RESULT_FILE, write_result
-
-    if not (keep_result and (output_dir / RESULT_FILE).is_file()):
-        write_result(output_dir, record)
-    with open(output_dir / HISTORY_FILE, "a") as history:
-        history.write(json.dumps(record, sort_keys=True, default=str) + "\n")
-
-
+# interruptions
 def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
     words = [*PROG.split(), command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
@@ -195,96 +184,169 @@ def _interruption_message(command: str, overrides: list[str], output_dir: Path, 
 
 # --------------------------------------------------------------------------------------------
 # one run
-def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
-    """Build everything from `cfg`, run `command`, record the result in `output_dir`.
+@dataclass
+class Attempt:
+    """One attempt at a run: what was asked, its record so far, and its trainer once built."""
 
-    Configuration problems raise UsageError (single run) or mark the job failed (sweep: the
-    other jobs go on). A NaN loss raises RunFailed. An interruption records the status and
-    the command that resumes the run; in a sweep it stops the sweep.
+    command: str
+    overrides: list[str]
+    output_dir: Path
+    multirun: bool
+    record: dict[str, Any] = field(init=False)
+    started: float = field(default_factory=time.monotonic)
+    trainer: Any = None
+
+    def __post_init__(self) -> None:
+        self.record = {"command": self.command, "overrides": self.overrides, "status": "running",
+                       "run_dir": str(self.output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+    @property
+    def step(self) -> int:
+        return self.trainer.global_step if self.trainer is not None else 0
+
+    @property
+    def writes_records(self) -> bool:
+        """Only rank 0 writes the run's records and speaks (every rank before the trainer exists)."""
+        return self.trainer is None or self.trainer.is_global_zero
+
+    def finish(self, status: str, **fields: Any) -> None:
+        self.record.update(status=status, **fields, optimizer_steps=self.step,
+                           wall_seconds=round(time.monotonic() - self.started, 1))
+
+
+def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
+    """Build everything from `cfg`, run `command`, record the result in `output_dir`; return the record.
+
+    The outcomes: completed; refused (a configuration problem: a single run exits with status 2
+    and leaves its directory as it was, a sweep job is recorded as failed and the others go on);
+    interrupted (recorded with the command that resumes it; a sweep stops); failed (recorded; a
+    single run exits with status 1 for a failure its message explains, such as a NaN loss, and
+    with the traceback otherwise; a sweep job is logged and the others go on).
     """
-    from sru_lightning.callbacks.interrupts import interruption_cause
-    from sru_lightning.callbacks.nonfinite_loss import NonFiniteLossError
     from sru_lightning.callbacks.signal_watch import watching_signals
 
-    output_dir = Path(output_dir).absolute()
-    record: dict[str, Any] = {"command": command, "overrides": overrides, "status": "running",
-                              "run_dir": str(output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
-    started = time.monotonic()
-    trainer = None
+    attempt = Attempt(command, overrides, Path(output_dir).absolute(), multirun)
     with _visible_logging(), watching_signals() as signals:  # no signal may hang a run
         try:
-            try:
-                trainer, model, datamodule, ckpt_path = build(cfg, command, output_dir, overrides)
-            except Exception as error:
-                if not is_usage_error(error):
-                    raise
-                raise UsageError(describe(error)) from error
-            signals.follow(trainer)
-            record["monitor"] = optimized_metric_name(cfg, model)
-            if ckpt_path is not None:
-                record["ckpt_path"] = str(ckpt_path)
-            try:
-                metrics = execute(command, trainer, model, datamodule, ckpt_path)
-            except Exception as error:
-                if _refused_before_training(error, trainer):
-                    raise UsageError(describe(error)) from error
-                raise
-            final_name = bits_name(model, "test" if command == "test" else "val")
-            final = metrics.get(final_name, 0.0)
-            if not math.isfinite(final):
-                raise RunFailed(
-                    f"the final {final_name} is {final}: the model's outputs are "
-                    "not finite (see the training loss in the logs; a smaller learning rate or bf16 instead of "
-                    "fp16 usually helps)"
-                )
+            metrics = _build_and_execute(cfg, attempt, signals)
         except BaseException as error:
-            if isinstance(error, UsageError) and not multirun:
-                # Refused before it started: the run directory is left as it was (or removed).
-                from .directories import restore_after_usage_error, usage_exit
+            return _ended_early(error, attempt)
+        return _completed(attempt, metrics)
 
-                restore_after_usage_error(output_dir)
-                raise usage_exit(str(error)) from None
-            cause = interruption_cause(trainer, error)
-            interrupted = cause is not None
-            step = trainer.global_step if trainer is not None else 0
-            record.update(status="interrupted" if interrupted else "failed", error=cause or describe(error),
-                          optimizer_steps=step, wall_seconds=round(time.monotonic() - started, 1))
-            if trainer is None or trainer.is_global_zero:
-                write_record(output_dir, record, keep_result=isinstance(error, UsageError))
-            if interrupted:
-                if trainer is None or trainer.is_global_zero:
-                    _say(_interruption_message(command, overrides, output_dir, step))
-                if multirun:
-                    raise
-                return record
-            if isinstance(error, NonFiniteLossError):
-                error = RunFailed(str(error))
-            if not isinstance(error, Exception):
-                raise
-            if not isinstance(error, (UsageError, RunFailed)):
-                _log_traceback_to_file(error)
-            if not multirun:
-                from .directories import error_exit, keep_config_beside
 
-                keep_config_beside(output_dir)
-                _say(f"run directory: {output_dir} (failed)")
-                if isinstance(error, RunFailed):
-                    raise error_exit(str(error), 1) from None
-                raise
-            log.error("job in %s failed: %s", output_dir, describe(error))
-            return record
-        record.update(status="completed", metrics=metrics, optimizer_steps=trainer.global_step,
-                      wall_seconds=round(time.monotonic() - started, 1))
-        if multirun and record["monitor"] not in metrics:
-            log.warning("`optimized_metric` names %r, which this run did not log (it logged %s); the sweep "
-                        "gets nan for it", record["monitor"], ", ".join(sorted(metrics)))
-        throughput = next((cb for cb in trainer.callbacks if type(cb).__name__ == "TrainingThroughput"), None)
-        if throughput is not None and throughput.tokens:
-            record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
-        if trainer.is_global_zero:
-            write_record(output_dir, record)
-            _say(f"run directory: {output_dir}")
+def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
+    """The run itself: build, execute the command, check the final metric; the final metrics."""
+    try:
+        trainer, model, datamodule, ckpt_path = build(cfg, attempt.command, attempt.output_dir, attempt.overrides)
+    except Exception as error:
+        if not is_usage_error(error):
+            raise
+        raise UsageError(describe(error)) from error
+    attempt.trainer = trainer
+    signals.follow(trainer)
+    attempt.record["monitor"] = optimized_metric_name(cfg, model)
+    if ckpt_path is not None:
+        attempt.record["ckpt_path"] = str(ckpt_path)
+    try:
+        metrics = execute(attempt.command, trainer, model, datamodule, ckpt_path)
+    except Exception as error:
+        if _refused_before_training(error, trainer):
+            raise UsageError(describe(error)) from error
+        raise
+    _check_final_metric(metrics, bits_name(model, "test" if attempt.command == "test" else "val"))
+    return metrics
+
+
+def _check_final_metric(metrics: dict[str, float], final_name: str) -> None:
+    """Raise RunFailed when the final bits-per-token metric is not finite."""
+    final = metrics.get(final_name, 0.0)
+    if not math.isfinite(final):
+        raise RunFailed(
+            f"the final {final_name} is {final}: the model's outputs are "
+            "not finite (see the training loss in the logs; a smaller learning rate or bf16 instead of "
+            "fp16 usually helps)"
+        )
+
+
+def _completed(attempt: Attempt, metrics: dict[str, float]) -> dict[str, Any]:
+    """Record a completed run and name its directory."""
+    from sru_lightning.callbacks.throughput import TrainingThroughput
+
+    record, trainer = attempt.record, attempt.trainer
+    attempt.finish("completed", metrics=metrics)
+    if attempt.multirun and record["monitor"] not in metrics:
+        log.warning("`optimized_metric` names %r, which this run did not log (it logged %s); the sweep "
+                    "gets nan for it", record["monitor"], ", ".join(sorted(metrics)))
+    throughput = next((cb for cb in trainer.callbacks if isinstance(cb, TrainingThroughput)), None)
+    if throughput is not None and throughput.tokens:
+        record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
+    if trainer.is_global_zero:
+        write_record(attempt.output_dir, record)
+        _say(f"run directory: {attempt.output_dir}")
     return record
+
+
+def _ended_early(error: BaseException, attempt: Attempt) -> dict[str, Any]:
+    """The attempt did not complete: refused (a usage error), interrupted, or failed."""
+    from sru_lightning.callbacks.interrupts import interruption_cause
+
+    if isinstance(error, UsageError) and not attempt.multirun:
+        _refused(error, attempt)
+    cause = interruption_cause(attempt.trainer, error)
+    attempt.finish("interrupted" if cause is not None else "failed", error=cause or describe(error))
+    if attempt.writes_records:
+        write_record(attempt.output_dir, attempt.record, keep_result=isinstance(error, UsageError))
+    if cause is not None:
+        return _interrupted(error, attempt)
+    return _failed(error, attempt)
+
+
+def _refused(error: UsageError, attempt: Attempt) -> NoReturn:
+    """A single run refused before it started: the run directory is left as it was (or removed);
+    exit status 2."""
+    from .directories import restore_after_usage_error, usage_exit
+
+    restore_after_usage_error(attempt.output_dir)
+    raise usage_exit(str(error)) from None
+
+
+def _interrupted(error: BaseException, attempt: Attempt) -> dict[str, Any]:
+    """Say how to resume; a single run returns its record, a sweep stops (the error goes on)."""
+    if attempt.writes_records:
+        _say(_interruption_message(attempt.command, attempt.overrides, attempt.output_dir, attempt.step))
+    if attempt.multirun:
+        raise error
+    return attempt.record
+
+
+def _failed(error: BaseException, attempt: Attempt) -> dict[str, Any]:
+    """A sweep job's failure is logged and the sweep goes on; a single run's ends the command.
+    Anything that is not an Exception (SystemExit, ...) goes on as it is."""
+    from sru_lightning.callbacks.nonfinite_loss import NonFiniteLossError
+
+    if isinstance(error, NonFiniteLossError):
+        error = RunFailed(str(error))
+    if not isinstance(error, Exception):
+        raise error
+    if not isinstance(error, (UsageError, RunFailed)):
+        _log_traceback_to_file(error)
+    if not attempt.multirun:
+        _single_run_failed(error, attempt)
+    log.error("job in %s failed: %s", attempt.output_dir, describe(error))
+    return attempt.record
+
+
+def _single_run_failed(error: Exception, attempt: Attempt) -> NoReturn:
+    """Keep the attempt's config beside the run's own and name the directory. A failure the
+    message fully explains (RunFailed) exits with status 1 in one line; anything else goes on
+    with its traceback."""
+    from .directories import error_exit, keep_config_beside
+
+    keep_config_beside(attempt.output_dir)
+    _say(f"run directory: {attempt.output_dir} (failed)")
+    if isinstance(error, RunFailed):
+        raise error_exit(str(error), 1) from None
+    raise error
 
 
 def _refused_before_training(error: BaseException, trainer) -> bool:
@@ -571,6 +633,8 @@ def _safe_loading(method) -> dict[str, bool]:
 
 
 def _validate_final_weights(trainer, model, datamodule, final_metric: str) -> None:
+    from sru_lightning.callbacks import SRUPrecisionCallback
+
     if trainer.limit_val_batches == 0:
         return
     tracker = next((cb for cb in trainer.callbacks if isinstance(cb, LastValidation)), None)
@@ -584,7 +648,7 @@ def _validate_final_weights(trainer, model, datamodule, final_metric: str) -> No
     else:
         where = "no validation ran in this fit"
     log.info("Validating the final weights (step %d): %s", trainer.global_step, where)
-    precision_reports = [cb for cb in trainer.callbacks if type(cb).__name__ == "SRUPrecisionCallback"]
+    precision_reports = [cb for cb in trainer.callbacks if isinstance(cb, SRUPrecisionCallback)]
     verbose = [getattr(cb, "verbose", False) for cb in precision_reports]
     for callback in precision_reports:  # the fit already printed the precision table
         callback.verbose = False

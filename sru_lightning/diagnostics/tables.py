@@ -1,0 +1,36 @@
+"""What the benchmarks (`bench`, `bench --decode`, `bench --export`) share: the thread count
+they time under, the statistic they keep of repeated timings, and their fixed-width tables."""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+# --statistic -> the word the table header uses for it.
+STATISTIC_NAMES = {"min": "best", "median": "median"}
+
+
+@contextlib.contextmanager
+def intra_op_threads(count: int):
+    """Run the block with `count` intra-op threads, then restore the previous count."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
+
+
+def statistic_of(name: str) -> Callable[[Sequence[float]], float]:
+    """The function that reduces repeated timings: `min` (best of N) or `median`."""
+    return min if name == "min" else statistics.median
+
+
+def fixed_width_lines(columns: Sequence[tuple[str, str]], rows: Iterable[Sequence[str]]) -> list[str]:
+    """A header line and one line per row; each column is (title, format spec of its width and
+    alignment, e.g. "<22" or ">9"), and the cells are already written as text."""
+    header = "".join(f"{title:{spec}}" for title, spec in columns)
+    return [header, *("".join(f"{cell:{spec}}" for (_, spec), cell in zip(columns, row)) for row in rows)]
