@@ -115,9 +115,11 @@ class ExtensionVariant:
         options = dict(name=name, sources=[str(path) for path in self.sources], extra_cflags=list(self.cxx_flags),
                        extra_ldflags=list(self.ldflags), extra_include_paths=[str(csrc_dir())], with_cuda=False,
                        is_python_module=False, build_directory=str(folder), verbose=verbose)
-        if nvcc is None:
+        if self.variant != "cuda":
             cpp_extension.load(**options)
             return
+        if nvcc is None:
+            raise ValueError("compile_into: the CUDA variant needs `nvcc` (a cuda_toolkit.Nvcc), got None")
         options.update(with_cuda=True, extra_cuda_cflags=list(self.cuda_flags) + cuda_toolkit.gencode_flags(self.archs),
                        extra_ldflags=[*self.ldflags, *_cudart_link_flags(folder, nvcc)],
                        extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)])
