@@ -208,7 +208,7 @@ def emulation_variant(kernels_dir: str | os.PathLike | None = None, sanitize: bo
         raise FileNotFoundError(f"{EMULATION_NAMESPACE}: kernels_dir {folder} lacks {missing}")
     sources = tuple((folder if name in EMULATION_KERNEL_FILES else csrc_dir()) / name for name in EMULATION_SOURCES)
     included = tuple(folder / name for name in EMULATION_KERNEL_FILES if name not in EMULATION_SOURCES)
-    description = "CUDA kernels emulated on the CPU" + (" with AddressSanitizer" if sanitize else "")
+    description = "CUDA kernels emulated on the CPU" + (" (ASan build)" if sanitize else "")
     return ExtensionVariant("cuda_emulation", description, sources, included + _headers(folder),
                             EMULATION_FLAGS + (SANITIZE_FLAGS if sanitize else ()),
                             ldflags=SANITIZE_LDFLAGS if sanitize else ())
