@@ -1,8 +1,9 @@
 """The CUDA kernels on the CPU: csrc/sru_cuda_kernels.cu compiled as C++ and run serially.
 
-:func:`build_emulation` compiles the unchanged CUDA source with the C++ compiler through a
-small shim (csrc/sru_cuda_emulation.h: a launch loop over the grid, the thread built-ins, the
-device's ``expf``) and binds it to CPU tensors with the same binding as the real CUDA kernels
+:func:`sru_lightning.ops.build.load_emulation` compiles the unchanged CUDA source with the
+C++ compiler (the ``cuda_emulation`` variant of the build, cached like the CPU and CUDA
+libraries) through a small shim (csrc/sru_cuda_emulation.h: a launch loop over the grid, the
+thread built-ins, the device's ``expf``) and binds it to CPU tensors with the same binding as the real CUDA kernels
 (csrc/sru_cuda_binding.h), as the ops ``torch.ops.sru_lightning_cuda_emulated.*``.
 
 Inside :func:`emulated_cuda_kernels` the CPU dispatch of ``torch.ops.sru_lightning`` runs
@@ -25,96 +26,23 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import hashlib
 import os
 import subprocess
 import sys
-import threading
 import warnings
-from pathlib import Path
 
 import torch
 
-from sru_lightning._resources import csrc_dir
 from sru_lightning.diagnostics import kernel_parity
+from sru_lightning.ops import build
 
-NAMESPACE = "sru_lightning_cuda_emulated"
-# The plumbing and the binding always come from csrc/; the kernels (the .cu and its C++
-# wrapper) from csrc/ or from the folder given as kernels_dir. Headers come from the
-# kernels' folder when it has them, else from csrc/.
-BINDING_SOURCES = ("sru_ops.cpp", "sru_cuda_emulated.cpp")
-KERNEL_FILES = ("sru_cuda_kernels_emulated.cpp", "sru_cuda_kernels.cu")
-HEADERS = ("sru_cuda_binding.h", "sru_cuda_emulation.h", "sru_cuda_launch.h", "sru_ops.h", "sru_step.h")
-FLAGS = ("-O1", "-DSRU_CUDA_EMULATION")
-# AddressSanitizer plays compute-sanitizer's memcheck; the alignment check stands in for
-# the GPU's misaligned-address fault (the vector loads of U).
-SANITIZE_FLAGS = ("-g", "-fno-omit-frame-pointer", "-fsanitize=address,alignment", "-fno-sanitize-recover=all")
-
-_lock = threading.Lock()
-_loaded: dict[str, str] = {}
-
-
-def build_name(kernels_dir: Path, sanitize: bool) -> str:
-    """Extension name keyed by the sources, the flags and torch, so edits never reuse a stale build."""
-    digest = hashlib.sha256()
-    for name in BINDING_SOURCES + KERNEL_FILES + HEADERS:
-        path = kernels_dir / name if (kernels_dir / name).is_file() and name not in BINDING_SOURCES else csrc_dir() / name
-        digest.update(name.encode() + b"\0" + path.read_bytes())
-    flags = FLAGS + (SANITIZE_FLAGS if sanitize else ())
-    digest.update(" ".join(flags).encode() + torch.__version__.encode())
-    return f"{NAMESPACE}_{'asan_' if sanitize else ''}{digest.hexdigest()[:12]}"
-
-
-def build_directory(sanitize: bool) -> Path:
-    """One build folder per flag set: a build of other kernels recompiles only the kernels'
-    file, the plumbing's objects (most of the compile time) are reused."""
-    from torch.utils import cpp_extension
-
-    folder = Path(cpp_extension._get_build_directory(NAMESPACE + ("_asan" if sanitize else ""), verbose=False))
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
-
-
-def build_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False,
-                    verbose: bool = False) -> str:
-    """Compile (or reuse) the emulated CUDA kernels and load them. ``kernels_dir`` holds
-    another copy of sru_cuda_kernels.cu and sru_cuda_kernels_emulated.cpp (default csrc/).
-
-    One process holds one build: the op namespace can be registered only once.
-    """
-    from torch.utils import cpp_extension
-
-    folder = Path(kernels_dir) if kernels_dir is not None else csrc_dir()
-    missing = [name for name in KERNEL_FILES if not (folder / name).is_file()]
-    if missing:
-        raise FileNotFoundError(f"{NAMESPACE}: kernels_dir {folder} lacks {missing}")
-    name = build_name(folder, sanitize)
-    with _lock:
-        if name in _loaded:
-            return _loaded[name]
-        if _loaded:
-            raise RuntimeError(
-                f"{NAMESPACE}: this process already loaded {next(iter(_loaded))}; build {name} in a new process")
-        flags = list(FLAGS + (SANITIZE_FLAGS if sanitize else ()))
-        path = cpp_extension.load(
-            name=name,
-            sources=[str(csrc_dir() / source) for source in BINDING_SOURCES] + [str(folder / KERNEL_FILES[0])],
-            extra_cflags=flags,
-            extra_ldflags=["-fsanitize=address,alignment"] if sanitize else [],
-            extra_include_paths=[str(csrc_dir())],
-            build_directory=str(build_directory(sanitize)),
-            with_cuda=False,
-            is_python_module=False,
-            verbose=verbose,
-        )
-        _loaded[name] = str(path)
-        return str(path)
+NAMESPACE = build.EMULATION_NAMESPACE
 
 
 def emulated_ops():
     """``torch.ops.sru_lightning_cuda_emulated`` (built and loaded on first use)."""
-    if not _loaded:
-        build_emulation()
+    if not build.emulation_loaded():
+        build.load_emulation()
     return getattr(torch.ops, NAMESPACE)
 
 
@@ -181,7 +109,7 @@ def main(argv=None) -> int:
         if unknown:
             parser.error(f"--variants: unknown {sorted(unknown)}; known: {[v.name for v in variants]}")
         variants = tuple(variant for variant in variants if variant.name in args.variants)
-    build_emulation(args.kernels_dir, sanitize=args.sanitize)
+    build.load_emulation(args.kernels_dir, sanitize=args.sanitize)
     failed = False
     for dtype_name in args.dtypes:
         comparison = compare_emulated_kernels(dtype_name, variants)

@@ -8,8 +8,10 @@ that computes in its storage type behaves). Both are compared with a float64 run
 SAME inputs (the half-rounded values, upcast), so the table measures the arithmetic and not
 the rounding of the inputs.
 
-Error measure, per tensor: ``max |value - reference| / max |reference|``; the gradient column
-is the largest of those over the gradients of U, x, weight_c, bias and c0.
+Error measure, per tensor: :func:`sru_lightning.ops.testing.relative_error`, ``max |value -
+reference| / max |reference|`` (a NaN where the reference is finite counts as an infinite
+error); the gradient column is the largest of those over the gradients of U, x, weight_c,
+bias and c0.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import sys
 import torch
 
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
+from sru_lightning.ops.testing import recurrence_inputs, relative_error
 from sru_lightning.precision import dtype_name
 from sru_lightning.app.usage import CommandParser
 
@@ -50,31 +53,14 @@ class FidelityRow:
         return None if self.all_half_grad_error is None else self.grad_error / self.all_half_grad_error
 
 
-def _relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
-    reference = reference.double()
-    scale = reference.abs().max().clamp_min(torch.finfo(torch.float64).tiny)
-    return float((value.double() - reference).abs().max() / scale)
-
-
 def _make_inputs(length, batch, hidden, bidirectional, seed, device):
     """Float64 inputs of a k = 3 layer with a forget bias that gives the state a long memory."""
-    generator = torch.Generator().manual_seed(seed)
-    dirs = 2 if bidirectional else 1
-    width = dirs * hidden
-
-    def normal(*shape, scale=1.0):
-        return (torch.randn(*shape, generator=generator, dtype=torch.float64) * scale).to(device)
-
-    bias = torch.zeros(2, width, dtype=torch.float64)
-    bias[0] = 2.0  # forget gates near 0.88: c carries information over ~10 steps
-    return {
-        "U": normal(length, batch, width * 3),
-        "x": normal(length, batch, width),
-        "weight_c": normal(2 * width, scale=0.5),
-        "bias": bias.reshape(-1).to(device),
-        "c0": normal(batch, width, scale=0.5),
-        "grad_h": normal(length, batch, width),
-    }
+    inputs = recurrence_inputs(
+        length, batch, hidden, bidirectional=bidirectional, weight_c_scale=0.5,
+        forget_bias=2.0,  # forget gates near 0.88: c carries information over ~10 steps
+        c0_scale=0.5, with_grad_h=True, seed=seed,
+    )
+    return {name: inputs[name].to(device) for name in (*_GRAD_NAMES, "grad_h")}
 
 
 def _run(fn, inputs, dtype, bidirectional):
@@ -91,7 +77,7 @@ def _run(fn, inputs, dtype, bidirectional):
 def _errors(result, reference):
     h, grads = result
     h_ref, grads_ref = reference
-    return _relative_error(h, h_ref), max(_relative_error(grads[n], grads_ref[n]) for n in _GRAD_NAMES)
+    return relative_error(h, h_ref), max(relative_error(grads[n], grads_ref[n]) for n in _GRAD_NAMES)
 
 
 def _rounded(inputs, dtype):

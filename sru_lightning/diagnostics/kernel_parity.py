@@ -9,10 +9,11 @@ weight_c, scale_x, one step, ...) in each storage dtype, forward, backward and i
 from __future__ import annotations
 
 import contextlib
-import math
 from dataclasses import dataclass, field
 
 import torch
+
+from sru_lightning.ops.testing import recurrence_inputs, relative_error
 
 STORAGE_DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "fp16": torch.float16, "bf16": torch.bfloat16}
 # Largest allowed error, relative to the largest magnitude of the float64 reference.
@@ -74,34 +75,14 @@ VARIANTS = (
 
 def make_inputs(variant: Variant, dtype: torch.dtype, seed: int = 0) -> dict:
     """CPU inputs for one variant, rounded to ``dtype`` (the storage dtype under test)."""
-    generator = torch.Generator().manual_seed(seed)
     length, batch, hidden = variant.shape
-    columns = (2 if variant.bidirectional else 1) * hidden
-    lead = (batch,) if variant.single_step else (length, batch)
-
-    def randn(*shape, scale=1.0):
-        return (scale * torch.randn(*shape, generator=generator)).to(dtype)
-
-    inputs = {
-        "U": randn(*lead, variant.k * columns),
-        "x": randn(*lead, columns) if variant.k == 3 and variant.has_skip_term else None,
-        "weight_c": randn(*lead, 2 * columns, scale=0.5) if variant.per_step_weight_c else randn(2 * columns, scale=0.5),
-        "bias": randn(2 * columns, scale=0.1),
-        "c0": randn(batch, columns) if variant.c0 else None,
-        "mask_c": None,
-        "mask_pad": None,
-        "scale_x": None,
-    }
-    if variant.mask_c:
-        keep = torch.rand(batch, columns, generator=generator) > 0.2
-        inputs["mask_c"] = (keep / 0.8).to(dtype)
-    if variant.mask_pad:
-        lengths = torch.randint(1, length + 1, (batch,), generator=generator)
-        inputs["mask_pad"] = torch.arange(length)[:, None] >= lengths[None, :]
-    if variant.scale_x == "float":
-        inputs["scale_x"] = 0.7
-    elif variant.scale_x == "tensor":
-        inputs["scale_x"] = torch.tensor([0.7], dtype=dtype)
+    inputs = recurrence_inputs(
+        length, batch, hidden, bidirectional=variant.bidirectional, k=variant.k, single_step=variant.single_step,
+        with_x=variant.k == 3 and variant.has_skip_term, per_step_weight_c=variant.per_step_weight_c,
+        with_c0=variant.c0, weight_c_scale=0.5, bias_scale=0.1, mask_c_drop=0.2 if variant.mask_c else None,
+        mask_pad="random" if variant.mask_pad else None, draw_dtype=torch.float32, dtype=dtype, seed=seed,
+    )
+    inputs["scale_x"] = {None: None, "float": 0.7, "tensor": torch.tensor([0.7], dtype=dtype)}[variant.scale_x]
     return inputs
 
 
@@ -135,16 +116,6 @@ def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int =
                 *[None if t is None else t.detach() for t in positional], **options)
         outputs.update(h_inference=h_inference, c_last_inference=c_inference)
     return {name: value.detach().double().cpu() for name, value in outputs.items() if value is not None}
-
-
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """max |actual - expected| / max |expected|; NaN anywhere counts as infinitely wrong."""
-    if actual.shape != expected.shape:
-        return math.inf
-    difference = (actual - expected).abs().max().item() if actual.numel() else 0.0
-    if math.isnan(difference):
-        return math.inf
-    return difference / max(expected.abs().max().item() if expected.numel() else 0.0, 1e-6)
 
 
 def compare_outputs(actual: dict, expected: dict) -> dict[str, float]:

@@ -8,6 +8,10 @@ Two libraries, both registering into the ``torch.ops.sru_lightning`` namespace:
   kernels of the same ops. It is built on the first CUDA call (or by ``python -m sru_lightning
   build``) and needs an nvcc whose CUDA major equals torch's (see :mod:`.cuda_toolkit`).
 
+A third variant, the CUDA kernels' source compiled as C++ for the CPU (ops
+``torch.ops.sru_lightning_cuda_emulated``, see :mod:`sru_lightning.diagnostics.cuda_emulation`),
+is built from the same description by :func:`load_emulation`.
+
 A failed CUDA build keeps the CPU kernels: CUDA tensors then run the pure-PyTorch reference
 after one warning naming the cause and the fix. ``SRU_LIGHTNING_REQUIRE_KERNELS=1`` turns
 every such fallback, CPU or CUDA, into an error. Both libraries live in the content-keyed cache
@@ -24,6 +28,7 @@ import sysconfig
 import threading
 import warnings
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -34,8 +39,28 @@ from .build_cache import BuildSpec
 
 # Prefix of every cached library's folder and module name.
 EXTENSION_NAME = "sru_lightning"
-CPU_SOURCES = ("sru_ops.cpp", "sru_cpu.cpp")
-CUDA_SOURCES = ("sru_cuda.cpp", "sru_cuda_kernels.cu")
+# The sources of each variant, in csrc/ (every csrc/*.h is part of each variant's key).
+CPU_SOURCES = (
+    "sru_ops.cpp",
+    "sru_cpu.cpp",
+)
+CUDA_SOURCES = (
+    "sru_cuda.cpp",
+    "sru_cuda_kernels.cu",
+)
+# The emulation: the plumbing and the binding (always from csrc/), then the kernels' C++
+# wrapper, which includes the .cu. The two kernel files may come from another folder.
+EMULATION_SOURCES = (
+    "sru_ops.cpp",
+    "sru_cuda_emulated.cpp",
+    "sru_cuda_kernels_emulated.cpp",
+)
+EMULATION_KERNEL_FILES = (
+    "sru_cuda_kernels_emulated.cpp",
+    "sru_cuda_kernels.cu",
+)
+# The op namespace the emulation registers (csrc/sru_cuda_emulated.cpp).
+EMULATION_NAMESPACE = "sru_lightning_cuda_emulated"
 # Set to 0 to skip the extensions and run the reference implementation.
 DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
 # Set to 1 to make any fallback to the reference an error (clusters that would rather fail than crawl).
@@ -49,6 +74,57 @@ CUDA_FLAGS = ("-O3",)
 # at::parallel_for is OpenMP code inlined from the ATen headers: without -fopenmp it runs on
 # one thread. At run time the libgomp torch already loaded is the one used.
 OPENMP_FLAGS = ("-fopenmp",) if sys.platform.startswith("linux") else ()
+EMULATION_FLAGS = ("-O1", "-DSRU_CUDA_EMULATION")
+# AddressSanitizer plays compute-sanitizer's memcheck; the alignment check stands in for
+# the GPU's misaligned-address fault (the vector loads of U).
+SANITIZE_FLAGS = ("-g", "-fno-omit-frame-pointer", "-fsanitize=address,alignment", "-fno-sanitize-recover=all")
+SANITIZE_LDFLAGS = ("-fsanitize=address,alignment",)
+
+
+@dataclass(frozen=True)
+class ExtensionVariant:
+    """One library built from csrc/: its files, its flags, and what names its cache folder.
+
+    `variant` is "cpu", "cuda" or "cuda_emulation"; `included` are the files the sources
+    include (headers, and the .cu for the emulation): they key the cache like the sources.
+    """
+
+    variant: str
+    description: str
+    sources: tuple[Path, ...]
+    included: tuple[Path, ...]
+    cxx_flags: tuple[str, ...]
+    ldflags: tuple[str, ...] = ()
+    cuda_flags: tuple[str, ...] = ()
+    archs: tuple[str, ...] = ()
+    expected_duration: str = "about a minute"
+
+    def build_spec(self) -> BuildSpec:
+        """The cache entry of this library: its key hashes the toolchain, the flags and the
+        contents of every source and included file."""
+        key = {**_toolchain_key(), "cxx_flags": list(self.cxx_flags),
+               "sources": build_cache.digest_files([*self.sources, *self.included])}
+        if self.variant == "cuda":
+            key.update(cuda_flags=list(self.cuda_flags), archs=list(self.archs))
+        return BuildSpec(self.variant, self.description, key, self.expected_duration)
+
+    def compile_into(self, folder: Path, name: str, verbose: bool, nvcc: cuda_toolkit.Nvcc | None = None) -> None:
+        """Compile this library into `folder` as `name` (with `nvcc` for the CUDA variant)."""
+        from torch.utils import cpp_extension
+
+        options = dict(name=name, sources=[str(path) for path in self.sources], extra_cflags=list(self.cxx_flags),
+                       extra_ldflags=list(self.ldflags), extra_include_paths=[str(csrc_dir())], with_cuda=False,
+                       is_python_module=False, build_directory=str(folder), verbose=verbose)
+        if self.variant != "cuda":
+            cpp_extension.load(**options)
+            return
+        if nvcc is None:
+            raise ValueError("compile_into: the CUDA variant needs `nvcc` (a cuda_toolkit.Nvcc), got None")
+        options.update(with_cuda=True, extra_cuda_cflags=list(self.cuda_flags) + cuda_toolkit.gencode_flags(self.archs),
+                       extra_ldflags=[*self.ldflags, *_cudart_link_flags(folder, nvcc)],
+                       extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)])
+        with _torch_cuda_home(nvcc.root):
+            cpp_extension.load(**options)
 
 
 class ExtensionBuildError(RuntimeError):
@@ -89,65 +165,73 @@ def extension_sources(with_cuda: bool = False) -> list[str]:
     return [str(folder / name) for name in (CUDA_SOURCES if with_cuda else CPU_SOURCES)]
 
 
-def _headers() -> list[Path]:
-    return sorted(csrc_dir().glob("*.h"))
+def _headers(kernels_dir: Path | None = None) -> tuple[Path, ...]:
+    """Every csrc/*.h, each taken from `kernels_dir` instead where that folder has it."""
+    found = []
+    for header in sorted(csrc_dir().glob("*.h")):
+        override = None if kernels_dir is None else kernels_dir / header.name
+        found.append(override if override is not None and override.is_file() else header)
+    return tuple(found)
 
 
-def _common_key() -> dict:
+def _toolchain_key() -> dict:
     return {
         "torch": torch.__version__,
         "torch_cuda": torch.version.cuda,
         "python": f"{sys.implementation.cache_tag}{getattr(sys, 'abiflags', '')}",
         "platform": sysconfig.get_platform(),
         "cxx": os.environ.get("CXX", "c++"),
-        "cxx_flags": list(CXX_FLAGS + OPENMP_FLAGS),
     }
+
+
+def cpu_variant() -> ExtensionVariant:
+    """The CPU extension: the op schemas and the CPU kernels."""
+    return ExtensionVariant("cpu", "CPU recurrence kernels", tuple(map(Path, extension_sources(with_cuda=False))),
+                            _headers(), CXX_FLAGS + OPENMP_FLAGS, ldflags=OPENMP_FLAGS)
+
+
+def cuda_variant(archs: tuple[str, ...]) -> ExtensionVariant:
+    """The CUDA extension for `archs`. The nvcc used is not part of the key (only its major,
+    which must equal torch's): compute nodes without a toolkit find the build made on a login node."""
+    return ExtensionVariant("cuda", f"CUDA recurrence kernels for {', '.join(archs)}",
+                            tuple(map(Path, extension_sources(with_cuda=True))), _headers(), CXX_FLAGS,
+                            cuda_flags=CUDA_FLAGS, archs=tuple(archs), expected_duration="a few minutes")
+
+
+def emulation_variant(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False) -> ExtensionVariant:
+    """The CUDA kernels' source compiled as C++ for the CPU. `kernels_dir` holds another copy of
+    the kernel files (:data:`EMULATION_KERNEL_FILES`; default csrc/), whose headers, where it has
+    them, replace csrc/'s; `sanitize` builds with AddressSanitizer."""
+    folder = Path(kernels_dir) if kernels_dir is not None else csrc_dir()
+    missing = [name for name in EMULATION_KERNEL_FILES if not (folder / name).is_file()]
+    if missing:
+        raise FileNotFoundError(f"{EMULATION_NAMESPACE}: kernels_dir {folder} lacks {missing}")
+    sources = tuple((folder if name in EMULATION_KERNEL_FILES else csrc_dir()) / name for name in EMULATION_SOURCES)
+    included = tuple(folder / name for name in EMULATION_KERNEL_FILES if name not in EMULATION_SOURCES)
+    description = "CUDA kernels emulated on the CPU" + (" (ASan build)" if sanitize else "")
+    return ExtensionVariant("cuda_emulation", description, sources, included + _headers(folder),
+                            EMULATION_FLAGS + (SANITIZE_FLAGS if sanitize else ()),
+                            ldflags=SANITIZE_LDFLAGS if sanitize else ())
 
 
 def cpu_build_spec() -> BuildSpec:
     """What the CPU extension is built from; its hash names the cache folder."""
-    sources = extension_sources(with_cuda=False)
-    key = {**_common_key(), "sources": build_cache.digest_files([*sources, *_headers()])}
-    return BuildSpec("cpu", "CPU recurrence kernels", key, "about a minute")
+    return cpu_variant().build_spec()
 
 
 def cuda_build_spec(archs: tuple[str, ...]) -> BuildSpec:
-    """What the CUDA extension for `archs` is built from. The nvcc used is not part of the key
-    (only its major, which must equal torch's): compute nodes without a toolkit find the build
-    made on a login node."""
-    sources = extension_sources(with_cuda=True)
-    key = {
-        **_common_key(),
-        "sources": build_cache.digest_files([*sources, *_headers()]),
-        "cuda_flags": list(CUDA_FLAGS),
-        "archs": list(archs),
-    }
-    return BuildSpec("cuda", f"CUDA recurrence kernels for {', '.join(archs)}", key, "a few minutes")
+    """What the CUDA extension for `archs` is built from (see :func:`cuda_variant`)."""
+    return cuda_variant(archs).build_spec()
 
 
 # --- CPU ------------------------------------------------------------------------------------
 
 
-def _compile_cpu(folder: Path, name: str, verbose: bool) -> None:
-    from torch.utils import cpp_extension
-
-    cpp_extension.load(
-        name=name,
-        sources=extension_sources(with_cuda=False),
-        extra_cflags=list(CXX_FLAGS + OPENMP_FLAGS),
-        extra_ldflags=list(OPENMP_FLAGS),
-        extra_include_paths=[str(csrc_dir())],
-        with_cuda=False,
-        is_python_module=False,
-        build_directory=str(folder),
-        verbose=verbose,
-    )
-
-
-def _load_library(path: Path) -> None:
+def _load_library(path: Path, share_symbols: bool = True) -> None:
     # Global symbols: the CUDA extension uses the tensor plumbing (argument checks, output
     # allocation) defined once in the CPU library instead of carrying a second copy.
-    ctypes.CDLL(str(path), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
+    if share_symbols:
+        ctypes.CDLL(str(path), mode=getattr(ctypes, "RTLD_GLOBAL", 0))
     torch.ops.load_library(str(path))
 
 
@@ -156,7 +240,8 @@ def build_extension(verbose: bool = False) -> str:
 
     Raises :class:`ExtensionBuildError` with the reason when it cannot be built.
     """
-    spec = cpu_build_spec()
+    variant = cpu_variant()
+    spec = variant.build_spec()
     library = build_cache.library_file(spec.directory(), spec.name)
     if not library.is_file() and _find_cxx_compiler() is None:
         raise ExtensionBuildError(
@@ -165,7 +250,7 @@ def build_extension(verbose: bool = False) -> str:
             "or set CXX, then run `python -m sru_lightning build`"
         )
     try:
-        library, _ = build_cache.ensure_built(spec, lambda folder, name: _compile_cpu(folder, name, verbose))
+        library, _ = build_cache.ensure_built(spec, lambda folder, name: variant.compile_into(folder, name, verbose))
         _load_library(library)
     except Exception as error:  # compiler errors arrive as RuntimeError/CalledProcessError
         raise ExtensionBuildError(f"sru_lightning: building the CPU recurrence extension failed: {error}") from error
@@ -244,30 +329,16 @@ def _torch_cuda_home(root: Path):
         cpp_extension.CUDA_HOME = saved
 
 
-def _compile_cuda(folder: Path, name: str, nvcc: cuda_toolkit.Nvcc, archs: tuple[str, ...], verbose: bool) -> None:
-    from torch.utils import cpp_extension
-
-    ldflags = []
-    if nvcc.cudart_dir is not None:
-        # The runtime wheel ships libcudart.so.<major> only; the linker's -lcudart wants libcudart.so.
-        link_dir = folder / "cudart"
-        link_dir.mkdir()
-        target = next(iter(sorted(nvcc.cudart_dir.glob("libcudart.so*"))))
-        (link_dir / "libcudart.so").symlink_to(target)
-        ldflags.append(f"-L{link_dir}")
-    with _torch_cuda_home(nvcc.root):
-        cpp_extension.load(
-            name=name,
-            sources=extension_sources(with_cuda=True),
-            extra_cflags=list(CXX_FLAGS),
-            extra_cuda_cflags=list(CUDA_FLAGS) + cuda_toolkit.gencode_flags(archs),
-            extra_ldflags=ldflags,
-            extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)],
-            with_cuda=True,
-            is_python_module=False,
-            build_directory=str(folder),
-            verbose=verbose,
-        )
+def _cudart_link_flags(folder: Path, nvcc: cuda_toolkit.Nvcc) -> list[str]:
+    """Linker flags finding libcudart: the runtime wheel ships libcudart.so.<major> only, and the
+    linker's -lcudart wants libcudart.so, so a link named that way goes into the build folder."""
+    if nvcc.cudart_dir is None:
+        return []
+    link_dir = folder / "cudart"
+    link_dir.mkdir()
+    target = next(iter(sorted(nvcc.cudart_dir.glob("libcudart.so*"))))
+    (link_dir / "libcudart.so").symlink_to(target)
+    return [f"-L{link_dir}"]
 
 
 # Enough of the compiler's output to show the first error; --verbose shows all of it.
@@ -327,7 +398,8 @@ def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) ->
         if existing is not None:
             _load_library(existing)
             return str(existing), tuple(build_cache.read_manifest(existing.parent)["archs"]), False
-    spec = cuda_build_spec(archs)
+    variant = cuda_variant(archs)
+    spec = variant.build_spec()
     library = build_cache.library_file(spec.directory(), spec.name)
     nvcc = None
     if build_cache.read_manifest(spec.directory()) is None or not library.is_file():
@@ -338,7 +410,7 @@ def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) ->
         spec.notes["nvcc"] = nvcc.describe()
     try:
         library, compiled = build_cache.ensure_built(
-            spec, lambda folder, name: _compile_cuda(folder, name, nvcc, archs, verbose)
+            spec, lambda folder, name: variant.compile_into(folder, name, verbose, nvcc)
         )
         _load_library(library)
     except Exception as error:
@@ -394,3 +466,36 @@ def cuda_extension_available() -> bool:
                 stacklevel=3,
             )
         return False
+
+
+# --- the CUDA kernels emulated on the CPU ----------------------------------------------------
+
+_emulation_loaded: dict[str, str] = {}
+
+
+def load_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False,
+                   verbose: bool = False) -> str:
+    """Compile (or find in the cache) the emulated CUDA kernels of :func:`emulation_variant`
+    and load them as ``torch.ops.sru_lightning_cuda_emulated``; return the library's path.
+
+    One process holds one build (the op namespace can be registered only once): asking for
+    another one raises RuntimeError.
+    """
+    variant = emulation_variant(kernels_dir, sanitize)
+    spec = variant.build_spec()
+    with _lock:
+        if spec.name in _emulation_loaded:
+            return _emulation_loaded[spec.name]
+        if _emulation_loaded:
+            raise RuntimeError(f"{EMULATION_NAMESPACE}: this process already loaded {next(iter(_emulation_loaded))}; "
+                               f"build {spec.name} in a new process")
+        library, _ = build_cache.ensure_built(spec, lambda folder, name: variant.compile_into(folder, name, verbose))
+        # Local symbols: the emulation carries its own copy of the plumbing.
+        _load_library(library, share_symbols=False)
+        _emulation_loaded[spec.name] = str(library)
+        return str(library)
+
+
+def emulation_loaded() -> bool:
+    """True when this process has loaded an emulation build."""
+    return bool(_emulation_loaded)

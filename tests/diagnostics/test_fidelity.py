@@ -1,9 +1,13 @@
-"""Fidelity table: half storage with float accumulation beats all-half arithmetic by >= 2x."""
+"""Fidelity table: half storage with float accumulation beats all-half arithmetic by >= 2x;
+the error measure and the input builder it shares with the kernel comparisons."""
+
+import math
 
 import pytest
 import torch
 
 from sru_lightning.diagnostics.fidelity import fidelity_table, format_table, main
+from sru_lightning.ops.testing import recurrence_inputs, relative_error
 
 
 @pytest.fixture(scope="module")
@@ -49,3 +53,31 @@ def test_cuda_kernel_meets_the_same_target():
     for dtype in (torch.float16, torch.bfloat16):
         assert rows[dtype].h_error <= 0.5 * rows[dtype].all_half_h_error, format_table(list(rows.values()))
         assert rows[dtype].grad_error <= 0.5 * rows[dtype].all_half_grad_error, format_table(list(rows.values()))
+
+
+def test_relative_error_nan_rule():
+    nan, inf = float("nan"), float("inf")
+    assert relative_error(torch.tensor([1.0, 2.2]), torch.tensor([1.0, 2.0])) == pytest.approx(0.1)
+    # NaN (or inf) where the reference is finite: infinitely wrong, on either side
+    assert relative_error(torch.tensor([nan, 2.0]), torch.tensor([1.0, 2.0])) == math.inf
+    assert relative_error(torch.tensor([1.0, 2.0]), torch.tensor([nan, 2.0])) == math.inf
+    assert relative_error(torch.tensor([inf, 2.0]), torch.tensor([1.0, 2.0])) == math.inf
+    # the same non-finite value at the same place: equal there, the rest is measured
+    assert relative_error(torch.tensor([nan, 2.2]), torch.tensor([nan, 2.0])) == pytest.approx(0.1)
+    assert relative_error(torch.tensor([-inf, 2.2]), torch.tensor([-inf, 2.0])) == pytest.approx(0.1)
+    assert relative_error(torch.tensor([inf, 2.0]), torch.tensor([-inf, 2.0])) == math.inf
+    assert relative_error(torch.zeros(3), torch.zeros(2)) == math.inf
+    assert relative_error(torch.zeros(0), torch.zeros(0)) == 0.0
+
+
+def test_fidelity_inputs_hold_a_forget_bias_and_a_gradient_of_h():
+    inputs = recurrence_inputs(6, 2, 3, bidirectional=True, forget_bias=2.0, with_grad_h=True, seed=4)
+    assert torch.equal(inputs["bias"], torch.tensor([2.0] * 6 + [0.0] * 6, dtype=torch.float64))
+    assert inputs["grad_h"].shape == inputs["x"].shape == (6, 2, 6)
+    again = recurrence_inputs(6, 2, 3, bidirectional=True, forget_bias=2.0, with_grad_h=True, seed=4)
+    assert all(torch.equal(again[name], value) for name, value in inputs.items() if value is not None)
+
+
+def test_input_builder_names_a_bad_mask_pad_style():
+    with pytest.raises(ValueError, match="`mask_pad` must be one of \\('fixed', 'random'\\), got 'tail'"):
+        recurrence_inputs(4, 2, 3, mask_pad="tail")

@@ -16,10 +16,16 @@ import torch
 
 from sru_lightning._resources import csrc_dir
 from sru_lightning.diagnostics import cuda_emulation, kernel_parity
-from sru_lightning.ops import functional
+from sru_lightning.ops import build, functional
 
 pytestmark = pytest.mark.cuda_emulation
 REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def emulated_ops():
+    """The emulation, compiled (or found in the cache) and loaded once for all these tests."""
+    return cuda_emulation.emulated_ops()
 
 
 def threads_per_block() -> int:
@@ -42,8 +48,8 @@ def test_the_variants_fill_whole_blocks_and_end_in_partial_ones():
     assert any(c < block for c in columns), "no variant smaller than one block"
 
 
-def test_the_emulated_ops_have_their_own_namespace_and_the_cpu_kernels_come_back():
-    ops = cuda_emulation.emulated_ops()
+def test_the_emulated_ops_have_their_own_namespace_and_the_cpu_kernels_come_back(emulated_ops):
+    ops = emulated_ops
     tensors = kernel_parity.make_inputs(kernel_parity.Variant("basic"), torch.float32)
     args = (tensors["U"], tensors["x"], tensors["weight_c"], tensors["bias"], tensors["c0"], None, 1.0, None, None,
             False, True, False)
@@ -73,6 +79,30 @@ def test_vector_and_scalar_loads_of_U_agree(dtype):
     for name, value in expected.items():
         assert torch.equal(aligned[name], misaligned[name]), name
         torch.testing.assert_close(aligned[name], value, rtol=5e-3, atol=5e-3)
+
+
+def test_the_emulation_is_keyed_by_every_header_and_kernel_file(tmp_path):
+    # A header the emulation list never named, or an edited copy of the kernels, is a new build.
+    plain = build.emulation_variant()
+    assert {path.name for path in plain.included} >= {p.name for p in csrc_dir().glob("*.h")} | {"sru_cuda_kernels.cu"}
+    for name in build.EMULATION_KERNEL_FILES:
+        shutil.copy(csrc_dir() / name, tmp_path / name)
+    assert build.emulation_variant(tmp_path).build_spec().name == plain.build_spec().name
+    (tmp_path / "sru_step.h").write_text((csrc_dir() / "sru_step.h").read_text() + "\n// edited\n")
+    edited = build.emulation_variant(tmp_path).build_spec()
+    sanitized = build.emulation_variant(sanitize=True).build_spec()
+    assert len({plain.build_spec().name, edited.name, sanitized.name}) == 3
+    assert plain.build_spec().name.startswith("sru_lightning_cuda_emulation_")
+    with pytest.raises(FileNotFoundError, match="lacks"):
+        build.emulation_variant(tmp_path / "nowhere")
+
+
+def test_a_second_emulation_build_in_one_process_is_refused(tmp_path):
+    for name in build.EMULATION_KERNEL_FILES:
+        shutil.copy(csrc_dir() / name, tmp_path / name)
+    (tmp_path / "sru_cuda_kernels.cu").write_text((csrc_dir() / "sru_cuda_kernels.cu").read_text() + "\n// copy\n")
+    with pytest.raises(RuntimeError, match="already loaded .* in a new process"):
+        build.load_emulation(tmp_path)
 
 
 def test_an_empty_sequence_keeps_the_initial_state():
@@ -124,7 +154,7 @@ def test_the_emulated_kernels_run_clean_under_address_sanitizer():
 def test_bugs_injected_into_the_cuda_source_fail_the_tier(tmp_path):
     kernels_dir = tmp_path / "kernels"
     kernels_dir.mkdir()
-    for name in cuda_emulation.KERNEL_FILES:
+    for name in build.EMULATION_KERNEL_FILES:
         shutil.copy(csrc_dir() / name, kernels_dir / name)
     kernels = kernels_dir / "sru_cuda_kernels.cu"
     text = kernels.read_text()
