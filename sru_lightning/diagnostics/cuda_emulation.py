@@ -42,7 +42,7 @@ NAMESPACE = "sru_lightning_cuda_emulated"
 # The plumbing and the binding always come from csrc/; the kernels (the .cu and its C++
 # wrapper) from csrc/ or from the folder given as kernels_dir. Headers come from the
 # kernels' folder when it has them, else from csrc/.
-BINDING_SOURCES = ("sru_ops.cpp", "sru_cuda_emulated.cpp")
+BINDING_SOURCES = ("sru_checks.cpp", "sru_workspace.cpp", "sru_cuda_emulated.cpp")
 KERNEL_FILES = ("sru_cuda_kernels_emulated.cpp", "sru_cuda_kernels.cu")
 HEADERS = ("sru_cuda_binding.h", "sru_cuda_emulation.h", "sru_cuda_launch.h", "sru_ops.h", "sru_step.h")
 FLAGS = ("-O1", "-DSRU_CUDA_EMULATION")

@@ -34,7 +34,7 @@ from .build_cache import BuildSpec
 
 # Prefix of every cached library's folder and module name.
 EXTENSION_NAME = "sru_lightning"
-CPU_SOURCES = ("sru_ops.cpp", "sru_cpu.cpp")
+CPU_SOURCES = ("sru_ops.cpp", "sru_checks.cpp", "sru_workspace.cpp", "sru_cpu.cpp")
 CUDA_SOURCES = ("sru_cuda.cpp", "sru_cuda_kernels.cu")
 # Set to 0 to skip the extensions and run the reference implementation.
 DISABLE_ENV = "SRU_LIGHTNING_EXTENSION"
