@@ -49,6 +49,7 @@ def release_cached_buffers() -> int:
 
 
 def _width(bias) -> int:
+    """dirs*D, the width of h and c, from bias's shape (2*dirs*D,)."""
     return bias.shape[0] // 2
 
 
