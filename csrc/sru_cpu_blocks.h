@@ -266,8 +266,8 @@ SRU_LEVEL_FN void forward_block_step(const RecurrenceDims& dims, const ForwardAr
   const A* u = widened(a.U + offset * K, n * K, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   A* h = output_buffer(a.h + offset, h_scratch);
-  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias), arena.get(slot, kResetBias), arena.get(slot, kMask),
-                                      c, h);
+  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+                                      arena.get(slot, kResetBias), arena.get(slot, kMask), c, h);
   finish_output(h, n, a.h + offset);
   if (a.c_all != nullptr) store(c, n, a.c_all + offset);
 }
@@ -372,8 +372,9 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
   A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
-  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias), arena.get(slot, kResetBias), arena.get(slot, kMask),
-                                       c_prev, grad_h, arena.get(slot, kState), grad_u, g_skip, g_wf, g_wr,
+  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+                                       arena.get(slot, kResetBias), arena.get(slot, kMask), c_prev, grad_h,
+                                       arena.get(slot, kState), grad_u, g_skip, g_wf, g_wr,
                                        arena.get(slot, kForgetWeightSum));
   if (K == 4) {
     for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = dims.skip_from_u ? g_skip[i] : A(0);
@@ -448,12 +449,12 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
     const int64_t slot = task - begin;
     store(arena.get(slot, kState), blk.n, a.grad_c0 + blk.column);
     A* bias_row = a.bias_partials + blk.b * 2 * width;
-    std::copy(arena.get(slot, kForgetBiasSum), arena.get(slot, kForgetBiasSum) + blk.n, bias_row + blk.weight);
-    std::copy(arena.get(slot, kResetBiasSum), arena.get(slot, kResetBiasSum) + blk.n, bias_row + width + blk.weight);
+    std::copy_n(arena.get(slot, kForgetBiasSum), blk.n, bias_row + blk.weight);
+    std::copy_n(arena.get(slot, kResetBiasSum), blk.n, bias_row + width + blk.weight);
     if (a.weight_c_partials != nullptr) {
       A* weight_row = a.weight_c_partials + blk.b * 2 * width;
-      std::copy(arena.get(slot, kForgetWeightSum), arena.get(slot, kForgetWeightSum) + blk.n, weight_row + blk.weight);
-      std::copy(arena.get(slot, kResetWeightSum), arena.get(slot, kResetWeightSum) + blk.n, weight_row + width + blk.weight);
+      std::copy_n(arena.get(slot, kForgetWeightSum), blk.n, weight_row + blk.weight);
+      std::copy_n(arena.get(slot, kResetWeightSum), blk.n, weight_row + width + blk.weight);
     }
   }
 }
