@@ -14,8 +14,11 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <iterator>
 #include <memory>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "sru_ops.h"
 
@@ -43,8 +46,24 @@ constexpr int64_t kChunkBlocks = 128;
 // How many blocks ahead the block loops prefetch their inputs.
 constexpr int64_t kPrefetchBlocks = 2;
 
-// In the order of cpu_vector_level()'s numbers; each level needs the previous one.
+// In the order of cpu_vector_level()'s numbers and of kVectorLevelNames; each level needs
+// the previous one.
 enum class VectorLevel { baseline, avx2, avx512, avx512_bf16 };
+// The names Python reads (cpu_vector_levels) and SRU_LIGHTNING_CPU_VECTORS accepts.
+constexpr const char* kVectorLevelNames[] = {"baseline", "avx2", "avx512", "avx512_bf16"};
+static_assert(std::size(kVectorLevelNames) == static_cast<size_t>(VectorLevel::avx512_bf16) + 1,
+              "one name per vector level");
+
+#ifdef SRU_X86_LEVELS
+// The level SRU_LIGHTNING_CPU_VECTORS names (any level below the widest), else the widest.
+VectorLevel level_cap() {
+  const char* cap_name = std::getenv("SRU_LIGHTNING_CPU_VECTORS");
+  for (int level = 0; cap_name != nullptr && level < static_cast<int>(VectorLevel::avx512_bf16); ++level) {
+    if (std::strcmp(cap_name, kVectorLevelNames[level]) == 0) return static_cast<VectorLevel>(level);
+  }
+  return VectorLevel::avx512_bf16;
+}
+#endif
 
 // The widest level this processor supports; SRU_LIGHTNING_CPU_VECTORS=baseline|avx2|avx512
 // caps it (to test every path on one machine, or to rule the wide paths out when debugging).
@@ -64,12 +83,7 @@ VectorLevel vector_level() {
         __builtin_cpu_supports("avx512bf16")) {
       supported = VectorLevel::avx512_bf16;
     }
-    VectorLevel cap = VectorLevel::avx512_bf16;
-    const char* cap_name = std::getenv("SRU_LIGHTNING_CPU_VECTORS");
-    if (cap_name != nullptr && std::strcmp(cap_name, "baseline") == 0) cap = VectorLevel::baseline;
-    if (cap_name != nullptr && std::strcmp(cap_name, "avx2") == 0) cap = VectorLevel::avx2;
-    if (cap_name != nullptr && std::strcmp(cap_name, "avx512") == 0) cap = VectorLevel::avx512;
-    return std::min(supported, cap);
+    return std::min(supported, level_cap());
   }();
   return level;
 #else
@@ -108,6 +122,24 @@ class BlockArena {
  private:
   int fields_;
   std::unique_ptr<A[]> values_;
+};
+
+// The fields of a block in a pass's arena. Both passes: the carried state (c forward, grad_c
+// backward) and the constants of every step. Backward also: the running sums of the wf, wr,
+// bf and br gradients, in that order and adjacent (backward_loop takes them as one array).
+enum ArenaField : int {
+  kState,
+  kForgetBias,
+  kResetBias,
+  kForgetWeight,
+  kResetWeight,
+  kMask,
+  kForwardFields,
+  kForgetWeightSum = kForwardFields,
+  kResetWeightSum,
+  kForgetBiasSum,
+  kResetBiasSum,
+  kBackwardFields,
 };
 
 int64_t task_count(const RecurrenceDims& dims) {
@@ -195,26 +227,20 @@ int64_t cpu_vector_level() {
   return static_cast<int64_t>(vector_level());
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_cpu(
-    const at::Tensor& U, const OptionalTensor& x, const at::Tensor& weight_c,
-    const at::Tensor& bias, const OptionalTensor& c0, const OptionalTensor& scale_x,
-    double scale_x_value, const OptionalTensor& mask_c, const OptionalTensor& mask_pad,
-    bool bidirectional, bool has_skip_term, bool store_c) {
-  return recurrence_forward_impl(U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad,
-                                 bidirectional, has_skip_term, store_c,
-                                 [](const RecurrenceDims& dims, const auto& args) { run_blocks(dims, args); });
+std::vector<std::string> cpu_vector_levels() {
+  return {std::begin(kVectorLevelNames), std::end(kVectorLevelNames)};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrence_backward_cpu(
-    const at::Tensor& grad_h, const OptionalTensor& grad_c_last, const at::Tensor& U,
-    const OptionalTensor& x, const at::Tensor& weight_c, const at::Tensor& bias,
-    const OptionalTensor& c0, const OptionalTensor& scale_x, double scale_x_value,
-    const OptionalTensor& mask_c, const OptionalTensor& mask_pad, const at::Tensor& c_all,
-    bool bidirectional, bool has_skip_term) {
-  return recurrence_backward_impl(grad_h, grad_c_last, U, x, weight_c, bias, c0, scale_x,
-                                  scale_x_value, mask_c, mask_pad, c_all, bidirectional,
-                                  has_skip_term,
-                                  [](const RecurrenceDims& dims, const auto& args) { run_blocks(dims, args); });
+void recurrence_forward_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_boxed(op, stack, [](const CallArguments& call) {
+    return recurrence_forward_impl(call, [](const RecurrenceDims& dims, const auto& args) { run_blocks(dims, args); });
+  });
+}
+
+void recurrence_backward_cpu(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_boxed(op, stack, [](const CallArguments& call) {
+    return recurrence_backward_impl(call, [](const RecurrenceDims& dims, const auto& args) { run_blocks(dims, args); });
+  });
 }
 
 }  // namespace sru_lightning

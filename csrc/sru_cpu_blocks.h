@@ -193,20 +193,20 @@ SRU_LEVEL_FN bool block_ahead(const RecurrenceDims& dims, int64_t begin, int64_t
   return true;
 }
 
-// Arena fields 1 to 5 of a block hold what both passes read at every step: the bias halves
-// bf and br, the vector weight_c halves wf and wr (a per-step weight_c is gathered into them
-// each step instead) and mask_c. Field 0 is the state each pass carries.
+// The arena fields kForgetBias to kMask of a block hold what both passes read at every step:
+// the bias halves bf and br, the vector weight_c halves wf and wr (a per-step weight_c is
+// gathered into them each step instead) and mask_c. kState is the state each pass carries.
 template <typename T, typename A>
 SRU_LEVEL_FN void load_block_constants(const RecurrenceDims& dims, const RecurrenceInputs<T, A>& a,
                                        const ColumnBlock& blk, BlockArena<A>& arena, int64_t slot) {
   const int64_t width = dims.directions * dims.hidden;
-  load(a.bias + blk.weight, blk.n, arena.get(slot, 1), A(0));
-  load(a.bias + width + blk.weight, blk.n, arena.get(slot, 2), A(0));
+  load(a.bias + blk.weight, blk.n, arena.get(slot, kForgetBias), A(0));
+  load(a.bias + width + blk.weight, blk.n, arena.get(slot, kResetBias), A(0));
   if (!dims.per_step_weight_c) {
-    load(a.weight_c + blk.weight, blk.n, arena.get(slot, 3), A(0));
-    load(a.weight_c + width + blk.weight, blk.n, arena.get(slot, 4), A(0));
+    load(a.weight_c + blk.weight, blk.n, arena.get(slot, kForgetWeight), A(0));
+    load(a.weight_c + width + blk.weight, blk.n, arena.get(slot, kResetWeight), A(0));
   }
-  load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(slot, 5), A(1));
+  load(a.mask_c == nullptr ? nullptr : a.mask_c + blk.column, blk.n, arena.get(slot, kMask), A(1));
 }
 
 // One step's inputs of a block besides U, read the same way by both passes: the skip term
@@ -260,14 +260,14 @@ SRU_LEVEL_FN void forward_block_step(const RecurrenceDims& dims, const ForwardAr
   using A = accumulate_t<T>;
   const int64_t n = N > 0 ? N : blk.n;
   alignas(64) A skip[kBlock], u_scratch[K * kBlock], h_scratch[kBlock];
-  A* c = arena.get(slot, 0);
-  A* wf = arena.get(slot, 3);
-  A* wr = arena.get(slot, 4);
+  A* c = arena.get(slot, kState);
+  A* wf = arena.get(slot, kForgetWeight);
+  A* wr = arena.get(slot, kResetWeight);
   const A* u = widened(a.U + offset * K, n * K, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   A* h = output_buffer(a.h + offset, h_scratch);
-  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5),
-                                      c, h);
+  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+                                      arena.get(slot, kResetBias), arena.get(slot, kMask), c, h);
   finish_output(h, n, a.h + offset);
   if (a.c_all != nullptr) store(c, n, a.c_all + offset);
 }
@@ -279,10 +279,10 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
   const int64_t columns = dims.columns();
   const A scale = a.scale();
   // Per-block state and constants of this thread's blocks, kBlock values per block each.
-  BlockArena<A> arena(end - begin, 6);
+  BlockArena<A> arena(end - begin, kForwardFields);
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
-    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, blk.n, arena.get(task - begin, 0), A(0));
+    load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, blk.n, arena.get(task - begin, kState), A(0));
     load_block_constants(dims, a, blk, arena, task - begin);
   }
 
@@ -303,7 +303,7 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
       if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
         // Padding: the state is carried over and the output is zero.
         for (int64_t i = 0; i < blk.n; ++i) a.h[offset + i] = static_cast<T>(A(0));
-        if (a.c_all != nullptr) store(arena.get(slot, 0), blk.n, a.c_all + offset);
+        if (a.c_all != nullptr) store(arena.get(slot, kState), blk.n, a.c_all + offset);
       } else if (blk.n == kBlock) {
         forward_block_step<T, K, kBlock>(dims, a, blk, offset, scale, arena, slot);
       } else {
@@ -313,7 +313,7 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
   }
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
-    store(arena.get(task - begin, 0), blk.n, a.c_last + blk.column);
+    store(arena.get(task - begin, kState), blk.n, a.c_last + blk.column);
   }
 }
 
@@ -361,8 +361,8 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   const int64_t offset = dims.time_of(step, blk.d) * columns + blk.column;
   alignas(64) A c_prev[kBlock], skip[kBlock], g_skip[kBlock], g_wf[kBlock], g_wr[kBlock];
   alignas(64) A u_scratch[K * kBlock], grad_h_scratch[kBlock], grad_u_scratch[K * kBlock];
-  A* wf = arena.get(slot, 3);
-  A* wr = arena.get(slot, 4);
+  A* wf = arena.get(slot, kForgetWeight);
+  A* wr = arena.get(slot, kResetWeight);
   if (step > 0) {
     load(a.c_all + dims.time_of(step - 1, blk.d) * columns + blk.column, n, c_prev, A(0));
   } else {
@@ -372,9 +372,10 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
   A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
-  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, 1), arena.get(slot, 2), arena.get(slot, 5),
-                                       c_prev, grad_h, arena.get(slot, 0), grad_u, g_skip, g_wf, g_wr,
-                                       arena.get(slot, 6));
+  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+                                       arena.get(slot, kResetBias), arena.get(slot, kMask), c_prev, grad_h,
+                                       arena.get(slot, kState), grad_u, g_skip, g_wf, g_wr,
+                                       arena.get(slot, kForgetWeightSum));
   if (K == 4) {
     for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = dims.skip_from_u ? g_skip[i] : A(0);
   }
@@ -403,14 +404,15 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
   const int64_t columns = dims.columns();
   const int64_t width = dims.directions * dims.hidden;
   const A scale = a.scale();
-  // Per block: grad_c, bf, br, wf, wr, mask, and the sums of wf, wr, bf, br gradients.
-  BlockArena<A> arena(end - begin, 10);
+  BlockArena<A> arena(end - begin, kBackwardFields);
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
     const int64_t slot = task - begin;
-    load(a.grad_c_last == nullptr ? nullptr : a.grad_c_last + blk.column, blk.n, arena.get(slot, 0), A(0));
+    load(a.grad_c_last == nullptr ? nullptr : a.grad_c_last + blk.column, blk.n, arena.get(slot, kState), A(0));
     load_block_constants(dims, a, blk, arena, slot);
-    for (int field = 6; field < 10; ++field) load<T, A>(nullptr, kBlock, arena.get(slot, field), A(0));
+    for (int field = kForgetWeightSum; field < kBackwardFields; ++field) {
+      load<T, A>(nullptr, kBlock, arena.get(slot, field), A(0));
+    }
   }
 
   for (int64_t step = dims.length - 1; step >= 0; --step) {
@@ -445,14 +447,14 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
   for (int64_t task = begin; task < end; ++task) {
     const ColumnBlock blk = block_at(dims, task);
     const int64_t slot = task - begin;
-    store(arena.get(slot, 0), blk.n, a.grad_c0 + blk.column);
+    store(arena.get(slot, kState), blk.n, a.grad_c0 + blk.column);
     A* bias_row = a.bias_partials + blk.b * 2 * width;
-    std::copy(arena.get(slot, 8), arena.get(slot, 8) + blk.n, bias_row + blk.weight);
-    std::copy(arena.get(slot, 9), arena.get(slot, 9) + blk.n, bias_row + width + blk.weight);
+    std::copy_n(arena.get(slot, kForgetBiasSum), blk.n, bias_row + blk.weight);
+    std::copy_n(arena.get(slot, kResetBiasSum), blk.n, bias_row + width + blk.weight);
     if (a.weight_c_partials != nullptr) {
       A* weight_row = a.weight_c_partials + blk.b * 2 * width;
-      std::copy(arena.get(slot, 6), arena.get(slot, 6) + blk.n, weight_row + blk.weight);
-      std::copy(arena.get(slot, 7), arena.get(slot, 7) + blk.n, weight_row + width + blk.weight);
+      std::copy_n(arena.get(slot, kForgetWeightSum), blk.n, weight_row + blk.weight);
+      std::copy_n(arena.get(slot, kResetWeightSum), blk.n, weight_row + width + blk.weight);
     }
   }
 }

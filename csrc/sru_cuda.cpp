@@ -25,6 +25,6 @@ using CudaBinding = CudaRecurrenceBinding<CudaDevice>;
 }  // namespace sru_lightning
 
 TORCH_LIBRARY_IMPL(sru_lightning, CUDA, m) {
-  m.impl("recurrence_forward", &sru_lightning::CudaBinding::forward);
-  m.impl("recurrence_backward", &sru_lightning::CudaBinding::backward);
+  m.impl("recurrence_forward", torch::CppFunction::makeFromBoxedFunction<&sru_lightning::CudaBinding::forward>());
+  m.impl("recurrence_backward", torch::CppFunction::makeFromBoxedFunction<&sru_lightning::CudaBinding::backward>());
 }

@@ -39,6 +39,6 @@ TORCH_LIBRARY(sru_lightning_cuda_emulated, m) {
 }
 
 TORCH_LIBRARY_IMPL(sru_lightning_cuda_emulated, CPU, m) {
-  m.impl("recurrence_forward", &sru_lightning::EmulatedBinding::forward);
-  m.impl("recurrence_backward", &sru_lightning::EmulatedBinding::backward);
+  m.impl("recurrence_forward", torch::CppFunction::makeFromBoxedFunction<&sru_lightning::EmulatedBinding::forward>());
+  m.impl("recurrence_backward", torch::CppFunction::makeFromBoxedFunction<&sru_lightning::EmulatedBinding::backward>());
 }

@@ -9,17 +9,17 @@ import sys
 import torch
 
 from sru_lightning.ops import build, build_cache, cuda_toolkit
+from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
 from sru_lightning.app.usage import CommandParser
 
 
 def compiled_vector_levels() -> tuple[str, ...]:
-    """The CPU vector levels in the built library. Mirrors csrc/sru_cpu.cpp: x86-64 builds with
-    GCC or clang carry baseline, AVX2+FMA+F16C, AVX-512 and AVX-512 with BF16 conversions;
-    other builds the baseline only."""
+    """The CPU vector levels in the built library: x86-64 builds with GCC or clang carry every
+    level of CPU_VECTOR_LEVELS (csrc/sru_cpu.cpp), other builds the baseline only."""
     x86 = platform.machine().lower() in ("x86_64", "amd64")
     if x86 and sys.platform != "win32":
-        return ("baseline", "avx2", "avx512", "avx512_bf16")
-    return ("baseline",)
+        return CPU_VECTOR_LEVELS
+    return CPU_VECTOR_LEVELS[:1]
 
 
 def _origin(compiled: bool) -> str:

@@ -2,7 +2,8 @@
 
 Two libraries, both registering into the ``torch.ops.sru_lightning`` namespace:
 
-* the CPU extension (csrc/sru_ops.cpp + csrc/sru_cpu.cpp) holds the op schemas and the CPU
+* the CPU extension (csrc/sru_ops.cpp, sru_checks.cpp, sru_workspace.cpp, sru_cpu.cpp) holds the op
+  schemas, their argument checks, the scratch-buffer cache and the CPU
   kernels, and needs only the C++ compiler;
 * the CUDA extension (csrc/sru_cuda.cpp + csrc/sru_cuda_kernels.cu) registers the CUDA
   kernels of the same ops. It is built on the first CUDA call (or by ``python -m sru_lightning
@@ -42,6 +43,8 @@ EXTENSION_NAME = "sru_lightning"
 # The sources of each variant, in csrc/ (every csrc/*.h is part of each variant's key).
 CPU_SOURCES = (
     "sru_ops.cpp",
+    "sru_checks.cpp",
+    "sru_workspace.cpp",
     "sru_cpu.cpp",
 )
 CUDA_SOURCES = (
@@ -51,7 +54,8 @@ CUDA_SOURCES = (
 # The emulation: the plumbing and the binding (always from csrc/), then the kernels' C++
 # wrapper, which includes the .cu. The two kernel files may come from another folder.
 EMULATION_SOURCES = (
-    "sru_ops.cpp",
+    "sru_checks.cpp",
+    "sru_workspace.cpp",
     "sru_cuda_emulated.cpp",
     "sru_cuda_kernels_emulated.cpp",
 )

@@ -20,6 +20,7 @@ from .build import cuda_extension_available, extension_available
 from .storage_dtype import accumulation_dtype, resolve_storage_dtype, validate_policy
 from .reference import sru_recurrence_reference
 from .shapes import check_recurrence_inputs
+from .signature import RecurrenceCall
 from .tracing import record_kernel_call, tracing_active
 
 _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu")
@@ -72,34 +73,30 @@ def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has
             weight_c_s = weight_c_s.unsqueeze(0) if shape.per_step_weight_c else weight_c_s
             mask_pad_b = None if mask_pad_b is None else mask_pad_b.unsqueeze(0)
 
+        call = RecurrenceCall(U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b,
+                              bidirectional, has_skip_term)
         if _cpp_backend_ready(device_type):
             from . import op
 
-            entry = op.sru_inference if inference else op.sru_forward
-            h, c_last = entry(
-                U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b,
-                bidirectional, has_skip_term,
-            )
+            h, c_last = (op.sru_inference if inference else op.sru_forward)(*call)
         else:
-            h, c_last = _run_reference(
-                U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b,
-                bidirectional, has_skip_term, inference,
-            )
+            h, c_last = _run_reference(call, inference)
         if shape.single_step:
             h = h.squeeze(0)
         return h.to(out_dtype), c_last.to(out_dtype)
 
 
-def _run_reference(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, inference):
-    storage = U.dtype
+def _run_reference(call: RecurrenceCall, inference: bool):
+    storage = call.U.dtype
     accumulate = accumulation_dtype(storage)
     grad_context = torch.no_grad() if inference else contextlib.nullcontext()
     with grad_context:
         h, c_last = sru_recurrence_reference(
-            U, x, weight_c, bias, c0, scale_x=scale_x, mask_c=mask_c, mask_pad=mask_pad,
-            bidirectional=bidirectional, has_skip_term=has_skip_term, compute_dtype=accumulate,
+            call.U, call.x, call.weight_c, call.bias, call.c0, scale_x=call.scale_x, mask_c=call.mask_c,
+            mask_pad=call.mask_pad, bidirectional=call.bidirectional, has_skip_term=call.has_skip_term,
+            compute_dtype=accumulate,
         )
-    device_type = U.device.type
+    device_type = call.U.device.type
     record_kernel_call(device_type, storage, accumulate, "reference", "inference" if inference else "forward")
     if not inference and h.requires_grad and tracing_active() and not torch.compiler.is_compiling():
         def _record_backward(grad):

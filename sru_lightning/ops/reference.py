@@ -20,10 +20,7 @@ from __future__ import annotations
 import torch
 
 from .shapes import check_recurrence_inputs
-
-
-def _default_compute_dtype(u_dtype: torch.dtype) -> torch.dtype:
-    return torch.float64 if u_dtype == torch.float64 else torch.float32
+from .storage_dtype import accumulation_dtype
 
 
 def sru_recurrence_reference(
@@ -49,7 +46,7 @@ def sru_recurrence_reference(
         U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term
     )
     out_dtype = U.dtype
-    dtype = compute_dtype if compute_dtype is not None else _default_compute_dtype(U.dtype)
+    dtype = compute_dtype if compute_dtype is not None else accumulation_dtype(U.dtype)
     L, B, dirs, D, k = shape.length, shape.batch, shape.directions, shape.hidden_size, shape.k
 
     def cast(t):

@@ -45,10 +45,7 @@ def _require_tensor(name: str, value, allow_none: bool = False):
         raise TypeError(f"SRU recurrence: `{name}` must be a torch.Tensor, got {type(value).__name__}")
 
 
-def check_recurrence_inputs(
-    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional: bool, has_skip_term: bool
-) -> RecurrenceShape:
-    """Validate every argument against the layout and return the inferred sizes."""
+def _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad) -> None:
     _require_tensor("U", U)
     _require_tensor("bias", bias)
     _require_tensor("weight_c", weight_c)
@@ -56,55 +53,60 @@ def check_recurrence_inputs(
         _require_tensor(name, value, allow_none=True)
     if not U.is_floating_point():
         raise TypeError(f"SRU recurrence: `U` must be a floating tensor, got dtype {U.dtype}")
+
+
+def _check_devices(U, **tensors) -> None:
     # Before any kernel reads memory: on a GPU a tensor from another device is an illegal access.
-    for name, value in (("x", x), ("weight_c", weight_c), ("bias", bias), ("c0", c0), ("mask_c", mask_c),
-                        ("mask_pad", mask_pad), ("scale_x", scale_x)):
+    for name, value in tensors.items():
         if isinstance(value, torch.Tensor) and value.device != U.device:
             raise ValueError(f"SRU recurrence: `{name}` must be on U's device {U.device}, got device {value.device}")
-    directions = 2 if bidirectional else 1
+
+
+def _hidden_from_bias(bias, directions: int) -> int:
     if bias.dim() != 1 or bias.numel() % (2 * directions) != 0 or bias.numel() == 0:
         raise ValueError(
             f"SRU recurrence: `bias` must have shape (2*dirs*D,) with dirs={directions}, "
             f"got {_shape(bias)}"
         )
-    hidden = bias.numel() // (2 * directions)
+    return bias.numel() // (2 * directions)
+
+
+def _k_from_U(U, directions: int, hidden: int) -> int:
     columns = directions * hidden
     if U.dim() not in (2, 3):
         raise ValueError(
             f"SRU recurrence: `U` must have shape (L, B, dirs*D*k) or (B, dirs*D*k), got {_shape(U)}"
         )
-    single_step = U.dim() == 2
-    length = 1 if single_step else U.shape[0]
-    batch = U.shape[-2]
     if U.shape[-1] not in (3 * columns, 4 * columns):
         raise ValueError(
             f"SRU recurrence: `U` last dimension must be dirs*D*k = {3 * columns} (k=3) or "
             f"{4 * columns} (k=4) for dirs={directions}, D={hidden} (from `bias`), got {_shape(U)}"
         )
-    k = U.shape[-1] // columns
-    lead = (batch,) if single_step else (length, batch)
+    return U.shape[-1] // columns
 
-    if has_skip_term and k == 3:
-        if x is None:
-            raise ValueError("SRU recurrence: `x` is required when k == 3 and has_skip_term=True, got None")
-        if _shape(x) != lead + (columns,):
-            raise ValueError(f"SRU recurrence: `x` must have shape {lead + (columns,)}, got {_shape(x)}")
 
-    if weight_c.dim() == 1:
-        if weight_c.numel() != 2 * columns:
-            raise ValueError(
-                f"SRU recurrence: `weight_c` must have shape ({2 * columns},) or "
-                f"{lead + (2 * columns,)}, got {_shape(weight_c)}"
-            )
-        per_step = False
+def _check_x(x, lead: tuple, columns: int) -> None:
+    if x is None:
+        raise ValueError("SRU recurrence: `x` is required when k == 3 and has_skip_term=True, got None")
+    if _shape(x) != lead + (columns,):
+        raise ValueError(f"SRU recurrence: `x` must have shape {lead + (columns,)}, got {_shape(x)}")
+
+
+def _is_per_step_weight_c(weight_c, lead: tuple, columns: int) -> bool:
+    per_step = weight_c.dim() != 1
+    if per_step:
+        wrong = _shape(weight_c) != lead + (2 * columns,)
     else:
-        if _shape(weight_c) != lead + (2 * columns,):
-            raise ValueError(
-                f"SRU recurrence: `weight_c` must have shape ({2 * columns},) or "
-                f"{lead + (2 * columns,)}, got {_shape(weight_c)}"
-            )
-        per_step = True
+        wrong = weight_c.numel() != 2 * columns
+    if wrong:
+        raise ValueError(
+            f"SRU recurrence: `weight_c` must have shape ({2 * columns},) or "
+            f"{lead + (2 * columns,)}, got {_shape(weight_c)}"
+        )
+    return per_step
 
+
+def _check_batch_tensors(c0, mask_c, mask_pad, lead: tuple, batch: int, columns: int) -> None:
     for name, value in (("c0", c0), ("mask_c", mask_c)):
         if value is not None and _shape(value) != (batch, columns):
             raise ValueError(
@@ -113,16 +115,40 @@ def check_recurrence_inputs(
             )
     if mask_pad is not None and _shape(mask_pad) != lead:
         raise ValueError(f"SRU recurrence: `mask_pad` must have shape {lead} (L, B), got {_shape(mask_pad)}")
-    if scale_x is not None:
-        if isinstance(scale_x, torch.Tensor):
-            if scale_x.numel() != 1:
-                raise ValueError(
-                    f"SRU recurrence: `scale_x` must be a float or a 1-element tensor, "
-                    f"got shape {_shape(scale_x)}"
-                )
-        elif not isinstance(scale_x, (int, float)):
-            raise TypeError(
-                f"SRU recurrence: `scale_x` must be None, a float or a 1-element tensor, "
-                f"got {type(scale_x).__name__}"
+
+
+def _check_scale_x(scale_x) -> None:
+    if scale_x is None:
+        return
+    if isinstance(scale_x, torch.Tensor):
+        if scale_x.numel() != 1:
+            raise ValueError(
+                f"SRU recurrence: `scale_x` must be a float or a 1-element tensor, "
+                f"got shape {_shape(scale_x)}"
             )
+    elif not isinstance(scale_x, (int, float)):
+        raise TypeError(
+            f"SRU recurrence: `scale_x` must be None, a float or a 1-element tensor, "
+            f"got {type(scale_x).__name__}"
+        )
+
+
+def check_recurrence_inputs(
+    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional: bool, has_skip_term: bool
+) -> RecurrenceShape:
+    """Validate every argument against the layout and return the inferred sizes."""
+    _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad)
+    _check_devices(U, x=x, weight_c=weight_c, bias=bias, c0=c0, mask_c=mask_c, mask_pad=mask_pad, scale_x=scale_x)
+    directions = 2 if bidirectional else 1
+    hidden = _hidden_from_bias(bias, directions)
+    columns = directions * hidden
+    k = _k_from_U(U, directions, hidden)
+    single_step = U.dim() == 2
+    length, batch = 1 if single_step else U.shape[0], U.shape[-2]
+    lead = (batch,) if single_step else (length, batch)
+    if has_skip_term and k == 3:
+        _check_x(x, lead, columns)
+    per_step = _is_per_step_weight_c(weight_c, lead, columns)
+    _check_batch_tensors(c0, mask_c, mask_pad, lead, batch, columns)
+    _check_scale_x(scale_x)
     return RecurrenceShape(length, batch, directions, hidden, k, single_step, per_step)

@@ -69,17 +69,52 @@ def test_opcheck_recurrence_backward(layout, variant):
     torch.library.opcheck(torch.ops.sru_lightning.recurrence_backward.default, arguments)
 
 
-@pytest.mark.parametrize("name", ["cpu_vector_level", "release_cached_buffers"])
+@pytest.mark.parametrize("name", ["cpu_vector_level", "cpu_vector_levels", "release_cached_buffers"])
 def test_opcheck_of_the_utility_ops(name):
     torch.library.opcheck(getattr(torch.ops.sru_lightning, name).default, (),
                           test_utils=("test_schema", "test_autograd_registration"))
 
 
 def test_every_op_of_the_namespace_is_checked():
-    checked = {"recurrence_forward", "recurrence_backward", "cpu_vector_level", "release_cached_buffers"}
+    checked = {"recurrence_forward", "recurrence_backward", "cpu_vector_level", "cpu_vector_levels",
+               "release_cached_buffers"}
     registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
                   if name.startswith("sru_lightning::")}
     assert registered == checked
+
+
+# -- one argument list: the C++ schemas against ops/signature.py --------------------------------
+from sru_lightning.ops import signature  # noqa: E402
+
+
+@pytest.mark.parametrize("name", ["recurrence_forward", "recurrence_backward"])
+def test_registered_schema_is_the_one_signature_describes(name):
+    registered = str(getattr(torch.ops.sru_lightning, name).default._schema)
+    assert registered == f"sru_lightning::{signature.SCHEMAS[name]}"
+
+
+def test_a_schema_that_differs_from_signature_fails_loudly(monkeypatch):
+    changed = dict(signature.SCHEMAS, recurrence_forward=signature.SCHEMAS["recurrence_forward"].replace(
+        "bool store_c", "bool store_c, bool extra"))
+    monkeypatch.setattr(signature, "SCHEMAS", changed)
+    with pytest.raises(RuntimeError, match=r"recurrence_forward differs from sru_lightning/ops/signature.py"):
+        signature.check_registered_schemas()
+
+
+def test_autograd_returns_one_gradient_slot_per_forward_argument():
+    gradients = signature.forward_input_gradients({"U": "gU", "x": "gx", "bias": "gb", "mask_c": "ignored"})
+    assert len(gradients) == len(signature.FORWARD_ARGUMENTS)
+    by_name = dict(zip((a.name for a in signature.FORWARD_ARGUMENTS), gradients))
+    assert by_name["U"] == "gU" and by_name["x"] == "gx" and by_name["bias"] == "gb"
+    assert by_name["weight_c"] is None and by_name["mask_c"] is None and by_name["store_c"] is None
+
+
+def test_backward_returns_the_gradients_of_the_differentiable_arguments():
+    assert signature.BACKWARD_RETURNS == ("grad_U", "grad_x", "grad_weight_c", "grad_bias", "grad_c0")
+
+
+def test_cpp_vector_level_names_are_the_python_ones():
+    assert tuple(torch.ops.sru_lightning.cpu_vector_levels()) == signature.CPU_VECTOR_LEVELS
 
 
 # -- torch.compile against eager ----------------------------------------------------------------
