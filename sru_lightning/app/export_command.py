@@ -8,6 +8,8 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sru_lightning.app.usage import UsageError
+
 PROG = "python -m sru_lightning export"
 
 
@@ -20,10 +22,6 @@ class ExportSettings:
     out: str = ""  # the folder to create (required)
     overwrite: bool = False  # replace an earlier export in `out`
     resume_dir: str = "outputs"  # where ckpt_path=last looks
-
-
-class UsageError(Exception):
-    """A bad setting or an unusable checkpoint; one line, exit status 2."""
 
 
 def usage() -> str:
@@ -77,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         source = {"checkpoint": str(path), "global_step": checkpoint.get("global_step")}
         folder = export_language_model(model, settings.out, settings.format, codec,
                                        overwrite=settings.overwrite, source=source)
-    except (UsageError, generate.UsageError, ExportError) as error:
+    except (UsageError, ExportError) as error:
         print(f"{PROG}: error: {error}", file=sys.stderr)
         return 2
     seconds = time.perf_counter() - started

@@ -19,6 +19,8 @@ from typing import Any, TextIO
 
 import torch
 
+from sru_lightning.app.usage import UsageError
+
 PROG = "python -m sru_lightning generate"
 
 
@@ -36,10 +38,6 @@ class GenerateSettings:
     device: str = "cpu"  # "cpu" or "cuda"
     model: str = ""  # an export folder (`python -m sru_lightning export`) to generate with instead of ckpt_path
     backend: str = ""  # for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder
-
-
-class UsageError(Exception):
-    """A bad setting or an unusable checkpoint; reported in one line, without a traceback."""
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,11 @@ import sys
 from typing import NoReturn
 
 
+class UsageError(Exception):
+    """A bad setting, or a checkpoint or config that cannot serve the command: reported as one
+    line naming what was expected and what was given, exit status 2."""
+
+
 class CommandParser(argparse.ArgumentParser):
     """argparse with a one-line error (argparse prints the whole usage block first); `--help`
     still shows the usage."""

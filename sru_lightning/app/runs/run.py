@@ -24,6 +24,8 @@ from typing import Any, NoReturn
 
 from lightning.pytorch.callbacks import Callback
 
+from sru_lightning.app.usage import UsageError
+
 from .checkpoints import (
     CheckpointError,
     check_engine_reads,
@@ -54,10 +56,6 @@ _QUIET_WARNINGS = (
     # Resuming into the run's own directory: its checkpoints are expected there.
     r".*Checkpoint directory .* exists and is not empty.*",
 )
-
-
-class UsageError(Exception):
-    """A problem with the command line or the configuration; reported without a traceback."""
 
 
 class RunFailed(Exception):
