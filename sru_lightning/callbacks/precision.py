@@ -5,8 +5,12 @@ and points out matmul shapes that keep half-precision matmuls off the tensor cor
 
 from __future__ import annotations
 
+from typing import Any
 
+import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities.types import STEP_OUTPUT
+from typing_extensions import override
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from sru_lightning.nn import SRU, SRUCell, SRUpp, SRUppCell, iter_sru_cells, set_recurrence_policy
@@ -71,7 +75,8 @@ class SRUPrecisionCallback(Callback):
         self._hooks: list = []
 
     # ------------------------------------------------------------------ hooks
-    def setup(self, trainer, pl_module, stage: str) -> None:
+    @override
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # Before configure_optimizers and before DeepSpeed builds its engine: the only moment
         # APEX registration can still take effect.
         self._apply_policy(pl_module)
@@ -80,28 +85,35 @@ class SRUPrecisionCallback(Callback):
         self._reported = False
         self._warned_without_layers = getattr(self, "_warned_without_layers", False)
 
-    def on_fit_start(self, trainer, pl_module) -> None:
+    @override
+    def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._apply_and_report(trainer, pl_module)
         if self._advising(trainer):
             self._watch_rows(pl_module)
 
-    def on_validation_start(self, trainer, pl_module) -> None:
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._apply_and_report(trainer, pl_module)
 
-    def on_test_start(self, trainer, pl_module) -> None:
+    @override
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._apply_and_report(trainer, pl_module)
 
-    def on_predict_start(self, trainer, pl_module) -> None:
+    @override
+    def on_predict_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._apply_and_report(trainer, pl_module)
 
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+    @override
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT,
+                           batch: Any, batch_idx: int) -> None:
         if self._hooks:
             self._remove_hooks()
             self.shape_advice = tensor_core_advice(iter_sru_cells(pl_module), self._rows)
             if self.shape_advice:
                 rank_zero_warn(self.format_shape_advice(self.shape_advice), category=TensorCoreShapeWarning)
 
-    def teardown(self, trainer, pl_module, stage: str) -> None:
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         self._remove_hooks()
 
     # ------------------------------------------------------------------ pieces
