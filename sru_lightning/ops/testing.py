@@ -111,9 +111,10 @@ def run_with_grads(fn, tensors, kwargs, seed=1):
 ERROR_SCALE_FLOOR = 1e-6
 
 
-def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
-    """``max |actual - expected| / max |expected|`` in float64 (the scale at least
-    :data:`ERROR_SCALE_FLOOR`, taken over the finite entries of `expected`).
+def relative_error(actual: torch.Tensor, expected: torch.Tensor, *, floor: float = ERROR_SCALE_FLOOR) -> float:
+    """``max |actual - expected| / max |expected|`` in float64 (the scale at least `floor`,
+    taken over the finite entries of `expected`; ``floor=1.0`` measures an error relative to
+    values of size one and absolute below that).
 
     Non-finite values: a place where both hold the same value (NaN and NaN, +inf and +inf)
     counts as equal; any other NaN or infinity, on either side, makes the error infinite. So
@@ -130,4 +131,4 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
         return math.inf
     finite = expected[torch.isfinite(expected)]
     scale = finite.abs().max().item() if finite.numel() else 0.0
-    return difference / max(scale, ERROR_SCALE_FLOOR)
+    return difference / max(scale, floor)

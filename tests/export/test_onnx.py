@@ -19,6 +19,7 @@ onnxruntime = pytest.importorskip("onnxruntime", reason="needs the `export` extr
 from sru_lightning.export import ExportableLanguageModel, ExportError  # noqa: E402
 from sru_lightning.export.onnx_recurrence import OPSET, translation_table  # noqa: E402
 from sru_lightning.nn import SRU, SRUCell  # noqa: E402
+from sru_lightning.ops.testing import relative_error  # noqa: E402
 
 TRACED = (2, 5)  # (B, L) of the example inputs
 CHECKED = [(1, 1), (3, 7), (1, 23), (4, 2)]  # L = 1, a prime L, L >= 4x traced; B = 1 and B > 1
@@ -47,10 +48,6 @@ def onnx_session(module: nn.Module, example: tuple, dynamic_shapes: tuple, path)
     return onnxruntime.InferenceSession(str(path), providers=["CPUExecutionProvider"])
 
 
-def relative_error(expected: torch.Tensor, got: np.ndarray) -> float:
-    return float((expected - torch.from_numpy(got)).abs().max() / expected.abs().max().clamp_min(1e-12))
-
-
 @pytest.mark.parametrize(
     "options,input_size,padded",
     [
@@ -77,7 +74,7 @@ def test_every_inference_option_matches_eager_at_untraced_shapes(options, input_
         got = session.run(None, {"x": x.numpy(), "c0": c0.numpy(), "lengths": lengths.numpy()})
         for name, e, g in zip(("h", "c_last"), expected, got):
             assert g.shape == tuple(e.shape)
-            assert relative_error(e, g) < 1e-5, f"{name} at B={b} L={l}"
+            assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={l}"
 
 
 def test_training_only_inputs_are_refused_with_a_clear_error():

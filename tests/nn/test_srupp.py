@@ -18,6 +18,7 @@ from sru_lightning.nn import (
     set_recurrence_policy,
 )
 from sru_lightning.ops import trace_storage_dtypes
+from sru_lightning.ops.testing import relative_error
 
 GOLDEN = torch.load(Path(__file__).resolve().parents[1] / "fixtures" / "srupp_golden.pt", weights_only=True)
 L, B, D_IN, H, P = 5, 3, 6, 8, 4
@@ -41,13 +42,6 @@ def attending(model: SRUpp, alpha: float = 0.5) -> SRUpp:
             if layer.has_attention:
                 layer.transform_module.alpha.fill_(alpha)
     return model
-
-
-def _relative_error(actual, expected):
-    difference = (actual - expected).abs().max().item()
-    scale = expected.abs().max().item()
-    # A gradient the reference computes as exactly zero (alpha = 0 stops it) must be ~zero here.
-    return difference / scale if scale > 0 else difference * 1e12
 
 
 # --------------------------------------------------------------------------- golden parity
@@ -82,7 +76,9 @@ def test_matches_reference_numbers(case):
     checks += [(f"grad {name}", parameters[name].grad, g) for name, g in case["grad_params"].items()]
     for name, actual, expected in checks:
         assert actual.shape == expected.shape, name
-        assert _relative_error(actual, expected) < 1e-6, name
+        # floor=1e-12: a gradient the reference computes as exactly zero (alpha = 0 stops it)
+        # must be ~zero here too.
+        assert relative_error(actual, expected, floor=1e-12) < 1e-6, name
 
 
 def test_state_dict_round_trips_with_reference_names():
