@@ -1,12 +1,48 @@
 """Test tiers (see README): fast tests always run; `peer` needs the `sru` package;
-`cuda` needs a CUDA GPU and is skipped with the reason everywhere else."""
+`cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
+tests that start processes or train for long (`make test-fast` leaves them out).
+
+Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) every test file is one
+group, so a file's module-scoped fits run once, on one worker; the files that take longest
+are handed out first so that no long file starts last; each worker runs torch on its share
+of the cores.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
+
+# Test files (relative to tests/) that take longest, longest first: started first under xdist.
+LONGEST_FILES = [
+    "strategies/test_engines.py",
+    "ops/test_build_processes.py",
+    "ops/test_cuda_emulation.py",
+    "app/test_signals_ddp.py",
+    "app/test_resume_ddp.py",
+    "app/test_runs.py",
+    "diagnostics/test_bench.py",
+    "app/test_signals.py",
+    "app/test_export_cli.py",
+    "app/test_generate.py",
+    "app/test_ddp.py",
+    "app/test_multinode.py",
+    "app/test_usage_errors.py",
+    "app/test_sweepers.py",
+]
+TESTS = os.path.dirname(os.path.abspath(__file__))
+
+
+def _test_file(item) -> str:
+    return os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
+
+
+def _longest_first(item) -> int:
+    name = _test_file(item)
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -21,6 +57,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "peer" in item.keywords and not has_peer:
             item.add_marker(skip_peer)
+        if item.get_closest_marker("xdist_group") is None:
+            item.add_marker(pytest.mark.xdist_group(_test_file(item)))
+    items.sort(key=_longest_first)  # stable: the order inside a file is kept
+
+
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # two workers with all the cores each would fight over them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True)

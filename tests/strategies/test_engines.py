@@ -125,11 +125,12 @@ def test_sharding_engines_hold_only_their_shard_between_steps(engine, fits_root)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
-def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, tmp_path):
+def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, fits_root, tmp_path):
     """Stop after 3 of 6 steps, resume from the run directory under the same engine: the
     resumed steps' losses equal the uninterrupted run's on both ranks (constant learning rate,
-    so the schedule does not depend on where the run stopped)."""
-    whole = probed_fit(engine, "32-true", str(tmp_path / "whole"))
+    so the schedule does not depend on where the run stopped). The uninterrupted run is the
+    float32 fit the other tests of this engine read."""
+    whole = probed_fit(engine, "32-true", fits_root)
     first = tmp_path / "parts" / "run"
     first.parent.mkdir()
     probe = tmp_path / "parts" / "probe"
