@@ -16,9 +16,9 @@ TORCH_SPEC ?= torch==2.13.0
 CUDA_ARCH ?=
 PIP = $(VENV)/bin/python -m pip
 PY = $(VENV)/bin/python
-# pytest-xdist: a worker per core; the groups (one per test file, tests/conftest.py) keep a
-# file's shared fits on one worker. PYTEST_PARALLEL= runs everything in one process.
-PYTEST_PARALLEL ?= -n auto --dist loadgroup
+# pytest-xdist: a worker per core; each test file runs on one worker, so a file's shared
+# fits run once. PYTEST_PARALLEL= runs everything in one process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 
 .PHONY: setup run test test-fast build-ext bench clean
 

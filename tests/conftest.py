@@ -2,10 +2,9 @@
 `cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
 tests that start processes or train for long (`make test-fast` leaves them out).
 
-Under pytest-xdist (`make test` runs `-n auto --dist loadgroup`) every test file is one
-group, so a file's module-scoped fits run once, on one worker; the files that take longest
-are handed out first so that no long file starts last; each worker runs torch on its share
-of the cores.
+Under pytest-xdist (`make test` runs `-n auto --dist loadfile`) each test file runs on one
+worker, so a file's module-scoped fits run once; the files that take longest are handed out
+first so that no long file starts last; each worker runs torch on its share of the cores.
 """
 
 from __future__ import annotations
@@ -57,8 +56,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "peer" in item.keywords and not has_peer:
             item.add_marker(skip_peer)
-        if item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(_test_file(item)))
     items.sort(key=_longest_first)  # stable: the order inside a file is kept
 
 
