@@ -55,6 +55,7 @@ def _longest_first(item) -> int:
     return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
 
+@pytest.hookimpl(tryfirst=True)  # the `slow` marks below are in place before `-m` selects
 def pytest_collection_modifyitems(config, items):
     has_cuda = torch.cuda.is_available()
     has_peer = importlib.util.find_spec("sru") is not None
@@ -67,7 +68,7 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "peer" in item.keywords and not has_peer:
             item.add_marker(skip_peer)
-        if item.originalname in STARTS_PROCESSES.get(_test_file(item), ()):
+        if getattr(item, "originalname", item.name) in STARTS_PROCESSES.get(_test_file(item), ()):
             item.add_marker(pytest.mark.slow)
     items.sort(key=_longest_first)  # stable: the order inside a file is kept
 
