@@ -42,7 +42,7 @@ STARTS_PROCESSES = {
     "ops/test_vector_levels.py": {"test_every_vector_level_matches_the_reference"},
     "ops/test_cuda_compile.py": {"test_nvcc_compiles_the_kernels", "test_cuda_binding_compiles_against_the_torch_headers"},
     "ops/test_cpu_kernels.py": {"test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named"},
-    "callbacks/test_fault_tolerance.py": {"test_the_stop_watchdog_stands_down_when_the_fit_has_ended"},
+    "callbacks/test_interrupts.py": {"test_the_stop_watchdog_stands_down_when_the_fit_has_ended"},
 }
 
 
