@@ -1,6 +1,10 @@
 # One command sets up and runs the main job; one sets up and runs the tests.
 #   make run     create .venv, install, train the default SRU language model
 #   make test    create .venv, install with test extras, run the whole test suite
+#                (in parallel, one pytest-xdist worker per core; each test file on one worker)
+#   make test-fast  the quick loop between edits: the same, without the `slow` tests (real
+#                processes, multi-process fits, sweeps, exports in a fresh process) and
+#                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
 #
 # TORCH_SPEC pins the PyTorch build installed first. The default is the CPU build used on
 # CPU-only machines; on a CUDA machine run e.g. `make test TORCH_SPEC="torch>=2.4"`.
@@ -12,8 +16,11 @@ TORCH_SPEC ?= torch==2.13.0
 CUDA_ARCH ?=
 PIP = $(VENV)/bin/python -m pip
 PY = $(VENV)/bin/python
+# pytest-xdist: a worker per core; each test file runs on one worker, so a file's shared
+# fits run once. PYTEST_PARALLEL= runs everything in one process.
+PYTEST_PARALLEL ?= -n auto --dist loadfile
 
-.PHONY: setup run test build-ext bench clean
+.PHONY: setup run test test-fast build-ext bench clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -34,7 +41,11 @@ run: setup
 
 test: setup
 	$(PY) -m sru_lightning build
-	$(PY) -m pytest --durations=25
+	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
+
+test-fast: setup
+	$(PY) -m sru_lightning build
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
 
 bench: setup
 	$(PY) -m sru_lightning bench

@@ -1,14 +1,61 @@
 """Test tiers (see README): fast tests always run; `peer` needs the `sru` package;
-`cuda` needs a CUDA GPU and is skipped with the reason everywhere else."""
+`cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
+tests that start processes, compile or train for long (`make test-fast` leaves them out).
+
+Under pytest-xdist (`make test` runs `-n auto --dist loadfile`) each test file runs on one
+worker, so a file's module-scoped fits run once; the files that take longest are handed out
+first so that no long file starts last; each worker runs torch on its share of the cores.
+"""
 
 from __future__ import annotations
 
 import importlib.util
+import os
 
 import pytest
 import torch
 
+# Test files (relative to tests/) that take longest, longest first: started first under xdist.
+LONGEST_FILES = [
+    "strategies/test_engines.py",
+    "ops/test_build_processes.py",
+    "ops/test_cuda_emulation.py",
+    "app/test_signals_ddp.py",
+    "app/test_resume_ddp.py",
+    "app/test_runs.py",
+    "diagnostics/test_bench.py",
+    "app/test_signals.py",
+    "app/test_export_cli.py",
+    "app/test_generate.py",
+    "app/test_ddp.py",
+    "app/test_multinode.py",
+    "app/test_usage_errors.py",
+    "app/test_sweepers.py",
+]
+TESTS = os.path.dirname(os.path.abspath(__file__))
 
+# Tests that start Python processes or compilers but carry no `slow` mark in their file: `slow`
+# here, so that `make test-fast` (-m "not slow") leaves them to `make test`.
+STARTS_PROCESSES = {
+    "ops/test_build_processes.py": {"test_cache_folder_is_shared_by_equal_trees_and_changes_with_any_source"},
+    "ops/test_half_storage.py": {"test_half_storage_kernels_at_every_vector_level"},
+    "ops/test_vector_levels.py": {"test_every_vector_level_matches_the_reference"},
+    "ops/test_cuda_compile.py": {"test_nvcc_compiles_the_kernels", "test_cuda_binding_compiles_against_the_torch_headers"},
+    "ops/test_cpu_kernels.py": {"test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named"},
+    "callbacks/test_interrupts.py": {"test_the_stop_watchdog_stands_down_when_the_fit_has_ended"},
+}
+
+
+def _test_file(item) -> str:
+    return os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
+
+
+def _longest_first(item) -> int:
+    name = _test_file(item)
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
+@pytest.hookimpl(tryfirst=True)  # the `slow` marks below are in place before `-m` selects
 def pytest_collection_modifyitems(config, items):
     has_cuda = torch.cuda.is_available()
     has_peer = importlib.util.find_spec("sru") is not None
@@ -21,6 +68,15 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "peer" in item.keywords and not has_peer:
             item.add_marker(skip_peer)
+        if getattr(item, "originalname", item.name) in STARTS_PROCESSES.get(_test_file(item), ()):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=_longest_first)  # stable: the order inside a file is kept
+
+
+def pytest_configure(config):
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers > 1:  # two workers with all the cores each would fight over them
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
 
 
 @pytest.fixture(autouse=True)

@@ -110,6 +110,7 @@ def python_m_sru_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess
                           capture_output=True, text=True, timeout=300)
 
 
+@pytest.mark.slow  # starts a process
 def test_module_entry_point_exit_status_and_message(tmp_path):
     bad = python_m_sru_lightning("fit", "trainer.max_epochs=[1", cwd=tmp_path)
     assert bad.returncode == 2

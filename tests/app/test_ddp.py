@@ -33,6 +33,15 @@ TINY_FIT = [
 ]
 
 
+def fit_in_this_process(run_dir: Path, *overrides: str) -> Path:
+    """The one-process run: the same command line, run in the test's process."""
+    from sru_lightning.app import cli
+
+    # no progress bar drawn into the test's captured output; it does not touch the training
+    assert cli.main(["fit", f"hydra.run.dir={run_dir}", *TINY_FIT, *overrides, "~callbacks.rich_progress_bar"]) == 0
+    return run_dir
+
+
 def fit(run_dir: Path, *overrides: str) -> Path:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
@@ -55,7 +64,7 @@ def final_weights(run_dir: Path) -> dict[str, torch.Tensor]:
 
 @pytest.mark.slow
 def test_ddp_cpu_matches_one_process_with_the_same_global_batch(tmp_path):
-    single = fit(tmp_path / "single", "trainer=cpu", f"data.batch_size={GLOBAL_BATCH}")
+    single = fit_in_this_process(tmp_path / "single", "trainer=cpu", f"data.batch_size={GLOBAL_BATCH}")
     ddp = fit(tmp_path / "ddp", "trainer=ddp_cpu", f"data.batch_size={GLOBAL_BATCH // 2}")
 
     expected, got = validation_curve(single), validation_curve(ddp)

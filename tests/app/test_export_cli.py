@@ -55,8 +55,10 @@ GREEDY = ["prompt=The ", "length=200", "temperature=0"]
 
 # lstm-pt2 after lstm-onnx in one process: the ONNX export leaves nn.LSTM's kernel cached, which the
 # torch.export of the PyTorch formats must not reuse (it would fix the length).
-@pytest.mark.parametrize("kind,fmt", [("sru", "onnx"), ("srupp", "onnx"), ("lstm", "onnx"), ("lstm", "pt2"),
-                                      ("srupp", "pt2")])
+# sru-onnx is the quick check (`make test-fast`); the other kinds and formats are `slow` exports.
+@pytest.mark.parametrize("kind,fmt", [("sru", "onnx"), *(pytest.param(kind, fmt, marks=pytest.mark.slow) for kind, fmt in
+                                                       [("srupp", "onnx"), ("lstm", "onnx"), ("lstm", "pt2"),
+                                                        ("srupp", "pt2")])])
 def test_export_folder_generates_the_checkpoints_greedy_text(kind, fmt, checkpoints, tmp_path, capsys):
     out = tmp_path / "export"
     status, stdout, stderr = run_main(command.main, [f"ckpt_path={checkpoints[kind]}", f"format={fmt}", f"out={out}"],

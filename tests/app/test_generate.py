@@ -3,10 +3,7 @@ character and word level; bad settings get one named error."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,21 +13,29 @@ from sru_lightning.app import cli
 from helpers.tiny_run import TINY_RUN
 
 
-def python_m_sru_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess:
-    root = str(Path(cli.__file__).resolve().parents[2])  # this checkout, installed or not
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "sru_lightning", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+class Finished:
+    """What one in-process command run returned and printed."""
+
+    def __init__(self, returncode: int, stdout: str, stderr: str) -> None:
+        self.returncode, self.stdout, self.stderr = returncode, stdout, stderr
 
 
-def fit_tiny_run(run_dir: Path, *overrides: str) -> subprocess.CompletedProcess:
+def run_command(capsys, *args: str) -> Finished:
+    """`python -m sru_lightning <args>` run in this process: exit status and what it printed."""
+    capsys.readouterr()
+    status = cli.main(list(args))
+    captured = capsys.readouterr()
+    return Finished(status, captured.out, captured.err)
+
+
+def fit_tiny_run(capsys, run_dir: Path, *overrides: str) -> Finished:
     run_dir.parent.mkdir(parents=True, exist_ok=True)
-    fit = python_m_sru_lightning("fit", *TINY_RUN, *overrides, f"hydra.run.dir={run_dir}", cwd=run_dir.parent)
+    fit = run_command(capsys, "fit", *TINY_RUN, *overrides, f"hydra.run.dir={run_dir}")
     assert fit.returncode == 0, fit.stderr[-2000:]
     return fit
 
 
-def generated(result: subprocess.CompletedProcess, prompt: str) -> str:
+def generated(result: Finished, prompt: str) -> str:
     """The text after the echoed prompt (generate ends its output with one newline)."""
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.startswith(prompt) and result.stdout.endswith("\n")
@@ -65,23 +70,25 @@ def test_generate_is_listed_and_explains_its_settings(capsys):
     assert "temperature=0.8" in out and "temperature=0 is greedy" in out and "top_k=0" in out
 
 
-def test_last_without_any_run_is_a_usage_error(tmp_path):
-    result = python_m_sru_lightning("generate", "ckpt_path=last", cwd=tmp_path)
+def test_last_without_any_run_is_a_usage_error(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    result = run_command(capsys, "generate", "ckpt_path=last")
     assert result.returncode == 2 and "Traceback" not in result.stderr
     assert "`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir='outputs'" in result.stderr
 
 
 @pytest.mark.slow
-def test_character_level_generation_is_deterministic_and_has_the_requested_length(tmp_path):
+def test_character_level_generation_is_deterministic_and_has_the_requested_length(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "outputs" / "char"
-    fit_tiny_run(run_dir)
+    fit_tiny_run(capsys, run_dir)
     settings = ("prompt=The ", "length=40", "temperature=0.8", "top_k=0")
-    first = python_m_sru_lightning("generate", f"ckpt_path={run_dir}", *settings, "seed=0", cwd=tmp_path)
+    first = run_command(capsys, "generate", f"ckpt_path={run_dir}", *settings, "seed=0")
     text = generated(first, "The ")
     assert len(text) == 40
     assert re.search(r"40 tokens in [0-9.]+ s \([0-9]+ tokens/s; prompt of 4 tokens read in one pass\)", first.stderr)
     # ckpt_path=last finds the run under resume_dir (default: outputs); another seed, other text
-    other_seed = python_m_sru_lightning("generate", "ckpt_path=last", *settings, "seed=1", cwd=tmp_path)
+    other_seed = run_command(capsys, "generate", "ckpt_path=last", *settings, "seed=1")
     assert f"{run_dir / 'checkpoints' / 'last.ckpt'} (step 3, char level)" in other_seed.stderr
     assert len(generated(other_seed, "The ")) == 40 and generated(other_seed, "The ") != text
 
@@ -90,27 +97,26 @@ def test_character_level_generation_is_deterministic_and_has_the_requested_lengt
     checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint.pop("PydocDataModule")["token_codec"]["level"] == "char"
     torch.save(checkpoint, run_dir / "checkpoints" / "older.ckpt")
-    older = python_m_sru_lightning("generate", f"ckpt_path={run_dir / 'checkpoints' / 'older.ckpt'}", *settings,
-                                   "seed=0", cwd=tmp_path)
+    older = run_command(capsys, "generate", f"ckpt_path={run_dir / 'checkpoints' / 'older.ckpt'}", *settings, "seed=0")
     assert generated(older, "The ") == text
     assert "rebuilding the vocabulary from the data config" in older.stderr
 
 
 @pytest.mark.slow
-def test_word_level_runs_log_bits_per_word_and_generate_words_joined_by_spaces(tmp_path):
+def test_word_level_runs_log_bits_per_word_and_generate_words_joined_by_spaces(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
     from pydoc_data.topics import topics
 
     corpus = tmp_path / "prose.txt"
     corpus.write_text("\n".join(topics[key] for key in sorted(topics))[:60_000])
     run_dir = tmp_path / "word"
-    fit = fit_tiny_run(run_dir, "data=text", f"data.path={corpus}", "data.level=word")
+    fit = fit_tiny_run(capsys, run_dir, "data=text", f"data.path={corpus}", "data.level=word")
     assert re.search(r"final val_bpw=[0-9.]+ \(unigram baseline bpw=[0-9.]+\)", fit.stdout)
     assert [path.name for path in (run_dir / "checkpoints").glob("*val_bpw*.ckpt")], "ModelCheckpoint monitors val_bpw"
     header = (run_dir / "csv" / "metrics.csv").read_text().splitlines()[0].split(",")
     assert "val_bpw" in header and "val_word_ppl" in header and "val_bpc" not in header
 
-    result = python_m_sru_lightning("generate", f"ckpt_path={run_dir}", "prompt=The ", "length=25", "seed=0",
-                                    cwd=tmp_path)
+    result = run_command(capsys, "generate", f"ckpt_path={run_dir}", "prompt=The ", "length=25", "seed=0")
     text = generated(result, "The ")
     assert len(re.findall(r"[^\s]+|\n", text)) == 25  # a word or an end of line per token
     assert "  " not in text and " \n" not in text and not text.startswith(" ")

@@ -232,12 +232,14 @@ def _shell(command: str) -> subprocess.CompletedProcess:
                           env=env, timeout=120)
 
 
+@pytest.mark.slow  # starts a process
 def test_help_into_a_closed_pipe_is_quiet():
     done = _shell(f"{sys.executable} -m sru_lightning --help | head -1")
     assert done.returncode == 0 and done.stderr == "", done.stderr
     assert done.stdout.startswith("usage:")
 
 
+@pytest.mark.slow  # starts a process
 def test_output_to_a_full_device_is_one_line():
     if not Path("/dev/full").exists():
         pytest.skip("needs /dev/full (Linux) to fill the output")

@@ -106,6 +106,7 @@ print(json.dumps({"error": error, "foreign": foreign}))
 """
 
 
+@pytest.mark.slow  # starts a process
 def test_onnxruntime_runs_an_exported_language_model_with_only_numpy(tmp_path):
     from sru_lightning.export import export_language_model
     from sru_lightning.models import SRULanguageModel

@@ -125,11 +125,12 @@ def test_sharding_engines_hold_only_their_shard_between_steps(engine, fits_root)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("engine", ENGINES)
-def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, tmp_path):
+def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, fits_root, tmp_path):
     """Stop after 3 of 6 steps, resume from the run directory under the same engine: the
     resumed steps' losses equal the uninterrupted run's on both ranks (constant learning rate,
-    so the schedule does not depend on where the run stopped)."""
-    whole = probed_fit(engine, "32-true", str(tmp_path / "whole"))
+    so the schedule does not depend on where the run stopped). The uninterrupted run is the
+    float32 fit the other tests of this engine read."""
+    whole = probed_fit(engine, "32-true", fits_root)
     first = tmp_path / "parts" / "run"
     first.parent.mkdir()
     probe = tmp_path / "parts" / "probe"
@@ -183,13 +184,14 @@ def test_deepspeed_fp16_on_a_cpu_without_fp16_is_one_line_and_exit_2(tmp_path):
     assert not (tmp_path / "run").exists()  # a refused run leaves no directory behind
 
 
-def test_a_gpu_engine_config_without_a_gpu_says_how_to_run_on_cpu(tmp_path):
+def test_a_gpu_engine_config_without_a_gpu_says_how_to_run_on_cpu(tmp_path, monkeypatch, capsys):
     if torch_cuda_available():
         pytest.skip("a CUDA GPU is present: trainer=fsdp runs as configured")
-    command = [sys.executable, "-m", "sru_lightning", "fit", "trainer=fsdp2", f"hydra.run.dir={tmp_path / 'run'}"]
-    completed = subprocess.run(command, cwd=tmp_path, env=_environment(), capture_output=True, text=True, timeout=120)
-    assert completed.returncode == 2
-    assert "add trainer.accelerator=cpu trainer.devices=2" in completed.stderr
+    from sru_lightning.app import cli
+
+    monkeypatch.chdir(tmp_path)  # the command line, run in this process: it is refused before any fit starts
+    assert cli.main(["fit", "trainer=fsdp2", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
+    assert "add trainer.accelerator=cpu trainer.devices=2" in capsys.readouterr().err
 
 
 def torch_cuda_available() -> bool:
