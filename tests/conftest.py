@@ -34,18 +34,6 @@ LONGEST_FILES = [
 ]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
-# Tests that start Python processes or compilers but carry no `slow` mark in their file: `slow`
-# here, so that `make test-fast` (-m "not slow") leaves them to `make test`.
-STARTS_PROCESSES = {
-    "ops/test_build_processes.py": {"test_cache_folder_is_shared_by_equal_trees_and_changes_with_any_source"},
-    "ops/test_half_storage.py": {"test_half_storage_kernels_at_every_vector_level"},
-    "ops/test_vector_levels.py": {"test_every_vector_level_matches_the_reference"},
-    "ops/test_cuda_compile.py": {"test_nvcc_compiles_the_kernels", "test_cuda_binding_compiles_against_the_torch_headers"},
-    "ops/test_cpu_kernels.py": {"test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named"},
-    "callbacks/test_interrupts.py": {"test_the_stop_watchdog_stands_down_when_the_fit_has_ended"},
-}
-
-
 def _test_file(item) -> str:
     return os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
 
@@ -55,7 +43,6 @@ def _longest_first(item) -> int:
     return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
 
 
-@pytest.hookimpl(tryfirst=True)  # the `slow` marks below are in place before `-m` selects
 def pytest_collection_modifyitems(config, items):
     has_cuda = torch.cuda.is_available()
     has_peer = importlib.util.find_spec("sru") is not None
@@ -68,8 +55,6 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "peer" in item.keywords and not has_peer:
             item.add_marker(skip_peer)
-        if getattr(item, "originalname", item.name) in STARTS_PROCESSES.get(_test_file(item), ()):
-            item.add_marker(pytest.mark.slow)
     items.sort(key=_longest_first)  # stable: the order inside a file is kept
 
 

@@ -70,6 +70,7 @@ def test_graceful_interrupt_restores_the_previous_sigint_handler(tmp_path):
     assert signal.getsignal(signal.SIGINT) is before
 
 
+@pytest.mark.slow  # starts processes or a compiler
 def test_the_stop_watchdog_stands_down_when_the_fit_has_ended():
     """A stop that completed must not end the process later: a script, a notebook or a test
     process goes on after an interrupted fit. Inside a fit that cannot finish stopping, the

@@ -45,6 +45,7 @@ def build_folder(tree: Path, cache: Path) -> str:
     return result.stdout.strip()
 
 
+@pytest.mark.slow  # starts processes or a compiler
 def test_cache_folder_is_shared_by_equal_trees_and_changes_with_any_source(tmp_path):
     cache = tmp_path / "cache"
     first, second = copy_tree(tmp_path / "a"), copy_tree(tmp_path / "b")

@@ -221,6 +221,7 @@ def test_large_outputs_reuse_the_buffers_of_dead_outputs_with_identical_results(
     assert op.release_cached_buffers() == 0
 
 
+@pytest.mark.slow  # starts processes or a compiler
 def test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named():
     script = (
         "import torch; from sru_lightning.ops import op; from sru_lightning.ops.testing import make_case\n"

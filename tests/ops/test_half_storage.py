@@ -107,6 +107,7 @@ print(checked, op.cpu_vector_level(), "ok")
 LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
 
 
+@pytest.mark.slow  # starts processes or a compiler
 @pytest.mark.parametrize("level", LEVELS)
 def test_half_storage_kernels_at_every_vector_level(level):
     env = dict(os.environ)

@@ -35,6 +35,7 @@ print(op.cpu_vector_level(), "ok")
 LEVELS = ("baseline", "avx2", "avx512", "avx512_bf16")
 
 
+@pytest.mark.slow  # starts processes or a compiler
 @pytest.mark.parametrize("level", ["baseline", "avx2", "avx512", "best"])
 def test_every_vector_level_matches_the_reference(level):
     env = dict(os.environ)
