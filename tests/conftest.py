@@ -2,9 +2,10 @@
 `cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
 tests that start processes, compile or train for long (`make test-fast` leaves them out).
 
-Under pytest-xdist (`make test` runs `-n auto --dist loadfile`) each test file runs on one
-worker, so a file's module-scoped fits run once; the files that take longest are handed out
-first so that no long file starts last; each worker runs torch on its share of the cores.
+Under pytest-xdist (`make test` runs `-n auto --dist loadscope`) each test file runs on one
+worker (a file with test classes: each class), so the fits its tests share run once; the
+files that take longest are handed out first so that no long file starts last; each worker
+runs torch on its share of the cores.
 """
 
 from __future__ import annotations

@@ -166,7 +166,7 @@ def test_model_sweep_compares_sru_srupp_and_lstm(tmp_path, monkeypatch):
     import csv
 
     from sru_lightning.app import cli
-    from tiny_run import TINY_RUN
+    from helpers.tiny_run import TINY_RUN
 
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sweep"

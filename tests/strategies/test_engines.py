@@ -84,65 +84,101 @@ def _assert_losses_close(got: list[float], expected: list[float], tolerance: flo
         )
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ENGINES)
-def test_engine_in_float32_matches_ddp_step_for_step(engine, fits_root):
-    reference = probed_fit("ddp_cpu", "32-true", fits_root)
-    ranks = probed_fit(engine, "32-true", fits_root)
-    for rank, (record, expected) in enumerate(zip(ranks, reference)):
-        assert record["world_size"] == 2
-        _assert_losses_close(record["losses"], expected["losses"], FP32_TOLERANCE, f"{engine} rank {rank}")
-        assert record["traced"] and all(entry.endswith(":float32") for entry in record["traced"]), record["traced"]
-        assert record["reported_storage"] == "float32" and record["reported_device"] == "cpu"
-    # the two ranks saw different data: the comparison is of two real shards of the batch
-    assert ranks[0]["losses"] != ranks[1]["losses"]
+class EngineChecks:
+    """What every engine passes. One subclass per engine, so that a parallel run
+    (pytest-xdist --dist loadscope) spreads the engines' fits over its workers."""
+
+    engine: str
+
+    @pytest.mark.slow
+    def test_float32_matches_ddp_step_for_step(self, fits_root):
+        engine = self.engine
+        reference = probed_fit("ddp_cpu", "32-true", fits_root)
+        ranks = probed_fit(engine, "32-true", fits_root)
+        for rank, (record, expected) in enumerate(zip(ranks, reference)):
+            assert record["world_size"] == 2
+            _assert_losses_close(record["losses"], expected["losses"], FP32_TOLERANCE, f"{engine} rank {rank}")
+            assert record["traced"] and all(entry.endswith(":float32") for entry in record["traced"]), record["traced"]
+            assert record["reported_storage"] == "float32" and record["reported_device"] == "cpu"
+        # the two ranks saw different data: the comparison is of two real shards of the batch
+        assert ranks[0]["losses"] != ranks[1]["losses"]
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ENGINES)
-def test_engine_in_bf16_trains_close_to_float32(engine, fits_root):
-    reference = probed_fit("ddp_cpu", "32-true", fits_root)
-    ranks = probed_fit(engine, "bf16-mixed", fits_root)
-    for rank, (record, expected) in enumerate(zip(ranks, reference)):
-        assert record["finite"], record["losses"]
-        _assert_losses_close(record["losses"], expected["losses"], BF16_TOLERANCE, f"{engine} bf16 rank {rank}")
-        # the report is what ran: every kernel call stored bf16, and the report says so
-        assert record["traced"] and all(entry.endswith(":bfloat16") for entry in record["traced"]), record["traced"]
-        assert record["reported_storage"] == "bfloat16" and record["reported_device"] == "cpu"
+    @pytest.mark.slow
+    def test_bf16_trains_close_to_float32(self, fits_root):
+        engine = self.engine
+        reference = probed_fit("ddp_cpu", "32-true", fits_root)
+        ranks = probed_fit(engine, "bf16-mixed", fits_root)
+        for rank, (record, expected) in enumerate(zip(ranks, reference)):
+            assert record["finite"], record["losses"]
+            _assert_losses_close(record["losses"], expected["losses"], BF16_TOLERANCE, f"{engine} bf16 rank {rank}")
+            # the report is what ran: every kernel call stored bf16, and the report says so
+            assert record["traced"] and all(entry.endswith(":bfloat16") for entry in record["traced"]), record["traced"]
+            assert record["reported_storage"] == "bfloat16" and record["reported_device"] == "cpu"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", sorted(SHARDED))
-def test_sharding_engines_hold_only_their_shard_between_steps(engine, fits_root):
-    ranks = probed_fit(engine, "32-true", fits_root)
-    for record in ranks:
-        assert len(record["shard_sizes"]) == MAX_STEPS
-        for local, full in record["shard_sizes"]:
-            assert 0 < full and local <= (full + 1) // 2 + 64, (engine, local, full)
-    unsharded = probed_fit("deepspeed_stage_2", "32-true", fits_root)
-    assert all(local == full for local, full in unsharded[0]["shard_sizes"])
+    @pytest.mark.slow
+    def test_checkpoint_resumes_to_the_uninterrupted_losses(self, fits_root, tmp_path):
+        """Stop after 3 of 6 steps, resume from the run directory under the same engine: the
+        resumed steps' losses equal the uninterrupted run's on both ranks (constant learning rate,
+        so the schedule does not depend on where the run stopped). The uninterrupted run is the
+        float32 fit the other tests of this engine read."""
+        engine = self.engine
+        whole = probed_fit(engine, "32-true", fits_root)
+        first = tmp_path / "parts" / "run"
+        first.parent.mkdir()
+        probe = tmp_path / "parts" / "probe"
+        common = [f"trainer={engine}", "trainer.precision=32-true", "+callbacks.probe._target_=engine_probe.EngineProbe",
+                  f"+callbacks.probe.out={probe}"]
+        completed = run_fit(first, *common, "trainer.max_steps=3")
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        completed = run_fit(first, *common, f"ckpt_path={first}")
+        assert completed.returncode == 0, completed.stderr[-3000:]
+        for rank in (0, 1):
+            resumed = json.loads((probe / f"rank{rank}.json").read_text())["losses"]
+            assert resumed == whole[rank]["losses"][3:], (engine, rank, resumed, whole[rank]["losses"])
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("engine", ENGINES)
-def test_engine_checkpoint_resumes_to_the_uninterrupted_losses(engine, fits_root, tmp_path):
-    """Stop after 3 of 6 steps, resume from the run directory under the same engine: the
-    resumed steps' losses equal the uninterrupted run's on both ranks (constant learning rate,
-    so the schedule does not depend on where the run stopped). The uninterrupted run is the
-    float32 fit the other tests of this engine read."""
-    whole = probed_fit(engine, "32-true", fits_root)
-    first = tmp_path / "parts" / "run"
-    first.parent.mkdir()
-    probe = tmp_path / "parts" / "probe"
-    common = [f"trainer={engine}", "trainer.precision=32-true", "+callbacks.probe._target_=engine_probe.EngineProbe",
-              f"+callbacks.probe.out={probe}"]
-    completed = run_fit(first, *common, "trainer.max_steps=3")
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    completed = run_fit(first, *common, f"ckpt_path={first}")
-    assert completed.returncode == 0, completed.stderr[-3000:]
-    for rank in (0, 1):
-        resumed = json.loads((probe / f"rank{rank}.json").read_text())["losses"]
-        assert resumed == whole[rank]["losses"][3:], (engine, rank, resumed, whole[rank]["losses"])
+class ShardingEngineChecks(EngineChecks):
+    """What an engine that shards parameters passes besides."""
+
+    @pytest.mark.slow
+    def test_holds_only_its_shard_between_steps(self, fits_root):
+        engine = self.engine
+        ranks = probed_fit(engine, "32-true", fits_root)
+        for record in ranks:
+            assert len(record["shard_sizes"]) == MAX_STEPS
+            for local, full in record["shard_sizes"]:
+                assert 0 < full and local <= (full + 1) // 2 + 64, (engine, local, full)
+
+
+class TestDeepSpeedStage2(EngineChecks):
+    engine = "deepspeed_stage_2"
+
+    @pytest.mark.slow
+    def test_holds_the_whole_model_between_steps(self, fits_root):
+        """ZeRO-2 shards optimizer state and gradients only: the measure the sharding engines
+        are checked with sees every parameter whole here."""
+        ranks = probed_fit(self.engine, "32-true", fits_root)
+        assert all(local == full for local, full in ranks[0]["shard_sizes"])
+
+
+class TestDeepSpeedStage3(ShardingEngineChecks):
+    engine = "deepspeed_stage_3"
+
+
+class TestFSDP(ShardingEngineChecks):
+    engine = "fsdp"
+
+
+class TestFSDP2(ShardingEngineChecks):
+    engine = "fsdp2"
+
+
+def test_every_engine_config_has_its_checks():
+    classes = (TestDeepSpeedStage2, TestDeepSpeedStage3, TestFSDP, TestFSDP2)
+    assert sorted(cls.engine for cls in classes) == sorted(ENGINES)
+    assert {cls.engine for cls in classes if issubclass(cls, ShardingEngineChecks)} == SHARDED
 
 
 def test_a_deepspeed_folder_is_refused_where_it_cannot_be_read(tmp_path):
