@@ -66,9 +66,7 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     try:
         settings = parse_settings(argv)
-        path, checkpoint = generate.load_checkpoint(settings.ckpt_path, settings.resume_dir, "export")
-        model = generate.build_model(checkpoint, path)
-        codec = generate.load_codec(checkpoint, path)
+        path, checkpoint, model, codec = generate.load_trained(settings.ckpt_path, settings.resume_dir, "export")
         from sru_lightning.export.exporter import export_language_model
 
         started = time.perf_counter()

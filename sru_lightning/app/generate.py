@@ -83,6 +83,20 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
 
 # --------------------------------------------------------------------------------------------
 # checkpoint -> model and vocabulary
+def load_trained(setting: str, resume_dir: str, command: str = "generate"):
+    """(path, checkpoint, model, codec) of the trained run `ckpt_path` names, the model in eval
+    mode; a problem, including a vocabulary that does not match the model, raises UsageError."""
+    path, checkpoint = load_checkpoint(setting, resume_dir, command)
+    model = build_model(checkpoint, path)
+    codec = load_codec(checkpoint, path)
+    if codec.vocab_size != model.hparams.vocab_size:
+        raise UsageError(
+            f"the vocabulary of {str(path)!r} has {codec.vocab_size} tokens but the model "
+            f"{model.hparams.vocab_size}; the checkpoint does not match its run's data config"
+        )
+    return path, checkpoint, model, codec
+
+
 def load_checkpoint(setting: str, resume_dir: str, command: str = "generate") -> tuple[Path, dict[str, Any]]:
     """The checkpoint `ckpt_path` names (see `model_checkpoint`) and its contents; a problem
     raises UsageError in one line."""
@@ -207,14 +221,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             stats = generate_text(model, codec, settings, sys.stdout)
             _report(stats)
             return 0
-        path, checkpoint = load_checkpoint(settings.ckpt_path, settings.resume_dir)
-        model = build_model(checkpoint, path).to(settings.device)
-        codec = load_codec(checkpoint, path)
-        if codec.vocab_size != model.hparams.vocab_size:
-            raise UsageError(
-                f"the vocabulary of {str(path)!r} has {codec.vocab_size} tokens but the model "
-                f"{model.hparams.vocab_size}; the checkpoint does not match its run's data config"
-            )
+        path, checkpoint, model, codec = load_trained(settings.ckpt_path, settings.resume_dir)
+        model = model.to(settings.device)
         print(f"{PROG}: {path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)", file=sys.stderr)
         stats = generate_text(model, codec, settings, sys.stdout)
     except UsageError as error:
