@@ -195,12 +195,15 @@ class GracefulInterrupt(StopsOnSignal, Callback):
                 return
             rank = self._trainer.global_rank if self._trainer is not None else 0
             self._stop_finished = threading.Event()
-            self._watchdog = threading.Thread(target=self._watch, args=(signum, rank, self._stop_finished),
+            # The Trainer call this signal interrupts: only a process still inside that very call
+            # is ended (a script or a test process may have gone on to another fit).
+            call = _main_thread_trainer_call()
+            self._watchdog = threading.Thread(target=self._watch, args=(signum, rank, self._stop_finished, call),
                                               name="stop-watchdog", daemon=True)
             self._watchdog.start()
 
-    def _watch(self, signum: int, rank: int, stop_finished: threading.Event) -> None:
-        if stop_finished.wait(self.stop_timeout) or not _main_thread_in_a_trainer_call():
+    def _watch(self, signum: int, rank: int, stop_finished: threading.Event, call) -> None:
+        if stop_finished.wait(self.stop_timeout) or not _main_thread_still_in(call):
             # The fit ended (teardown ran, or the main thread has left trainer.fit after the
             # interruption, where Lightning calls no teardown hook): the process goes on, and a
             # script, a notebook or a test may continue.
@@ -239,19 +242,33 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         self._watchdog = None  # a later signal in a later fit starts its own
 
 
-def _main_thread_in_a_trainer_call() -> bool:
-    """True while the main thread is inside a Trainer entry point (fit, validate, test, predict):
-    Lightning runs each through ``lightning.pytorch.trainer.call._call_and_handle_interrupt``,
-    its exception handling (the interruption checkpoint) included."""
+def _main_thread_frames():
     frame = sys._current_frames().get(threading.main_thread().ident)
     while frame is not None:
+        yield frame
+        frame = frame.f_back
+
+
+def _main_thread_trainer_call():
+    """The frame of the Trainer entry point (fit, validate, test, predict) the main thread is
+    inside, None outside one: Lightning runs each through
+    ``lightning.pytorch.trainer.call._call_and_handle_interrupt``, its exception handling (the
+    interruption checkpoint) included."""
+    for frame in _main_thread_frames():
         code = frame.f_code
         if code.co_name == "_call_and_handle_interrupt" and code.co_filename.replace("\\", "/").endswith(
             "lightning/pytorch/trainer/call.py"
         ):
-            return True
-        frame = frame.f_back
-    return False
+            return frame
+    return None
+
+
+def _main_thread_still_in(call) -> bool:
+    """True while the main thread is inside the Trainer call `call` (any Trainer call when the
+    signal came outside one)."""
+    if call is None:
+        return _main_thread_trainer_call() is not None
+    return any(frame is call for frame in _main_thread_frames())
 
 
 def is_interruption(exception: BaseException) -> bool:
