@@ -2,8 +2,8 @@
 `cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
 tests that start processes, compile or train for long (`make test-fast` leaves them out).
 
-Under pytest-xdist (`make test` runs `-n auto --dist loadscope`) each test file runs on one
-worker (a file with test classes: each class), so the fits its tests share run once; the
+Under pytest-xdist (`make test` runs `-n auto --dist loadfile`) each test file runs on one
+worker, so the fits its tests share run once; the
 files that take longest are handed out first so that no long file starts last; each worker
 runs torch on its share of the cores.
 """

@@ -85,8 +85,8 @@ def _assert_losses_close(got: list[float], expected: list[float], tolerance: flo
 
 
 class EngineChecks:
-    """What every engine passes. One subclass per engine, so that a parallel run
-    (pytest-xdist --dist loadscope) spreads the engines' fits over its workers."""
+    """What every engine passes; one subclass per engine. The file's fits stay on one test
+    worker (--dist loadfile): DeepSpeed's engines rendezvous on one default port."""
 
     engine: str
 
