@@ -15,6 +15,7 @@ import torch
 
 from sru_lightning.app import cli
 from helpers.tiny_run import TINY_RUN
+from helpers import preloaded
 
 TINY = TINY_RUN
 
@@ -106,8 +107,8 @@ def python_m_sru_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess
     # Import this checkout's package whether or not it is installed.
     root = str(Path(cli.__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "sru_lightning", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
+    return preloaded.run([sys.executable, "-m", "sru_lightning", *args], cwd=cwd, env=env,
+                         capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.slow  # starts a process

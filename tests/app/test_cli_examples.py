@@ -12,6 +12,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from sru_lightning._resources import conf_dir
+from helpers import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -24,7 +25,7 @@ def env_with_package():
 @pytest.mark.slow
 @pytest.mark.parametrize("precision,steps", [("bf16-mixed", 3), ("16-true", 32)])
 def test_callback_in_an_existing_script_trains(precision, steps, tmp_path):
-    done = subprocess.run(
+    done = preloaded.run(
         [sys.executable, str(EXAMPLES / "callback_in_existing_script.py"), "--max-steps", str(steps),
          "--precision", precision, "--accelerator", "cpu"],
         cwd=tmp_path, env=env_with_package(), capture_output=True, text=True, timeout=300,

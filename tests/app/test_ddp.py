@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import preloaded
 
 REPO = Path(__file__).resolve().parents[2]
 GLOBAL_BATCH, MAX_STEPS, VALIDATE_EVERY = 8, 20, 5
@@ -46,7 +47,8 @@ def fit(run_dir: Path, *overrides: str) -> Path:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "sru_lightning", "fit", f"hydra.run.dir={run_dir}", *TINY_FIT, *overrides]
-    completed = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400)
+    completed = preloaded.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
+                              preload_children=True)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     return run_dir
 

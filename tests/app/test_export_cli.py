@@ -20,6 +20,7 @@ from sru_lightning.app import cli, generate  # noqa: E402
 from sru_lightning.data import TokenCodec  # noqa: E402
 from sru_lightning.app import export_command as command  # noqa: E402
 from sru_lightning.models import SRULanguageModel  # noqa: E402
+from helpers import preloaded
 
 ALPHABET = list("abcdefghij .,\nT")
 SIZES = {"sru": dict(sru_options={"highway_bias": -2.0, "rescale": True}),
@@ -164,7 +165,7 @@ def test_a_pt2_export_loads_in_a_fresh_process_with_one_line_or_names_the_missin
     env = {**os.environ, "PYTHONPATH": root}
 
     def load(**extra):
-        return subprocess.run([sys.executable, "-c", LOAD_PT2, str(out / "model.pt2")], env={**env, **extra},
+        return preloaded.run([sys.executable, "-c", LOAD_PT2, str(out / "model.pt2")], env={**env, **extra},
                               capture_output=True, text=True, timeout=300)
 
     loaded = load()
@@ -174,7 +175,7 @@ def test_a_pt2_export_loads_in_a_fresh_process_with_one_line_or_names_the_missin
     assert missing.returncode == 3
     assert "needs sru_lightning's compiled recurrence kernels" in missing.stdout
     assert "install a C++ compiler (set CXX) and run `python -m sru_lightning build`" in missing.stdout
-    generated = subprocess.run([sys.executable, "-m", "sru_lightning", "generate", f"model={out}"],
+    generated = preloaded.run([sys.executable, "-m", "sru_lightning", "generate", f"model={out}"],
                                env={**env, "SRU_LIGHTNING_EXTENSION": "0"}, capture_output=True, text=True, timeout=300)
     assert generated.returncode == 2 and "Traceback" not in generated.stderr
     assert "needs sru_lightning's compiled recurrence kernels" in generated.stderr

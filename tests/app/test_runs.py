@@ -19,6 +19,7 @@ import torch
 from sru_lightning.app import cli
 from sru_lightning.models.schedules import WarmupCosineLR
 from helpers.tiny_run import TINY_RUN
+from helpers import preloaded
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 
@@ -403,8 +404,8 @@ def test_every_option_of_every_group_runs_a_tiny_fit(group, option, tmp_path):
 
         root = str(Path(cli.__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        done = subprocess.run([sys.executable, "-m", "sru_lightning", "fit", *overrides], cwd=tmp_path, env=env,
-                              capture_output=True, text=True, timeout=600)
+        done = preloaded.run([sys.executable, "-m", "sru_lightning", "fit", *overrides], cwd=tmp_path, env=env,
+                             capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     else:
         assert cli.main(["fit", *overrides]) == 0

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import preloaded
 
 REPO = Path(__file__).resolve().parents[2]
 MAX_STEPS = 40
@@ -65,7 +66,7 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 
 
 def run_to_completion(run_dir: Path, *extra: str) -> dict[int, float]:
-    completed = subprocess.run(fit_command(run_dir, *extra), cwd=REPO, env=environment(),
+    completed = preloaded.run(fit_command(run_dir, *extra), cwd=REPO, env=environment(),
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     return step_losses(run_dir)
@@ -73,8 +74,8 @@ def run_to_completion(run_dir: Path, *extra: str) -> dict[int, float]:
 
 def interrupt(run_dir: Path, signum: int) -> subprocess.CompletedProcess:
     """Start a fit, send `signum` once it has logged SIGNAL_AFTER_STEPS steps, wait for it."""
-    process = subprocess.Popen(fit_command(run_dir), cwd=REPO, env=environment(),
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = preloaded.Popen(fit_command(run_dir), cwd=REPO, env=environment(),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 240
     try:
         while len(step_losses(run_dir)) < SIGNAL_AFTER_STEPS:
@@ -131,7 +132,7 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
     # keeps the rows logged before the stop.
     command = shlex.split(stopped.stdout.split(announced, 1)[1].splitlines()[0])
     assert command[:4] == ["python", "-m", "sru_lightning", "fit"]
-    completed = subprocess.run([sys.executable, *command[1:]], cwd=REPO, env=environment(),
+    completed = preloaded.run([sys.executable, *command[1:]], cwd=REPO, env=environment(),
                                capture_output=True, text=True, timeout=300)
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     resumed = step_losses(interrupted_dir)

@@ -12,6 +12,7 @@ import torch
 from helpers.interruptible_fit import DropoutRegressor, SignalAtStep, make_trainer
 
 from sru_lightning.callbacks.interrupts import GracefulInterrupt, InterruptionCheckpoint, interruption_cause
+from helpers import preloaded
 
 
 class DoubleSigint(pl.Callback):
@@ -102,6 +103,6 @@ trainer = pl.Trainer(accelerator="cpu", max_steps=1, callbacks=[graceful, StuckS
                      enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
 trainer.fit(BoringModel())
 """
-    child = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    child = preloaded.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert child.returncode == 1, child.stderr[-2000:]
     assert "has not finished stopping" in child.stderr

@@ -17,6 +17,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from helpers import preloaded
+
 REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 
@@ -58,7 +60,7 @@ def start(run_dir: Path, *overrides: str, command: list[str] | None = None, log:
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = log or Path(f"{run_dir}.out")
-    process = subprocess.Popen(command or fit_command(run_dir, *overrides), cwd=REPO, env=environment(one_thread),
+    process = preloaded.Popen(command or fit_command(run_dir, *overrides), cwd=REPO, env=environment(one_thread),
                                stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
     process.log = log
     return process

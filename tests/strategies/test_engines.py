@@ -24,6 +24,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import preloaded
 
 REPO = Path(__file__).resolve().parents[2]
 HELPERS = Path(__file__).resolve().parents[1] / "helpers"
@@ -52,8 +53,8 @@ def _environment() -> dict[str, str]:
 def run_fit(run_dir: Path, *overrides: str, timeout: int = 400) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "sru_lightning", "fit", f"hydra.run.dir={run_dir}",
                *TINY_DISTRIBUTED_FIT, *overrides]
-    return subprocess.run(command, cwd=run_dir.parent, env=_environment(), capture_output=True, text=True,
-                          timeout=timeout)
+    return preloaded.run(command, cwd=run_dir.parent, env=_environment(), capture_output=True, text=True,
+                         timeout=timeout, preload_children=True)
 
 
 @functools.lru_cache(maxsize=None)
