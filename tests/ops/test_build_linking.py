@@ -4,13 +4,14 @@ library built the same way checks that model on any machine."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
+
 from sru_lightning._resources import csrc_dir
+from helpers import preloaded
 
 PROBE_SOURCE = """
 #include <torch/library.h>
@@ -43,7 +44,7 @@ def test_a_second_library_uses_the_cpu_librarys_plumbing(tmp_path):
     script = PROBE_RUN.format(csrc=str(csrc_dir()))
 
     def run(mode):
-        return subprocess.run([sys.executable, "-c", script, str(tmp_path), mode],
+        return preloaded.run([sys.executable, "-c", script, str(tmp_path), mode],
                               capture_output=True, text=True, timeout=1200)
 
     loaded = run("global")

@@ -19,8 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers import preloaded
+
 
 REPO = Path(__file__).resolve().parents[2]
 COMPILING = "compiling the CPU recurrence kernels"

@@ -4,10 +4,10 @@ random configurations, every storage dtype, inference without stored states."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
+
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from sru_lightning import ops
 from sru_lightning.ops import op
 from sru_lightning.ops.testing import make_case, relative_error, run_with_grads
+from helpers import preloaded
 
 VARIANTS = {
     "uni-k3-skip": dict(),
@@ -230,11 +231,11 @@ def test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named()
         "del h, c\n"
         "print('freed', op.release_cached_buffers())\n"
     )
-    off = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+    off = preloaded.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "0"})
     assert off.returncode == 0, off.stderr[-2000:]
     assert off.stdout.split()[-1] == "0"  # nothing was kept
-    bad = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+    bad = preloaded.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "lots"})
     assert bad.returncode != 0
     assert "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB must be a whole number of MiB >= 0, got 'lots'" in bad.stderr

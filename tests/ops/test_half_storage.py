@@ -17,10 +17,11 @@ and narrowing code (70 = 4 x 16 + 6, 40 = 2 x 16 + 8). Per storage dtype and var
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
+from helpers import preloaded
+
 
 CHECK = r"""
 import torch
@@ -114,7 +115,7 @@ def test_half_storage_kernels_at_every_vector_level(level):
     env.pop("SRU_LIGHTNING_CPU_VECTORS", None)
     if level != "avx512_bf16":  # the widest level: no cap
         env["SRU_LIGHTNING_CPU_VECTORS"] = level
-    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
+    result = preloaded.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
     checked, ran = result.stdout.split()[-3:-1]
     assert int(checked) == 2 * 2 * 6

@@ -5,10 +5,11 @@ SRU_LIGHTNING_CPU_VECTORS, and is compared with the reference."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 
 import pytest
+from helpers import preloaded
+
 
 CHECK = r"""
 import torch
@@ -42,7 +43,7 @@ def test_every_vector_level_matches_the_reference(level):
     env.pop("SRU_LIGHTNING_CPU_VECTORS", None)
     if level != "best":
         env["SRU_LIGHTNING_CPU_VECTORS"] = level
-    result = subprocess.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
+    result = preloaded.run([sys.executable, "-c", CHECK], env=env, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0 and result.stdout.strip().endswith("ok"), result.stderr[-3000:]
     ran = result.stdout.split()[-2]
     if level == "best":
