@@ -62,7 +62,9 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # two workers with all the cores each would fight over them
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+        share = max(1, (os.cpu_count() or 1) // workers)
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))  # and so would the processes they start
 
 
 @pytest.fixture(autouse=True)

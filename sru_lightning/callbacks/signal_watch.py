@@ -135,13 +135,31 @@ class SignalWatch:
         if owner is not None:
             owner.start_watchdog(signum)
             return
-        self._forward_to_launched_ranks(signum)
         callbacks = getattr(self._trainer, "callbacks", None)
         if callbacks is not None and not any(isinstance(callback, StopsOnSignal) for callback in callbacks):
+            self._forward_to_launched_ranks(signum)
             _exit(f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
                   "GracefulInterrupt callback: callbacks=default includes it)", 128 + signum)
+        # Before training a launched rank may still be starting its interpreter, where SIGINT
+        # would print a KeyboardInterrupt traceback: SIGTERM ends it quietly there, and once its
+        # own watch runs it ends the same way as on any signal.
+        self._forward_to_launched_ranks(signal.SIGTERM)
         _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)",
               128 + signum)
+
+    def release_launched_ranks(self) -> None:
+        """The Trainer call has ended on this process: the launched ranks end on their own now.
+
+        Lightning's watcher thread of the ranks it launched would SIGKILL this process, within
+        its 5 s period, once a rank has exited with a non-zero status: a rank stopped by a signal
+        exits with 1, and one that Lightning itself killed on an abort with -9. This process may
+        still be writing its record and its message then, so the watcher is given nothing more to
+        watch (it then ends quietly), as after a run in which every rank completed.
+        """
+        launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
+        watched = getattr(launcher, "procs", None)
+        if isinstance(watched, list):
+            watched.clear()
 
     def _launched_ranks(self) -> list[Any]:
         launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)

@@ -399,13 +399,12 @@ def test_every_option_of_every_group_runs_a_tiny_fit(group, option, tmp_path):
     overrides = [*_tiny_for(group), *_option_overrides(group, option, tmp_path), f"hydra.run.dir={run_dir}"]
     if (group, option) in SUBPROCESS:
         import os
-        import subprocess
         import sys
 
         root = str(Path(cli.__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
         done = preloaded.run([sys.executable, "-m", "sru_lightning", "fit", *overrides], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600)
+                             capture_output=True, text=True, timeout=600, preload_children=True)
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     else:
         assert cli.main(["fit", *overrides]) == 0

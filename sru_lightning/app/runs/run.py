@@ -228,7 +228,9 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
         try:
             metrics = _build_and_execute(cfg, attempt, signals)
         except BaseException as error:
+            signals.release_launched_ranks()
             return _ended_early(error, attempt)
+        signals.release_launched_ranks()
         return _completed(attempt, metrics)
 
 
