@@ -1,7 +1,7 @@
 # One command sets up and runs the main job; one sets up and runs the tests.
 #   make run     create .venv, install, train the default SRU language model
 #   make test    create .venv, install with test extras, run the whole test suite
-#                (in parallel, one pytest-xdist worker per core; each test file on one worker)
+#                (in parallel with pytest-xdist, each test file on one worker)
 #   make test-fast  the quick loop between edits: the same, without the `slow` tests (real
 #                processes, multi-process fits, sweeps, exports in a fresh process) and
 #                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
@@ -16,9 +16,12 @@ TORCH_SPEC ?= torch==2.13.0
 CUDA_ARCH ?=
 PIP = $(VENV)/bin/python -m pip
 PY = $(VENV)/bin/python
-# pytest-xdist: a worker per core; each test file runs on one worker (2-process fits of one
-# file never share a port with each), and the fits its tests share run once. PYTEST_PARALLEL= runs serially.
-PYTEST_PARALLEL ?= -n auto --dist loadfile
+# pytest-xdist: one worker more than the cores (at most 16): the process tests spend part of
+# their time waiting on the processes they start. Each test file runs on one worker (2-process
+# fits of one file never share a port), and the fits its tests share run once.
+# PYTEST_PARALLEL= runs serially.
+PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(cores + 1, 16))")
+PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 
 .PHONY: setup run test test-fast build-ext bench clean
 

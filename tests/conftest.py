@@ -2,10 +2,11 @@
 `cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
 tests that start processes, compile or train for long (`make test-fast` leaves them out).
 
-Under pytest-xdist (`make test` runs `-n auto --dist loadfile`) each test file runs on one
-worker, so the fits its tests share run once; the
-files that take longest are handed out first so that no long file starts last; each worker
-runs torch on its share of the cores.
+Under pytest-xdist (`make test` runs `--dist loadfile` with one worker more than the cores)
+each test file runs on one worker, so the fits its tests share run once; the files that take
+longest are handed out first so that no long file starts last; each worker, and each process
+it starts, runs torch on its share of the cores. Processes for the command line come from a
+preloaded fork server (helpers/preloaded.py).
 """
 
 from __future__ import annotations
@@ -19,19 +20,19 @@ import torch
 # Test files (relative to tests/) that take longest, longest first: started first under xdist.
 LONGEST_FILES = [
     "strategies/test_engines.py",
-    "ops/test_build_processes.py",
-    "ops/test_cuda_emulation.py",
     "app/test_signals_ddp.py",
-    "app/test_resume_ddp.py",
     "app/test_runs.py",
-    "diagnostics/test_bench.py",
-    "app/test_signals.py",
+    "ops/test_build_processes.py",
     "app/test_export_cli.py",
-    "app/test_generate.py",
-    "app/test_ddp.py",
-    "app/test_multinode.py",
-    "app/test_usage_errors.py",
+    "app/test_cli_examples.py",
     "app/test_sweepers.py",
+    "app/test_usage_errors.py",
+    "app/test_resume_ddp.py",
+    "ops/test_cuda_compile.py",
+    "ops/test_cuda_emulation.py",
+    "app/test_run_records.py",
+    "ops/test_build_linking.py",
+    "app/test_multinode.py",
 ]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
