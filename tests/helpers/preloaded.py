@@ -7,7 +7,8 @@ does anything, and the process tests start a few hundred. `run` and `Popen` here
 same arguments as `subprocess.run` / `subprocess.Popen`; for a Python command line they ask
 this worker's fork server for the process instead. What the test gets is still a real,
 separate process: its own pid, arguments, environment, working directory, standard streams
-(the test's files or pipes, passed over), exit status and, with `start_new_session=True`, its
+(the test's files, passed over; a `PIPE` is a file read back when the process has ended),
+exit status and, with `start_new_session=True`, its
 own session, so that signals to it or to its process group behave as they do for a process
 started from a shell. The child runs its target the way `python -m`/`-c`/a script does
 (`runpy`), re-seeds `random`, sets the thread count the environment asks for, and at exit
@@ -34,7 +35,6 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
 from pathlib import Path
 
 PRELOAD = ("torch", "torch._dynamo", "lightning.pytorch", "hydra", "omegaconf", "torchmetrics", "deepspeed")
@@ -110,6 +110,8 @@ class Popen:
                 fd = os.open(os.devnull, os.O_RDWR)
                 opened.append(fd)
                 return fd
+            if stream == subprocess.PIPE and name == "stdin":
+                raise ValueError("preloaded.Popen: stdin=PIPE is not supported; pass a file")
             if stream == subprocess.PIPE:  # read back after the process ends (no deadlock to manage)
                 handle, path = tempfile.mkstemp(prefix=f"preloaded-{name}-")
                 self._captured[name] = Path(path)
@@ -317,7 +319,12 @@ def serve(path: str, proxy: str) -> None:
         if listener in readable:
             connection, _ = listener.accept()
             try:
-                message, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+                message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)
+                while not message.endswith(b"\n"):  # a long environment comes in several reads
+                    more = connection.recv(1 << 16)
+                    if not more:
+                        raise ValueError("the request ended early")
+                    message += more
                 request = json.loads(message)
             except (OSError, ValueError) as error:
                 connection.close()
