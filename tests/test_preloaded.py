@@ -28,6 +28,16 @@ sys.exit(7)
 """
 
 
+def test_the_test_processes_come_from_the_server_after_an_in_process_compile():
+    import torch
+
+    torch.compile(lambda x: x * 2, backend="inductor")(torch.ones(3))  # sets TORCHINDUCTOR_CACHE_DIR here
+    command = [sys.executable, "-m", "sru_lightning", "fit"]
+    assert preloaded.fresh_interpreter_reason(command) is None
+    assert preloaded.fresh_interpreter_reason(command, env={**os.environ, "OMP_NUM_THREADS": "1"}) is None
+    assert "PYTHONHASHSEED" in preloaded.fresh_interpreter_reason(command, env={**os.environ, "PYTHONHASHSEED": "1"})
+
+
 def test_a_command_runs_in_its_own_process_with_its_arguments_directory_and_environment(tmp_path):
     import json
 

@@ -41,7 +41,10 @@ PRELOAD = ("torch", "torch._dynamo", "lightning.pytorch", "hydra", "omegaconf", 
 # Environment variables read when the preloaded modules are imported: a command that sets
 # them differently from the server gets a real interpreter.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA", "DS_ACCELERATOR")
-RUNTIME_ONLY = {"PYTHONPATH", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR"}
+# Read when the process runs, not at import; torch.compile sets the last three in the process
+# that compiles, and so in every process a test worker starts after an in-process compile.
+RUNTIME_ONLY = {"PYTHONPATH", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR",
+                "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK"}
 FRESH = "SRU_LIGHTNING_TEST_FRESH_INTERPRETERS"
 
 # `sys.executable` of a child started with preload_children=True: the Python processes its
@@ -208,16 +211,25 @@ def run(args, *, capture_output: bool = False, timeout: float | None = None, che
 
 
 def _forkable(args, options) -> bool:
+    return fresh_interpreter_reason(args, **options) is None
+
+
+def fresh_interpreter_reason(args, **options) -> str | None:
+    """Why `args` (with Popen's `options`) gets a fresh interpreter; None: the fork server runs it."""
     args = list(args)
-    if os.environ.get(FRESH) == "1" or len(args) < 2 or args[0] != sys.executable:
-        return False
+    if os.environ.get(FRESH) == "1":
+        return f"{FRESH}=1"
+    if len(args) < 2 or args[0] != sys.executable:
+        return "not a command line of this Python"
     if args[1] not in ("-m", "-c") and args[1].startswith("-"):
-        return False  # interpreter options
-    if set(options) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session",
-                       "universal_newlines", "preload_children"}:
-        return False
+        return f"interpreter option {args[1]}"
+    unsupported = set(options) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session",
+                                  "universal_newlines", "preload_children"}
+    if unsupported:
+        return f"Popen options {sorted(unsupported)}"
     env = options.get("env")
-    return not _import_time_differences(dict(os.environ if env is None else env), _server().env)
+    changed = _import_time_differences(dict(os.environ if env is None else env), _server().env)
+    return f"environment read at import differs: {sorted(changed)}" if changed else None
 
 
 def _import_time_differences(env: dict, server_env: dict) -> list[str]:
