@@ -21,6 +21,7 @@ other than OMP_NUM_THREADS, CUDA*, DS_ACCELERATOR) gets a real interpreter, as d
 command line with interpreter options. Tests about interpreter start-up itself (imports
 without Hydra, packaging, shell pipes, kernel builds) use `subprocess` directly.
 `SRU_LIGHTNING_TEST_FRESH_INTERPRETERS=1` makes every process here a real interpreter.
+(`ps` shows a forked process with the server's command line, `.../preloaded.py <socket>`.)
 """
 
 from __future__ import annotations
