@@ -174,6 +174,9 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     if problem:
         return _fail(problem)
     entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
+    from sru_lightning.app.runs import directories
+
+    directories.command = command  # an evaluation pointed at a run writes beside it, not into it
     sys.argv = [original_argv[0], *overrides]
     # Hydra's own errors (an unknown key or option) come back as exceptions, told in one line below.
     full_error = os.environ.get("HYDRA_FULL_ERROR")

@@ -9,7 +9,10 @@ conf/hydra/default.yaml) remembers what the directory held just before that, so 
 * an attempt that started and failed keeps the run's own `.hydra` config, and its own config
   beside it in `.hydra/attempt-<time>/` (`keep_config_beside`);
 * a sweep into a `hydra.sweep.dir` that already holds the jobs of an earlier sweep is refused
-  before any job writes there, unless it continues them (`ckpt_path=...`).
+  before any job writes there, unless it continues them (`ckpt_path=...`);
+* `validate`/`test` pointed at a run's own directory (`hydra.run.dir=<run>`) never write into
+  the run: their config, log and record go to `<run>/evaluations/<command>-<time>/`, and the
+  run is what they evaluate unless `ckpt_path` names other weights.
 """
 
 from __future__ import annotations
@@ -79,6 +82,38 @@ class DirectorySnapshot:
 #: The snapshot of the current single run's directory (taken by RunDirectoryGuard.on_run_start).
 current: DirectorySnapshot | None = None
 _output_subdir = ".hydra"
+#: The command Hydra is running (set by the CLI before Hydra starts).
+command: str | None = None
+#: An evaluation's own folder -> the run directory it was pointed at by hydra.run.dir.
+_evaluated_runs: dict[Path, Path] = {}
+EVALUATIONS_DIR = "evaluations"
+
+
+def evaluated_run(output_dir: Path) -> Path | None:
+    """The run an evaluation writing into `output_dir` was pointed at with hydra.run.dir, if any."""
+    return _evaluated_runs.get(Path(output_dir).absolute())
+
+
+def attempt_config_path(output_dir: Path) -> Path | None:
+    """Where Hydra saved this attempt's composed config (`.hydra/config.yaml`), None when it saves none."""
+    if _output_subdir is None:
+        return None
+    return Path(output_dir) / _output_subdir / "config.yaml"
+
+
+def _evaluation_folder(config, run_dir: Path) -> Path:
+    """Point Hydra's run directory at a new folder of the run's `evaluations/` (before Hydra writes)."""
+    from omegaconf import read_write
+
+    folder = run_dir / EVALUATIONS_DIR / time.strftime(f"{command}-%Y-%m-%d_%H-%M-%S")
+    suffix = 1
+    while folder.exists():
+        suffix += 1
+        folder = folder.with_name(f"{folder.name.split('.')[0]}.{suffix}")
+    with read_write(config.hydra.run):
+        config.hydra.run.dir = str(folder)
+    _evaluated_runs[folder.absolute()] = run_dir.absolute()
+    return folder
 
 
 def _close_file_logs(directory: Path) -> None:
@@ -157,8 +192,13 @@ class RunDirectoryGuard(Callback):
 
     def on_run_start(self, config, **kwargs: Any) -> None:
         global current, _output_subdir
+        from .folder import RunFolder
+
         _output_subdir = config.hydra.output_subdir or ".hydra"
-        current = DirectorySnapshot.take(Path(str(config.hydra.run.dir)), config.hydra.output_subdir)
+        run_dir = Path(str(config.hydra.run.dir)).absolute()
+        if command in ("validate", "test") and RunFolder.holds_a_run(run_dir):
+            run_dir = _evaluation_folder(config, run_dir)
+        current = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))

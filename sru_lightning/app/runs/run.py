@@ -22,19 +22,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NoReturn
 
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from sru_lightning.app.usage import UsageError
 
-from .checkpoints import (
-    CheckpointError,
-    check_engine_reads,
-    check_fits_model,
-    checkpoint_data_config,
-    checkpoint_model_config,
-    resolve_checkpoint,
-    saved_codec,
-)
+from .checkpoints import CheckpointError, check_fits_model, saved_codec
+from .checkpoints import CHECKPOINT_NAME
+from .folder import CHECKPOINTS_DIR, RunFolder, SaveRunConfig, plain_config
+from .starting_point import StartingPoint, starting_point
 from .records import write_record
 from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
@@ -167,15 +162,10 @@ def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
 
 
 def _interruption_message(command: str, overrides: list[str], output_dir: Path, step: int) -> str:
-    from .checkpoints import checkpoint_step, newest_resumable
-
-    newest = newest_resumable(output_dir / "checkpoints") if command == "fit" else None
-    try:
-        saved_step = checkpoint_step(newest) if newest is not None else 0
-    except CheckpointError:
-        newest = None
-    if newest is not None and saved_step > 0:
-        where = "" if saved_step == step else f" from step {saved_step} ({newest.name})"
+    newest = RunFolder(output_dir).latest if command == "fit" else None
+    if newest is not None and newest.resumable:
+        saved_step = newest.step
+        where = "" if saved_step == step else f" from step {saved_step} ({newest.path.name})"
         return f"interrupted at step {step}; resume{where} with: {resume_command(command, overrides, output_dir)}"
     return f"interrupted at step {step}; nothing to resume (no checkpoint was written): run the command again"
 
@@ -237,18 +227,28 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
 def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
     """The run itself: build, execute the command, check the final metric; the final metrics."""
     try:
-        trainer, model, datamodule, ckpt_path = build(cfg, attempt.command, attempt.output_dir, attempt.overrides)
+        trainer, model, datamodule, start = build(cfg, attempt.command, attempt.output_dir, attempt.overrides)
     except Exception as error:
         if not is_usage_error(error):
             raise
         raise UsageError(describe(error)) from error
     attempt.trainer = trainer
     signals.follow(trainer)
-    attempt.record["monitor"] = optimized_metric_name(cfg, model)
+    attempt.record["monitor"] = optimized_metric_name(start.cfg, model)
+    ckpt_path = start.checkpoint
     if ckpt_path is not None:
-        attempt.record["ckpt_path"] = str(ckpt_path)
+        attempt.record.update(ckpt_path=str(ckpt_path), ckpt_step=start.step)
+    if start.changes:
+        attempt.record["changes"] = start.changes_record()
+    final_checkpoint = None
+    if attempt.command == "fit" and any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):
+        final_checkpoint = attempt.output_dir / CHECKPOINTS_DIR / CHECKPOINT_NAME
+    evaluated_with = None
+    if attempt.command != "fit":
+        evaluated_with = evaluation_settings(start, trainer, attempt.command)
+        attempt.record["evaluated_with"] = evaluated_with
     try:
-        metrics = execute(attempt.command, trainer, model, datamodule, ckpt_path)
+        metrics = execute(attempt.command, trainer, model, datamodule, ckpt_path, final_checkpoint, evaluated_with)
     except Exception as error:
         if _refused_before_training(error, trainer):
             raise UsageError(describe(error)) from error
@@ -456,6 +456,14 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     from sru_lightning.callbacks.validate_before_stop import ValidateBeforeStop
     from sru_lightning.nn.policy import iter_sru_cells
 
+    from .directories import evaluated_run
+
+    start = starting_point(cfg, command, output_dir, overrides, evaluated_run(output_dir))
+    cfg = start.cfg
+    if start.checkpoint is not None:
+        _say_where_it_starts(command, start)
+        if start.config_source == "the settings saved with the checkpoint":
+            _record_attempt_config(cfg, output_dir)
     seed = cfg.get("seed")
     if seed is not None:
         if not isinstance(seed, int) or isinstance(seed, bool):
@@ -465,24 +473,11 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         raise UsageError(thread_setting_problem(cfg.get("threads")))
     trainer_settings = OmegaConf.to_container(cfg.trainer, resolve=True)
     check_trainer_settings(trainer_settings)
-    ckpt_path = resolve_checkpoint(cfg, command, output_dir)
-    earlier = sorted((output_dir / "checkpoints").glob("*.ckpt"))
-    if command == "fit" and ckpt_path is None and earlier:
-        # A fresh fit would write over them; continuing must be asked for.
-        raise UsageError(
-            f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run "
-            f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
-            "or choose another hydra.run.dir"
-        )
-    if ckpt_path is not None:
-        check_engine_reads(cfg, command, ckpt_path)
+    ckpt_path = start.checkpoint
     model_config, data_config = cfg.model, cfg.data
-    if command != "fit" and ckpt_path is not None:
-        # Evaluate the checkpoint as the model it was trained as, on the data it was trained on.
-        model_config = checkpoint_model_config(cfg, ckpt_path, overrides)
-        data_config = checkpoint_data_config(cfg, ckpt_path, overrides)
     datamodule = instantiate(data_config)
     if command != "fit" and ckpt_path is not None:
+        # Token ids mean what they meant in training.
         _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path)
     model_kwargs = {} if "vocab_size" in model_config and command != "fit" else {"vocab_size": datamodule.vocab_size}
     if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
@@ -521,17 +516,40 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
         isinstance(cb, ModelCheckpoint) for cb in callbacks
     ):
         # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
-        callbacks.append(ModelCheckpoint(dirpath=output_dir / "checkpoints", save_last=True))
+        callbacks.append(ModelCheckpoint(dirpath=output_dir / CHECKPOINTS_DIR, save_last=True,
+                                         enable_version_counter=False))
     # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
     if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
         callbacks.append(ValidateBeforeStop())
-    callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir)]
+    callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir),
+                  SaveRunConfig(plain_config(cfg)), *start.callbacks()]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
     set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
         check_sizes(world_size=trainer.world_size)
-    return trainer, model, datamodule, ckpt_path
+    return trainer, model, datamodule, start
+
+
+def _say_where_it_starts(command: str, start: StartingPoint) -> None:
+    """Which checkpoint the attempt starts from, and every setting it changes against the run."""
+    verb = "resuming" if command == "fit" else "evaluating"
+    log.info("%s %s (step %d) with the settings of %s", verb, start.checkpoint, start.step, start.config_source)
+    for change in start.changes:
+        how = "not used by evaluation" if change.action == "unused" else "applied"
+        log.info("changed setting: %s (%s)", change, how)
+
+
+def _record_attempt_config(cfg, output_dir: Path) -> None:
+    """`.hydra/config.yaml` of this attempt says what it runs with: the run's own settings and
+    the command line's on top (Hydra wrote the composed config before the run was known)."""
+    from omegaconf import OmegaConf
+
+    from .directories import attempt_config_path
+
+    path = attempt_config_path(output_dir)
+    if path is not None and path.is_file():
+        OmegaConf.save(cfg, path)
 
 
 def _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path: str) -> None:
@@ -571,14 +589,42 @@ def metric_names_followed(node, model) -> dict[str, str]:
 
 # --------------------------------------------------------------------------------------------
 # executing
-def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = None) -> dict[str, float]:
-    """Run the trainer command; return the final metrics, and print the headline line."""
+def evaluation_settings(start: StartingPoint, trainer, command: str) -> dict[str, Any]:
+    """What an evaluation's number depends on besides the weights: the checkpoint and its step,
+    the data settings and the batch limit, and the settings changed against the run."""
+    from omegaconf import OmegaConf
+
+    data = OmegaConf.to_container(start.cfg.data, resolve=True)
+    shown = {"data": str(data.get("_target_", "?")).rsplit(".", 1)[-1]}
+    shown.update({key: value for key, value in data.items() if not key.startswith("_")})
+    limit = trainer.limit_test_batches if command == "test" else trainer.limit_val_batches
+    if limit not in (None, 1.0):
+        shown[f"limit_{'test' if command == 'test' else 'val'}_batches"] = limit
+    changed = [change.key for change in start.changes if change.key.startswith("data.")]
+    return {"checkpoint": start.checkpoint, "step": start.step, "settings": shown,
+            "settings_from": start.config_source, "changed": changed}
+
+
+def _evaluation_text(evaluated_with: dict[str, Any]) -> str:
+    settings = " ".join(f"{key}={value}" for key, value in evaluated_with["settings"].items())
+    changed = evaluated_with["changed"]
+    origin = f"the run's settings except {', '.join(changed)}" if changed else evaluated_with["settings_from"]
+    return f"; step {evaluated_with['step']} of {evaluated_with['checkpoint']}, {settings} ({origin})"
+
+
+def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = None,
+            final_checkpoint: Path | None = None, evaluated_with: dict[str, Any] | None = None) -> dict[str, float]:
+    """Run the trainer command; return the final metrics, and print the headline line.
+    A fit whose last saved checkpoint is older than its final weights saves them as
+    `final_checkpoint`, so the run's newest checkpoint is its final state."""
     split = "test" if command == "test" else "val"
     bits = bits_name(model, split)  # val_bpc, or val_bpw for word-level data
     unit = bits.split("_", 1)[1]
     training_metrics: dict[str, float] = {}
     if command == "fit":
         trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit))
+        if final_checkpoint is not None:
+            _save_final_weights(trainer, final_checkpoint)
         # A validation of the final weights replaces the trainer's metrics; the training ones stay.
         training_metrics = _training_metrics(trainer)
         _validate_final_weights(trainer, model, datamodule, bits)
@@ -599,8 +645,26 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
             text = f"{train_name}={train:.4f}" if train is not None else "no metric"
             _say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline {unit}={baseline:.4f})")
         else:
-            _say(f"final {bits}={value:.4f} (unigram baseline {unit}={baseline:.4f})")
+            where = _evaluation_text(evaluated_with) if evaluated_with else ""
+            _say(f"final {bits}={value:.4f} (unigram baseline {unit}={baseline:.4f}{where})")
     return metrics
+
+
+def _save_final_weights(trainer, path: Path) -> None:
+    """Save the fit's final state as `path` when no checkpoint of the run holds it yet (a stop by
+    max_time or max_steps between validations). Rank 0 decides, every rank takes part in the save."""
+    from sru_lightning.callbacks.interrupts import _put_in_place
+
+    newest = RunFolder(path.parent.parent).latest if trainer.is_global_zero else None
+    needed = newest is None or newest.step < trainer.global_step
+    if not trainer.strategy.broadcast(needed and trainer.global_step > 0):
+        return
+    log.info("Saving the final weights (step %d) as %s: the run's newest checkpoint was older", trainer.global_step, path)
+    partial = f"{path}.partial"
+    trainer.save_checkpoint(partial, weights_only=False)
+    if trainer.is_global_zero and os.path.exists(partial):
+        _put_in_place(partial, str(path))
+    trainer.strategy.barrier("final-weights-saved")
 
 
 def _scalar_metrics(trainer) -> dict[str, float]:

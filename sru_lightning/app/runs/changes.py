@@ -1,0 +1,295 @@
+"""One rule for settings that differ from the run a command continues or evaluates.
+
+A command that starts from a run's checkpoint (`fit` resuming it, `validate`, `test`) takes
+the run's own configuration (the one saved with the checkpoint, :mod:`.folder`) and puts on
+top only what the command line sets. Every setting the command line changes against the run
+is looked up in :data:`RULES`, in order, first match wins:
+
+* ``apply``: the setting takes effect and the attempt records it as a change (`changes` in
+  result.json and history.jsonl, and one line on the console);
+* ``refuse``: the command stops before it starts, in one line naming the setting and both
+  values;
+* ``unused``: (evaluation only) accepted and said to take no part (training-only settings).
+
+`fit` applies what Lightning rebuilds from the config anyway (Trainer arguments, callbacks,
+loggers, dropout) and, through :class:`ApplyResumeChanges`, what a restored optimizer state
+would otherwise overwrite (the learning rate and weight decay, the schedule's length). It
+refuses what the checkpoint's state cannot follow: the architecture, the schedule's shape,
+and the data (its token stream and batch layout are the data position being resumed).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from sru_lightning.app.usage import UsageError
+
+log = logging.getLogger("sru_lightning")
+
+APPLY, REFUSE, UNUSED = "apply", "refuse", "unused"
+
+
+@dataclass(frozen=True)
+class Rule:
+    """What happens to a setting matching `pattern` (fnmatch on its dotted key)."""
+
+    pattern: str
+    on_fit: str
+    on_evaluate: str
+    why: str = ""
+
+
+# Settings whose change moves the end of the learning-rate schedule.
+SCHEDULE_LENGTH_KEYS = ("trainer.max_steps", "trainer.max_epochs", "trainer.limit_train_batches",
+                        "trainer.accumulate_grad_batches")
+# Optimizer settings that are a number in each parameter group.
+OPTIMIZER_GROUP_KEYS = ("lr", "weight_decay")
+
+RULES: tuple[Rule, ...] = (
+    Rule("model.optimizer.lr", APPLY, UNUSED),
+    Rule("model.optimizer.weight_decay", APPLY, UNUSED),
+    Rule("model.optimizer*", REFUSE, UNUSED, "the checkpoint's optimizer state belongs to the optimizer it trained with"),
+    Rule("model.lr_scheduler*", REFUSE, UNUSED, "the checkpoint's schedule state belongs to the schedule it trained with"),
+    Rule("model.dropout", APPLY, UNUSED),
+    Rule("model.rnn_dropout", APPLY, UNUSED),
+    Rule("model.sru_options.attn_dropout", APPLY, UNUSED),
+    Rule("model*", REFUSE, REFUSE, "the weights belong to the model they were trained as"),
+    Rule("data.eval_batch_size", APPLY, APPLY),
+    Rule("data*", REFUSE, APPLY, "a resumed fit continues the run's token stream at its saved position"),
+    Rule("trainer*", APPLY, APPLY),
+    Rule("callbacks*", APPLY, APPLY),
+    Rule("logger*", APPLY, APPLY),
+    Rule("seed", APPLY, APPLY),
+    Rule("threads", APPLY, APPLY),
+)
+_UNLISTED = Rule("*", REFUSE, REFUSE, "the package has no rule for changing it")
+
+
+def rule_for(key: str) -> Rule:
+    return next((rule for rule in RULES if fnmatch.fnmatchcase(key, rule.pattern)), _UNLISTED)
+
+
+@dataclass(frozen=True)
+class Change:
+    """A setting the command line changed against the run: dotted key, the run's value, the new one."""
+
+    key: str
+    before: Any
+    after: Any
+    action: str
+
+    def as_record(self) -> dict[str, Any]:
+        return {"from": self.before, "to": self.after, "action": self.action}
+
+    def __str__(self) -> str:
+        return f"{self.key}: {_shown(self.before)} -> {_shown(self.after)}"
+
+
+_ABSENT = "<not set>"
+
+
+def _shown(value: Any) -> str:
+    return _ABSENT if value is _MISSING else repr(value)
+
+
+_MISSING = object()
+
+
+# --------------------------------------------------------------------------------------------
+# the run's config with the command line on top
+def explicit_keys(overrides: list[str], groups: set[str]) -> tuple[set[str], set[str]]:
+    """(keys set or added, keys deleted) by the command line's overrides. A config group chosen
+    by name (`model=lstm`) sets its whole section; an experiment sets everything."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    touched: set[str] = set()
+    deleted: set[str] = set()
+    for item in overrides:
+        if item.startswith("-") or ("=" not in item and not item.startswith("~")):
+            continue
+        try:
+            override = parser.parse_override(item)
+        except Exception:  # noqa: BLE001 - refused by the CLI before Hydra composed anything
+            continue
+        key = override.key_or_group
+        if key in ("experiment", "hparams_search"):
+            touched.add("*")
+        elif override.is_delete():
+            deleted.add(key)
+        else:
+            touched.add(key)
+    return touched, deleted
+
+
+def merged_config(saved, cfg, overrides: list[str], groups: set[str]):
+    """The run's saved config with the settings the command line names taken from `cfg`."""
+    from omegaconf import OmegaConf, open_dict
+
+    touched, deleted = explicit_keys(overrides, groups)
+    if "*" in touched:
+        return cfg
+    merged = OmegaConf.create(OmegaConf.to_container(saved, resolve=False))
+    for key in ("ckpt_path", "resume_dir", "optimized_metric"):  # the command's own, not the run's
+        if key in cfg:
+            with open_dict(merged):
+                merged[key] = cfg[key]
+    for key in sorted(touched):
+        value = OmegaConf.select(cfg, key, default=_MISSING)
+        if value is _MISSING:
+            continue
+        if OmegaConf.is_config(value):
+            value = OmegaConf.to_container(value, resolve=False)
+        with open_dict(merged):
+            OmegaConf.update(merged, key, value, merge=False, force_add=True)
+    for key in sorted(deleted):
+        parent_key, _, leaf = key.rpartition(".")
+        parent = OmegaConf.select(merged, parent_key) if parent_key else merged
+        if parent is not None and OmegaConf.is_dict(parent) and leaf in parent:
+            with open_dict(parent):
+                del parent[leaf]
+    return merged
+
+
+def _leaves(container: Any, prefix: str = "") -> dict[str, Any]:
+    if isinstance(container, dict):
+        found: dict[str, Any] = {}
+        for key, value in container.items():
+            found.update(_leaves(value, f"{prefix}.{key}" if prefix else str(key)))
+        if not container and prefix:
+            found[prefix] = {}
+        return found
+    return {prefix: container}
+
+
+def differences(saved, merged) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, new value) for every leaf setting that differs (unresolved values)."""
+    from omegaconf import OmegaConf
+
+    from .folder import COMMAND_SETTINGS
+
+    before = _leaves(OmegaConf.to_container(saved, resolve=False))
+    after = _leaves(OmegaConf.to_container(merged, resolve=False))
+    found = []
+    for key in sorted(set(before) | set(after)):
+        if key.split(".")[0] in (*COMMAND_SETTINGS, "hydra"):
+            continue
+        old, new = before.get(key, _MISSING), after.get(key, _MISSING)
+        if old != new:
+            found.append((key, old, new))
+    return found
+
+
+def judge(saved, merged, command: str, checkpoint: str, checkpoint_step: int) -> list[Change]:
+    """The changes `merged` makes to the run's `saved` config, each applied or refused by its rule.
+
+    Raises UsageError naming the first refused setting and both its values.
+    """
+    evaluating = command != "fit"
+    changes = []
+    for key, before, after in differences(saved, merged):
+        rule = rule_for(key)
+        action = rule.on_evaluate if evaluating else rule.on_fit
+        change = Change(key, before, after, action)
+        if action == REFUSE:
+            verb = "evaluated" if evaluating else "resumed"
+            raise UsageError(
+                f"`{key}` cannot change when a run is {verb}: {checkpoint!r} was trained with {key}="
+                f"{_shown(before)}, this {command} asks for {key}={_shown(after)} ({rule.why}); leave it out, or "
+                + ("start a new run: another hydra.run.dir, without ckpt_path" if not evaluating
+                   else "evaluate a run trained with it")
+            )
+        changes.append(change)
+    if not evaluating:
+        _check_step_limit(merged, checkpoint, checkpoint_step)
+    return changes
+
+
+def _check_step_limit(merged, checkpoint: str, checkpoint_step: int) -> None:
+    from omegaconf import OmegaConf
+
+    max_steps = OmegaConf.select(merged, "trainer.max_steps", default=-1)
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and 0 <= max_steps <= checkpoint_step:
+        raise UsageError(
+            f"`trainer.max_steps` must be above the step the run is resumed at, got {max_steps}, and "
+            f"{checkpoint!r} holds step {checkpoint_step}: nothing would be trained; raise trainer.max_steps "
+            "(or evaluate the run with validate)"
+        )
+
+
+def schedule_can_follow(merged) -> bool:
+    """True when the run's schedule can be stretched to a new length (none, or WarmupCosineLR)."""
+    from omegaconf import OmegaConf
+
+    target = OmegaConf.select(merged, "model.lr_scheduler._target_", default=None)
+    return target is None or str(target).endswith("WarmupCosineLR")
+
+
+def refuse_unfollowable(changes: list[Change], merged, checkpoint: str) -> None:
+    """A change of the run's length under a schedule that cannot be stretched is refused."""
+    for change in changes:
+        if change.key in SCHEDULE_LENGTH_KEYS and not schedule_can_follow(merged):
+            raise UsageError(
+                f"`{change.key}` cannot change when {checkpoint!r} is resumed: its learning-rate schedule "
+                f"({merged.model.lr_scheduler._target_}) cannot be stretched to a new length; leave it out"
+            )
+
+
+# --------------------------------------------------------------------------------------------
+# applying what a restored optimizer state would overwrite
+class ApplyResumeChanges(Callback):
+    """After Lightning restored the optimizer and schedule from the checkpoint (before the first
+    resumed step), put the changed optimizer settings into every parameter group and stretch
+    the schedule to the resumed fit's length."""
+
+    def __init__(self, optimizer_settings: dict[str, float], restretch: bool) -> None:
+        super().__init__()
+        self.optimizer_settings = optimizer_settings
+        self.restretch = restretch
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        import math
+
+        for config in trainer.lr_scheduler_configs:
+            scheduler = config.scheduler
+            if self.restretch and hasattr(scheduler, "total_steps"):
+                estimate = trainer.estimated_stepping_batches
+                scheduler.total_steps = max(1, int(estimate)) if math.isfinite(estimate) else None
+        for optimizer in trainer.optimizers:
+            schedulers = [c.scheduler for c in trainer.lr_scheduler_configs if c.scheduler.optimizer is optimizer]
+            peaks = [self.optimizer_settings.get("lr", group.get("initial_lr", group["lr"]))
+                     for group in optimizer.param_groups]
+            for group, peak in zip(optimizer.param_groups, peaks):
+                for name, value in self.optimizer_settings.items():
+                    group[name] = value
+                group["initial_lr"] = peak
+            for scheduler in schedulers:
+                scheduler.base_lrs = list(peaks)
+                factor = getattr(scheduler, "factor", None)  # WarmupCosineLR: the rate at any step
+                if callable(factor):
+                    scale = factor(max(0, scheduler.last_epoch))
+                    for group, peak in zip(optimizer.param_groups, peaks):
+                        group["lr"] = peak * scale
+                scheduler._last_lr = [group["lr"] for group in optimizer.param_groups]
+        applied = [f"{name}={value:g}" for name, value in self.optimizer_settings.items()]
+        if self.restretch:
+            applied.append("the learning-rate schedule stretched to the new length")
+        log.info("Resumed with changed settings applied to the restored optimizer: %s", ", ".join(applied))
+
+
+def resume_callback(changes: list[Change]) -> ApplyResumeChanges | None:
+    """The callback that applies `changes` to the restored state, None when none needs it."""
+    settings = {}
+    for change in changes:
+        name = change.key.removeprefix("model.optimizer.")
+        if change.key.startswith("model.optimizer.") and name in OPTIMIZER_GROUP_KEYS:
+            settings[name] = float(change.after)
+    restretch = any(change.key in SCHEDULE_LENGTH_KEYS for change in changes)
+    if not settings and not restretch:
+        return None
+    return ApplyResumeChanges(settings, restretch)

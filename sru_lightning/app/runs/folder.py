@@ -1,0 +1,360 @@
+"""A run, read once: the one place that says what a run directory holds.
+
+A run directory holds `checkpoints/` (any number of `.ckpt` files and DeepSpeed checkpoint
+folders, whatever Lightning named them: `last.ckpt`, `last-v1.ckpt`, `interrupted.ckpt`, a
+top-k file, a copy), `result.json` and `history.jsonl` (:mod:`.records`), and Hydra's
+`.hydra/`. Nothing here trusts a file name or a modification time to say which checkpoint is
+newest: the newest is the one with the highest optimizer step recorded inside it (the latest
+written wins a tie), so a moved, copied or renamed run answers exactly as the original.
+
+Every checkpoint a run writes also carries the run's configuration as it trained
+(:class:`SaveRunConfig`, under :data:`RUN_CONFIG_KEY`): the settings that produced those
+weights travel with them, so a checkpoint named by run directory, by file, or as a copy
+elsewhere is evaluated and resumed with the same settings. Checkpoints written before that
+key existed fall back to the `.hydra/config.yaml` of the run around them.
+
+Every command that takes a run asks this module: `fit` resuming (`ckpt_path=<run>`, `last`),
+`validate`/`test`, `generate`, `export`, and sweep jobs continuing their runs.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from lightning.pytorch.callbacks import Callback
+
+from .checkpoints import CheckpointError, is_deepspeed_folder, read_checkpoint
+from .records import RESULT_FILE, run_status
+
+log = logging.getLogger("sru_lightning")
+
+CHECKPOINTS_DIR = "checkpoints"
+#: The key of a checkpoint that holds the run's configuration (unresolved, as Hydra composed it).
+RUN_CONFIG_KEY = "sru_lightning_run_config"
+#: Commands' top-level settings that say what to do, not how the run trains.
+COMMAND_SETTINGS = ("ckpt_path", "resume_dir", "optimized_metric")
+
+
+@dataclass(frozen=True)
+class SavedCheckpoint:
+    """One checkpoint of a run: where it is and the optimizer step recorded inside it."""
+
+    path: Path
+    step: int
+    written: float  # modification time: only breaks a tie between checkpoints of one step
+
+    @property
+    def resumable(self) -> bool:
+        """It holds at least one optimizer step (a model that never trained is not worth resuming)."""
+        return self.step >= 1
+
+
+def saved_checkpoint(path: Path) -> SavedCheckpoint:
+    """`path` read as a checkpoint (its step); CheckpointError when it cannot be read."""
+    contents = read_checkpoint(path)
+    if not isinstance(contents, Mapping):
+        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (it holds a {type(contents).__name__})")
+    step = contents.get("global_step", 0) or 0
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (its global_step is {step!r})")
+    return SavedCheckpoint(path.absolute(), step, path.stat().st_mtime)
+
+
+def checkpoint_candidates(folder: Path) -> Iterator[Path]:
+    """The checkpoint files and DeepSpeed checkpoint folders directly in `folder` (partial
+    writes, named `*.partial`, are not checkpoints)."""
+    if not folder.is_dir():
+        return
+    for entry in sorted(folder.iterdir()):
+        if entry.name.endswith(".partial"):
+            continue
+        if (entry.is_file() and entry.suffix == ".ckpt") or is_deepspeed_folder(entry):
+            yield entry
+
+
+class RunFolder:
+    """A run directory: its checkpoints (newest by recorded step), its config and its record."""
+
+    def __init__(self, directory: str | Path) -> None:
+        self.directory = Path(directory).expanduser().absolute()
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.directory)!r})"
+
+    # -- what the folder is ------------------------------------------------------------------
+    @staticmethod
+    def holds_a_run(directory: str | Path) -> bool:
+        """True when `directory` is a run that trained (or tried to): it has checkpoints or a record."""
+        directory = Path(directory)
+        return (directory / CHECKPOINTS_DIR).is_dir() or (directory / RESULT_FILE).is_file()
+
+    @classmethod
+    def around(cls, checkpoint: str | Path) -> RunFolder | None:
+        """The run a checkpoint lies in (`<run>/checkpoints/<file>`), or None for a loose file."""
+        parent = Path(checkpoint).expanduser().absolute().parent
+        if parent.name == CHECKPOINTS_DIR:
+            return cls(parent.parent)
+        return None
+
+    @property
+    def status(self) -> str | None:
+        """The status of the run's latest attempt (result.json), None when it has no record."""
+        return run_status(self.directory)
+
+    # -- checkpoints -------------------------------------------------------------------------
+    @cached_property
+    def checkpoints(self) -> list[SavedCheckpoint]:
+        """Every readable checkpoint of the run, oldest first (by step, then by time written).
+        An unreadable file is skipped with a log line: it cannot be the run's newest weights."""
+        found = []
+        for path in checkpoint_candidates(self.directory / CHECKPOINTS_DIR):
+            try:
+                found.append(saved_checkpoint(path))
+            except (CheckpointError, OSError) as error:
+                log.info("skipping %s: %s", path, str(error).splitlines()[0])
+        return sorted(found, key=lambda saved: (saved.step, saved.written))
+
+    @property
+    def latest(self) -> SavedCheckpoint | None:
+        """The checkpoint with the highest recorded step (the latest written among equals)."""
+        return self.checkpoints[-1] if self.checkpoints else None
+
+    def latest_named(self) -> Path:
+        """The latest checkpoint, for a command that names this run; CheckpointError when it has none."""
+        latest = self.latest
+        if latest is None:
+            where = self.directory / CHECKPOINTS_DIR
+            raise CheckpointError(
+                f"`ckpt_path` is the directory {str(self.directory)!r}, which holds no readable checkpoint "
+                f"in {str(where)!r}; point ckpt_path at a .ckpt file or at a run directory that trained"
+            )
+        return latest.path
+
+    def why_not_continued(self) -> str | None:
+        """None when `ckpt_path=last` may continue this run from its latest checkpoint, else why not."""
+        if self.status == "failed":
+            return f"the run in {str(self.directory)!r} failed"
+        latest = self.latest
+        if latest is None:
+            return f"{str(self.directory)!r} holds no readable checkpoint"
+        if not latest.resumable:
+            return f"{str(latest.path)!r} holds no optimizer step"
+        return None
+
+    # -- configuration -----------------------------------------------------------------------
+    def config(self) -> Any | None:
+        """The configuration the run's latest checkpoint trained with (a DictConfig), or None."""
+        latest = self.latest
+        if latest is not None:
+            saved = checkpoint_run_config(latest.path)
+            if saved is not None:
+                return saved
+        return hydra_config_of(self.directory)
+
+
+def checkpoint_run_config(checkpoint: str | Path):
+    """The run configuration saved inside `checkpoint` (a DictConfig), else that of the run
+    around it (its `.hydra/config.yaml`, for checkpoints that predate the saved key), else None."""
+    from omegaconf import OmegaConf
+
+    try:
+        saved = read_checkpoint(checkpoint).get(RUN_CONFIG_KEY)
+    except (CheckpointError, AttributeError):
+        saved = None
+    if isinstance(saved, Mapping):
+        return OmegaConf.create(dict(saved))
+    run = RunFolder.around(checkpoint)
+    return hydra_config_of(run.directory) if run is not None else None
+
+
+def hydra_config_of(directory: Path):
+    """`<directory>/.hydra/config.yaml` as a DictConfig, None when missing or unreadable."""
+    from omegaconf import OmegaConf
+
+    saved = Path(directory) / ".hydra" / "config.yaml"
+    if not saved.is_file():
+        return None
+    try:
+        return OmegaConf.load(saved)
+    except Exception:  # noqa: BLE001 - a foreign or damaged file is no config of ours
+        return None
+
+
+def section(config, key: str) -> dict | None:
+    """`config[key]` resolved to plain values (model, data), None when it is missing or cannot resolve."""
+    from omegaconf import OmegaConf
+
+    if config is None or key not in config:
+        return None
+    try:
+        return OmegaConf.to_container(config[key], resolve=True)
+    except Exception:  # noqa: BLE001 - an interpolation that needs a Hydra run is not comparable
+        return None
+
+
+# --------------------------------------------------------------------------------------------
+# finding a run to continue
+def runs_under(root: Path) -> Iterator[RunFolder]:
+    """Every run directory below `root` (a folder holding `checkpoints/`)."""
+    if not root.is_dir():
+        return
+    for checkpoints in sorted(root.rglob(CHECKPOINTS_DIR)):
+        if checkpoints.is_dir():
+            yield RunFolder(checkpoints.parent)
+
+
+def latest_continuable(root: Path, accept: Callable[[RunFolder], str | None] | None = None,
+                       exclude: Path | None = None) -> Path | None:
+    """The latest checkpoint of the most recently written run under `root` that may be continued
+    (`why_not_continued`) and that `accept` takes (it returns None, or why not). Runs are
+    ordered by when their latest checkpoint was written; within a run, by recorded step."""
+    candidates = []
+    for run in runs_under(root):
+        if exclude is not None and run.directory == Path(exclude).absolute():
+            continue
+        latest = run.latest
+        if latest is not None:
+            candidates.append((latest.written, run))
+    for _, run in sorted(candidates, key=lambda item: item[0], reverse=True):
+        reason = run.why_not_continued() or (accept(run) if accept is not None else None)
+        if reason is None:
+            return run.latest.path
+        log.info("ckpt_path=last: skipping %s: %s", run.directory, reason)
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# what every checkpoint of a run carries
+class SaveRunConfig(Callback):
+    """Writes the run's configuration into every checkpoint it saves (see the module docstring).
+
+    The configuration is stored unresolved, as plain values, so the checkpoint stays loadable
+    with `weights_only=True` and a moved run's paths are not baked in.
+    """
+
+    def __init__(self, config: Mapping[str, Any]) -> None:
+        super().__init__()
+        self.config = dict(config)
+
+    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        checkpoint[RUN_CONFIG_KEY] = self.config
+
+
+def plain_config(cfg) -> dict[str, Any]:
+    """The run's config without Hydra's own node and the command settings, as plain values."""
+    from omegaconf import OmegaConf
+
+    container = OmegaConf.to_container(cfg, resolve=False)
+    for key in ("hydra", *COMMAND_SETTINGS):
+        container.pop(key, None)
+    return container
+
+
+# --------------------------------------------------------------------------------------------
+# the `ckpt_path` setting -> a checkpoint
+def named_checkpoint(setting: str) -> Path:
+    """A `ckpt_path` other than `last` as an absolute checkpoint path: the file itself, a
+    DeepSpeed checkpoint folder, or a run directory's latest checkpoint (by recorded step)."""
+    path = Path(setting).expanduser()
+    if is_deepspeed_folder(path):
+        return path.absolute()
+    if path.is_dir():
+        if path.name == CHECKPOINTS_DIR and not (path / CHECKPOINTS_DIR).is_dir():
+            path = path.parent  # the run's checkpoints folder names the run
+        return RunFolder(path).latest_named()
+    if not path.is_file():
+        raise CheckpointError(
+            f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
+        )
+    return path.absolute()
+
+
+def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path | None = None) -> str | None:
+    """Turn the `ckpt_path` setting of `fit`/`validate`/`test` into a checkpoint (or None for a
+    fresh fit). `evaluated_run` is the run an evaluation was pointed at by `hydra.run.dir`."""
+    setting = cfg.get("ckpt_path")
+    if setting is None or str(setting).strip() == "":
+        if command == "fit":
+            return None
+        if evaluated_run is not None:
+            return str(RunFolder(evaluated_run).latest_named())
+        raise CheckpointError(
+            f"`{command}` needs the weights to evaluate: pass ckpt_path=<run directory | .ckpt file | last>, "
+            "got no ckpt_path (an untrained model's number means nothing)"
+        )
+    setting = str(setting)
+    if setting != "last":
+        return str(named_checkpoint(setting))
+
+    resume_dir = Path(str(cfg.get("resume_dir") or "outputs")).expanduser()
+    if cfg.get("resume_dir") is not None and str(cfg.get("resume_dir")) != "outputs" and not resume_dir.is_dir():
+        # A mistyped folder would otherwise mean a silent fresh start.
+        raise CheckpointError(
+            f"`resume_dir` must be a folder of earlier runs for ckpt_path=last, got {str(resume_dir)!r}, "
+            "which does not exist"
+        )
+    own = RunFolder(output_dir)
+    if own.latest is not None:
+        reason = own.why_not_continued()
+        if reason is None:
+            return str(own.latest.path)
+        if own.status == "failed":
+            raise CheckpointError(
+                f"`ckpt_path=last`: {reason}, so its checkpoints are not resumed automatically; pass "
+                f"ckpt_path=<one of its .ckpt files> to continue from it anyway, or choose another hydra.run.dir"
+            )
+        log.info("ckpt_path=last: not resuming %s: %s", own.directory, reason)
+    found = latest_continuable(resume_dir, _same_run_settings(cfg, command), exclude=output_dir)
+    if found is not None:
+        log.info("ckpt_path=last: resuming from %s", found)
+        return str(found)
+    if command != "fit":
+        raise CheckpointError(
+            f"`ckpt_path=last` found no checkpoint of a run with this model and data config "
+            f"under resume_dir={cfg.get('resume_dir')!r}; pass ckpt_path=/path/to/file.ckpt"
+        )
+    log.warning("ckpt_path=last: no earlier checkpoint for this model/data config; starting from scratch")
+    return None
+
+
+def _same_run_settings(cfg, command: str) -> Callable[[RunFolder], str | None]:
+    """For `ckpt_path=last`: a run qualifies when it trained this model on this data and the
+    configured engine can read its latest checkpoint."""
+    from omegaconf import OmegaConf
+
+    from .checkpoints import check_engine_reads
+
+    model = OmegaConf.to_container(cfg.model, resolve=True)
+    data = OmegaConf.to_container(cfg.data, resolve=True)
+
+    def accept(run: RunFolder) -> str | None:
+        config = run.config()
+        if section(config, "model") != model or section(config, "data") != data:
+            return "another model or data config"
+        try:
+            check_engine_reads(cfg, command, run.latest.path)
+        except CheckpointError as error:
+            return str(error)
+        return None
+
+    return accept
+
+
+def model_checkpoint(setting: str, resume_dir: str) -> Path:
+    """The checkpoint a command that reads a trained model (generate, export) is pointed at:
+    `ckpt_path` as for a run, except that `last` is the latest checkpoint of the most recently
+    written run under `resume_dir` that trained and did not fail, whatever its model or data."""
+    if setting != "last":
+        return named_checkpoint(setting)
+    found = latest_continuable(Path(resume_dir).expanduser())
+    if found is None:
+        raise CheckpointError(
+            f"`ckpt_path=last` found no checkpoint of a trained run under "
+            f"resume_dir={resume_dir!r}; pass ckpt_path=<run directory or .ckpt file>"
+        )
+    return found

@@ -1,0 +1,89 @@
+"""Where an attempt starts: which checkpoint, and the configuration it runs with.
+
+A fresh `fit` runs the composed config. A command that starts from a checkpoint (a resumed or
+continued `fit`, `validate`, `test`) runs the configuration the checkpoint trained with
+(:func:`.folder.checkpoint_run_config`), with the settings the command line names put on top
+under the one rule of :mod:`.changes`. A checkpoint that carries no configuration and lies in
+no run (a file from elsewhere) is taken with the composed config, its model rebuilt from the
+checkpoint's own constructor arguments.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .changes import Change, judge, merged_config, refuse_unfollowable, resume_callback
+from .checkpoints import check_engine_reads, read_checkpoint
+from .folder import CHECKPOINTS_DIR, checkpoint_candidates, checkpoint_run_config, resolve_checkpoint
+
+log = logging.getLogger("sru_lightning")
+
+
+@dataclass
+class StartingPoint:
+    """The config an attempt runs with, and the checkpoint it starts from (None: fresh)."""
+
+    cfg: Any
+    checkpoint: str | None = None
+    step: int = 0
+    changes: list[Change] = field(default_factory=list)
+    config_source: str = "command line"  # where the run's settings came from
+
+    def callbacks(self) -> list:
+        """Callbacks that apply the changed settings to a restored training state."""
+        found = resume_callback(self.changes) if self.checkpoint is not None else None
+        return [found] if found is not None else []
+
+    def changes_record(self) -> dict[str, Any]:
+        return {change.key: change.as_record() for change in self.changes}
+
+
+def starting_point(cfg, command: str, output_dir: Path, overrides: list[str],
+                   evaluated_run: Path | None = None) -> StartingPoint:
+    """Resolve `ckpt_path` and the configuration the attempt runs with; UsageError/CheckpointError
+    for a setting that cannot be honoured."""
+    from sru_lightning.app.usage import UsageError
+
+    checkpoint = resolve_checkpoint(cfg, command, output_dir, evaluated_run)
+    if command == "fit" and checkpoint is None:
+        earlier = list(checkpoint_candidates(Path(output_dir) / CHECKPOINTS_DIR))
+        if earlier:
+            # A fresh fit would write over them; continuing must be asked for.
+            raise UsageError(
+                f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run "
+                f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
+                "or choose another hydra.run.dir"
+            )
+        return StartingPoint(cfg)
+    if checkpoint is None:
+        return StartingPoint(cfg)
+    check_engine_reads(cfg, command, checkpoint)
+    contents = read_checkpoint(checkpoint)
+    step = int(contents.get("global_step", 0) or 0)
+    saved = checkpoint_run_config(checkpoint)
+    source = "the settings saved with the checkpoint"
+    if saved is None:
+        saved = _config_around_model(cfg, contents)
+        source = "command line (the checkpoint carries no run config)"
+    merged = merged_config(saved, cfg, overrides, set())
+    changes = judge(saved, merged, command, str(checkpoint), step)
+    if command == "fit":
+        refuse_unfollowable(changes, merged, str(checkpoint))
+    return StartingPoint(merged, str(checkpoint), step, changes, source)
+
+
+def _config_around_model(cfg, contents) -> Any:
+    """The composed config with the model the checkpoint was built as (its constructor arguments)."""
+    from omegaconf import OmegaConf
+
+    config = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+    saved = contents.get("hyper_parameters")
+    if isinstance(saved, dict) and saved:
+        model = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=False).items()
+                 if key.startswith("_")}
+        model.update(saved)
+        config.model = model
+    return config
