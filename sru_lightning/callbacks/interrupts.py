@@ -21,7 +21,7 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.callbacks import Callback, OnExceptionCheckpoint
+from lightning.pytorch.callbacks import Callback, Checkpoint
 from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
@@ -298,8 +298,8 @@ def interruption_cause(trainer: pl.Trainer | None, exception: BaseException) -> 
     return None
 
 
-class InterruptionCheckpoint(OnExceptionCheckpoint):
-    """`OnExceptionCheckpoint` that saves only what is worth resuming.
+class InterruptionCheckpoint(Checkpoint):
+    """Saves, on an interruption, only what is worth resuming; resuming is the caller's choice.
 
     It writes the checkpoint when the fit is stopped at a batch boundary by SIGTERM or the
     first Ctrl+C (Lightning's ``SIGTERMException``) after at least one optimizer step. A
@@ -308,8 +308,35 @@ class InterruptionCheckpoint(OnExceptionCheckpoint):
     its weights may be NaN or half-updated, and a file named like a resumable one would
     invite a requeue to continue from them. The file appears complete or not at all (written
     under a temporary name, then renamed). The run's epoch-end and periodic checkpoints
-    stay where they are.
+    stay where they are. A Trainer call that completes removes the file, as Lightning's
+    ``OnExceptionCheckpoint`` does: what it held is superseded.
+
+    It is a plain :class:`~lightning.pytorch.callbacks.Checkpoint`, not Lightning's
+    ``OnExceptionCheckpoint``, on purpose: Lightning turns ``fit(model)`` into
+    ``fit(model, ckpt_path="last")`` whenever one of those is among the callbacks, so a new
+    model fitted by the same script would silently continue from an old run's weights (and
+    every fit would warn that it "was called without a model"). A fit resumes from this file
+    only when its caller passes ``ckpt_path=`` (the command line does, from its own setting).
+
+    Args:
+        dirpath: the folder of the checkpoint; fixed here, since an interruption may come
+            before ``setup``.
+        filename: its name without the ``.ckpt`` extension.
     """
+
+    FILE_EXTENSION = ".ckpt"
+
+    def __init__(self, dirpath: str | os.PathLike[str], filename: str = "on_exception") -> None:
+        super().__init__()
+        if not isinstance(filename, str) or not filename:
+            raise ValueError(f"InterruptionCheckpoint: `filename` must be a non-empty name, got {filename!r}")
+        self.dirpath = dirpath
+        self.filename = filename
+
+    @property
+    def ckpt_path(self) -> str:
+        """Where the checkpoint is written: ``<dirpath>/<filename>.ckpt``."""
+        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
 
     @override
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
@@ -329,6 +356,13 @@ class InterruptionCheckpoint(OnExceptionCheckpoint):
         trainer.save_checkpoint(partial, weights_only=False)
         if trainer.is_global_zero and os.path.exists(partial):
             _put_in_place(partial, self.ckpt_path)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Lightning calls teardown only when a Trainer call completed (an interrupted one goes
+        # through on_exception instead); removing the file then is OnExceptionCheckpoint's rule,
+        # kept as it was.
+        trainer.strategy.remove_checkpoint(self.ckpt_path)
 
 
 def _put_in_place(source: str, target: str) -> None:

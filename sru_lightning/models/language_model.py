@@ -320,11 +320,16 @@ class SRULanguageModel(pl.LightningModule):
         metric = self.mean_nats[f"{stage}_nats"]
         metric.update(loss.detach().float(), weight=targets.numel())
         on_step = stage == "train"
+        # Every value is the mean over the processes (sync_dist), so a curve does not depend on
+        # how many processes share the global batch: each process sees as many tokens, and the
+        # mean of their losses is the loss whose gradient DDP averages. The training values are
+        # per step (the epoch's mean is `train_bpc_epoch`, from the metric above).
         self.log(f"{stage}_loss", loss.detach(), on_step=on_step, on_epoch=not on_step, prog_bar=on_step,
-                 batch_size=inputs.size(0), sync_dist=not on_step)
+                 batch_size=inputs.size(0), sync_dist=True)
         if not on_step:
             return loss
-        self.log(self.bits_name("train"), loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True)
+        self.log(self.bits_name("train"), loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True,
+                 sync_dist=True)
         return loss
 
     def _log_epoch_metrics(self, stage: str) -> None:

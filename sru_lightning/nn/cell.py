@@ -37,6 +37,7 @@ from .common import (
     RecurrentCellMixin,
     checked_policy,
     non_default_settings,
+    refuse_jit_trace,
     time_shared_dropout_mask,
     warn_rnn_dropout,
 )
@@ -248,6 +249,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         self, input: Tensor, c0: Optional[Tensor] = None, mask_pad: Optional[Tensor] = None
     ) -> Tuple[Tensor, Tensor]:
         owner = type(self).__name__
+        refuse_jit_trace(owner)
         device = self.bias.device
         x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]

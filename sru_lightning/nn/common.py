@@ -62,13 +62,47 @@ def casts_own_inputs(layer: nn.Module) -> bool:
     return isinstance(layer, FSDPModule)
 
 
+# ---------------------------------------------------------------------- TorchScript
+def torchscript_unsupported(owner: str, how: str) -> RuntimeError:
+    """The error of a TorchScript attempt (``how``: ``torch.jit.script``/``torch.jit.trace``).
+
+    The layers' inputs and the recurrence op's arguments are handled in Python (optional
+    tensors, unions, sequences, a float-or-None op argument) that TorchScript can neither
+    compile nor record, and its own errors ("Unknown type annotation: 'Sequence'",
+    "unsupported input list type: Scalar?") do not say that the layer as a whole is out of
+    its reach, nor what to use instead.
+    """
+    return RuntimeError(
+        f"{owner}: TorchScript ({how}) is not supported for sru_lightning layers (SRU, SRUCell, SRUpp); "
+        "use torch.compile, torch.export.export, or `python -m sru_lightning export` "
+        "(ONNX, torch.export, AOTInductor) for a trained language model"
+    )
+
+
+def refuse_jit_trace(owner: str) -> None:
+    """Raise :func:`torchscript_unsupported` at the top of a forward run by ``torch.jit.trace``
+    (also the legacy ``torch.onnx.export(..., dynamo=False)``), before any check records a
+    shape as a constant."""
+    if torch.jit.is_tracing():
+        raise torchscript_unsupported(owner, "torch.jit.trace")
+
+
+class RefusesTorchScript:
+    """``torch.jit.script`` calls ``__prepare_scriptable__`` on a module and on each of its
+    submodules before compiling anything, so a model that contains one of these layers is
+    refused with the one clear message too."""
+
+    def __prepare_scriptable__(self):
+        raise torchscript_unsupported(type(self).__name__, "torch.jit.script")
+
+
 # ---------------------------------------------------------------------- one layer
 def time_shared_dropout_mask(like: Tensor, size: Tuple[int, int], p: float) -> Tensor:
     """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
     return like.new_empty(size).bernoulli_(1 - p).div_(1 - p)
 
 
-class RecurrentCellMixin:
+class RecurrentCellMixin(RefusesTorchScript):
     """What :class:`SRUCell` and :class:`SRUppCell` share once U is computed: the recurrence
     policy, the recurrence's own parameters (``weight_c``, ``bias``, the ``scale_x`` buffer)
     with the optional ``layer_norm``, and the call of the recurrence op.
@@ -152,7 +186,7 @@ class RecurrentCellMixin:
 
 
 # ---------------------------------------------------------------------- a stack of layers
-class StackMixin:
+class StackMixin(RefusesTorchScript):
     """What :class:`SRU` and :class:`SRUpp` share: both hold their layers in ``rnn_lst`` and
     set ``num_layers``, ``hidden_size``, ``num_directions``, ``output_size`` and
     ``nn_rnn_compatible_return``."""

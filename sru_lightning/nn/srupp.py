@@ -25,7 +25,7 @@ from .checks import (
     time_major_padding_mask,
     to_time_major,
 )
-from .common import StackMixin, checked_policy, non_default_settings, unpack_sequence
+from .common import StackMixin, checked_policy, non_default_settings, refuse_jit_trace, unpack_sequence
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 
@@ -213,6 +213,7 @@ class SRUpp(StackMixin, nn.Module):
         memory_mask_pad: Optional[Tensor] = None,
     ) -> Tuple[Union[Tensor, PackedSequence], Tensor, MemoryBank]:
         owner = type(self).__name__
+        refuse_jit_trace(owner)
         device = self.rnn_lst[0].bias.device
         batch_first = self.batch_first
         lengths = None

@@ -15,7 +15,7 @@ import torch
 from torch import Tensor, nn
 
 from .checks import check_positive_int, check_probability
-from .common import RecurrentCellMixin, non_default_settings, time_shared_dropout_mask
+from .common import RecurrentCellMixin, non_default_settings, refuse_jit_trace, time_shared_dropout_mask
 from .srupp_attention import SRUppAttention
 
 
@@ -112,6 +112,7 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
         memory: Optional[Tensor] = None,
         memory_mask_pad: Optional[Tensor] = None,
     ) -> Tuple[Tensor, Tensor]:
+        refuse_jit_trace(type(self).__name__)
         U = self.transform_module(
             self._normalized_input(input), mask_pad=mask_pad, attn_mask=attn_mask, memory=memory, memory_mask_pad=memory_mask_pad
         )

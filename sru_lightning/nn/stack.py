@@ -18,7 +18,15 @@ from .checks import (
     time_major_padding_mask,
     to_time_major,
 )
-from .common import StackMixin, casts_own_inputs, checked_policy, non_default_settings, unpack_sequence, warn_rnn_dropout
+from .common import (
+    StackMixin,
+    casts_own_inputs,
+    checked_policy,
+    non_default_settings,
+    refuse_jit_trace,
+    unpack_sequence,
+    warn_rnn_dropout,
+)
 
 
 def _layer_custom_m(custom_m, index: int) -> Optional[nn.Module]:
@@ -178,6 +186,7 @@ class SRU(StackMixin, nn.Module):
         mask_pad: Optional[Tensor] = None,
     ) -> Tuple[Union[Tensor, PackedSequence], Tensor]:
         owner = type(self).__name__
+        refuse_jit_trace(owner)
         device = self.rnn_lst[0].bias.device
         lengths = None
         if isinstance(input, PackedSequence):

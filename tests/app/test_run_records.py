@@ -111,6 +111,36 @@ def test_summaries_print_integers_as_integers_and_overrides_as_typed(tmp_path):
     assert "| 2.5000 |" in line and "| 3 |" in line and "| 40 | 1235 | 9.5 |" in line
 
 
+def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
+    """A learning rate of 2.9e-05 read 0.0000 in both tables; the CSV now holds every digit,
+    the markdown at least four significant ones."""
+    import csv
+
+    from sru_lightning.app.runs.records import write_result
+    from sru_lightning.app.sweep import collect_results, write_summary
+
+    metrics = {"lr": 2.9e-05, "val_bpc": 1.234567891, "grad_norm": 0.012345678, "val_ppl": 3.5e18,
+               "tiny": -7.25e-09, "epoch": 3.0, "steps": 40}
+    (tmp_path / "0").mkdir()
+    write_result(tmp_path / "0", {"status": "completed", "overrides": ["model.optimizer.lr=2.9e-05"],
+                                  "metrics": metrics, "optimizer_steps": 40, "tokens_per_second": 1234.56,
+                                  "wall_seconds": 0.04})
+    markdown, table = write_summary(tmp_path, collect_results(tmp_path))
+    with open(table, newline="") as handle:
+        (row,) = list(csv.DictReader(handle))
+    for name, value in metrics.items():
+        assert float(row[name]) == value, f"{name}: {row[name]!r} is not {value!r}"
+    assert row["epoch"] == "3" and row["steps"] == "40" and row["optimizer_steps"] == "40"
+    assert row["lr"] == "2.9e-05" and row["tokens_per_second"] == "1234.56" and row["wall_seconds"] == "0.04"
+
+    header, _, line = markdown.read_text().splitlines()[2:5]
+    shown = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in line.strip("|").split("|")]))
+    assert shown["lr"] == "2.9e-05" and shown["tiny"] == "-7.25e-09"
+    assert shown["val_bpc"] == "1.2346" and shown["grad_norm"] == "0.01235"
+    assert shown["val_ppl"] == "3.5e+18" and shown["epoch"] == "3" and shown["steps"] == "40"
+    assert shown["optimizer_steps"] == "40" and shown["tokens_per_second"] == "1235" and shown["wall_seconds"] == "0.04"
+
+
 def test_sweep_jobs_keep_the_overrides_as_the_user_typed_them():
     typed = ["model.rnn=sru,lstm", "~callbacks.rich_progress_bar", "+trainer.enable_progress_bar=false"]
     job = ["model.rnn=lstm", "~callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=False"]

@@ -206,19 +206,16 @@ def test_ckpt_path_last_skips_failed_runs_and_runs_without_a_step(tmp_path, caps
     import os
     import time
 
-    from omegaconf import OmegaConf
-
-    from sru_lightning.app.runs.checkpoints import find_last_checkpoint
+    from sru_lightning.app.runs.folder import latest_continuable
 
     template = tmp_path / "outputs" / "template"
     assert fit("trainer.max_steps=1", f"hydra.run.dir={template}") == 0
-    saved = OmegaConf.load(template / ".hydra" / "config.yaml")
-    model, data = (OmegaConf.to_container(saved[key], resolve=True) for key in ("model", "data"))
-    good = template / "checkpoints" / "last.ckpt"
-    os.utime(good, (time.time() - 100, time.time() - 100))
+    for good in (template / "checkpoints").iterdir():  # older than the runs below
+        os.utime(good, (time.time() - 100, time.time() - 100))
     _fake_run(tmp_path / "outputs", "failed", 7, "failed", template)
     _fake_run(tmp_path / "outputs", "never_trained", 0, "interrupted", template)
-    assert find_last_checkpoint(tmp_path / "outputs", model, data) == good.absolute()
+    found = latest_continuable(tmp_path / "outputs")
+    assert found is not None and found.parent == (template / "checkpoints").absolute()
 
 
 def test_resuming_into_the_same_directory_keeps_metrics_and_history(tmp_path):
@@ -260,7 +257,8 @@ def test_validate_and_test_rebuild_the_model_of_the_checkpoint(tmp_path, capsys)
     # an override that contradicts the checkpoint: one sentence
     assert cli.main(["validate", *TINY, "model=sru", f"ckpt_path={lstm_run}", f"hydra.run.dir={tmp_path / 'x'}"]) == 2
     err = capsys.readouterr().err
-    assert "was trained with model.rnn='lstm'" in err and "but the overrides ask for model.rnn='sru'" in err
+    assert "`model.rnn` cannot change when a run is evaluated" in err
+    assert "was trained with model.rnn='lstm'" in err and "asks for model.rnn='sru'" in err
     assert "Traceback" not in err
 
 

@@ -65,7 +65,7 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     lines = read_csv(table)
     assert list(lines[0]) == ["job", "status", "overrides", "val_bpc", "zeta", "optimizer_steps",
                               "tokens_per_second", "wall_seconds", "error"]
-    assert lines[0]["tokens_per_second"] == "1234" and lines[0]["wall_seconds"] == "9.5"
+    assert lines[0]["tokens_per_second"] == "1234.5" and lines[0]["wall_seconds"] == "9.5"  # every digit
     assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == "" and lines[1]["tokens_per_second"] == ""
     assert lines[2]["error"] == "ValueError: bad"
     assert "1 of 3 jobs completed." in markdown.read_text()

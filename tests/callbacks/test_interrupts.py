@@ -106,3 +106,46 @@ trainer.fit(BoringModel())
     child = preloaded.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert child.returncode == 1, child.stderr[-2000:]
     assert "has not finished stopping" in child.stderr
+
+
+def _interrupted_fit(root, stop_at: int) -> str:
+    """A user's script, first part: a fit stopped by SIGTERM after `stop_at` steps; the checkpoint."""
+    pl.seed_everything(0)
+    callbacks = [InterruptionCheckpoint(root / "ckpt", filename="interrupted"), GracefulInterrupt(),
+                 SignalAtStep(stop_at, signal.SIGTERM)]
+    with pytest.raises(SystemExit):
+        make_trainer(root, callbacks).fit(DropoutRegressor())
+    checkpoint = root / "ckpt" / "interrupted.ckpt"
+    assert checkpoint.is_file()
+    return str(checkpoint)
+
+
+def _readme_callbacks(root) -> list[pl.Callback]:
+    """The callback list the README gives for a user's own script (same checkpoint folder)."""
+    from sru_lightning.callbacks.nonfinite_loss import StopOnNonFiniteLoss
+    from sru_lightning.callbacks.resume import RestoreDataPosition, SeedEveryBatch
+
+    return [InterruptionCheckpoint(root / "ckpt", filename="interrupted"), GracefulInterrupt(),
+            RestoreDataPosition(), SeedEveryBatch(seed=0), StopOnNonFiniteLoss()]
+
+
+def test_a_new_model_fitted_after_an_interruption_starts_fresh(tmp_path, recwarn):
+    """The callback never chooses what a fit resumes: Lightning resumes a fit without
+    `ckpt_path` from its `OnExceptionCheckpoint`s, which this callback must not be."""
+    _interrupted_fit(tmp_path, stop_at=10)
+    recwarn.clear()
+    model = DropoutRegressor()
+    trainer = make_trainer(tmp_path, _readme_callbacks(tmp_path))
+    trainer.fit(model)
+    assert min(model.step_losses) == 0, f"the new model resumed at step {min(model.step_losses)}"
+    assert trainer.global_step == trainer.max_steps
+    lightning_guesses = [str(w.message) for w in recwarn if "ckpt_path=None" in str(w.message)]
+    assert not lightning_guesses, lightning_guesses
+
+
+def test_an_interruption_checkpoint_resumes_when_the_caller_passes_it(tmp_path):
+    checkpoint = _interrupted_fit(tmp_path, stop_at=10)
+    model = DropoutRegressor()
+    make_trainer(tmp_path, _readme_callbacks(tmp_path)).fit(model, ckpt_path=checkpoint)
+    assert min(model.step_losses) == 10, "the fit continues at the step after the interruption"
+    assert not (tmp_path / "ckpt" / "interrupted.ckpt").exists(), "a completed fit supersedes it"

@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch import nn
 
-from sru_lightning.nn import SRU, SRUCell, set_recurrence_policy
+from sru_lightning.nn import SRU, SRUCell, SRUpp, set_recurrence_policy
 from sru_lightning.ops import functional
 
 L, B, D = 4, 2, 3
@@ -159,3 +159,36 @@ def test_c0_from_a_different_stack_shape_is_named():
     model = SRU(5, 4, num_layers=3, bidirectional=True)
     with pytest.raises(ValueError, match=r"SRU: `c0` must have shape \(3, 2, 8\) \(num_layers, batch, dirs\*hidden_size\), got \(2, 2, 8\)"):
         model(torch.randn(L, B, 5), torch.zeros(2, B, 8))
+
+
+TORCHSCRIPT_LAYERS = {"SRU": lambda: SRU(8, 8), "SRUCell": lambda: SRUCell(8, 8), "SRUpp": lambda: SRUpp(8, 8, 8)}
+
+
+class Wrapper(nn.Module):
+    """A user's model with one of the layers inside: TorchScript reaches it through the model."""
+
+    def __init__(self, layer):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+        self.layer = layer
+
+    def forward(self, x):
+        return self.layer(self.linear(x))[0]
+
+
+@pytest.mark.filterwarnings("ignore:`torch.jit.*` is deprecated")
+@pytest.mark.parametrize("name", list(TORCHSCRIPT_LAYERS))
+@pytest.mark.parametrize("how", ["torch.jit.script", "torch.jit.trace"])
+@pytest.mark.parametrize("inside", [False, True], ids=["layer", "inside_a_model"])
+def test_torchscript_is_refused_with_what_to_use_instead(name, how, inside):
+    layer = TORCHSCRIPT_LAYERS[name]()
+    module = Wrapper(layer) if inside else layer
+    expected = (f"{name}: TorchScript ({how}) is not supported for sru_lightning layers (SRU, SRUCell, SRUpp); "
+                "use torch.compile, torch.export.export, or `python -m sru_lightning export`")
+    with pytest.raises(RuntimeError, match=re.escape(expected)):
+        if how == "torch.jit.script":
+            torch.jit.script(module)
+        else:
+            torch.jit.trace(module, torch.randn(L, B, 8))
+    # The refusal leaves nothing behind: the layer still runs eagerly.
+    assert module(torch.randn(L, B, 8))[0].shape[-1] == 8

@@ -11,6 +11,10 @@ is looked up in :data:`RULES`, in order, first match wins:
   values;
 * ``unused``: (evaluation only) accepted and said to take no part (training-only settings).
 
+The callbacks, the loggers and the thread count are the attempt's own (:data:`PER_ATTEMPT`):
+they watch and record an attempt rather than define the run, so each attempt takes them from
+its command line as composed.
+
 `fit` applies what Lightning rebuilds from the config anyway (Trainer arguments, callbacks,
 loggers, dropout) and, through :class:`ApplyResumeChanges`, what a restored optimizer state
 would otherwise overwrite (the learning rate and weight decay, the schedule's length). It
@@ -62,10 +66,7 @@ RULES: tuple[Rule, ...] = (
     Rule("data.eval_batch_size", APPLY, APPLY),
     Rule("data*", REFUSE, APPLY, "a resumed fit continues the run's token stream at its saved position"),
     Rule("trainer*", APPLY, APPLY),
-    Rule("callbacks*", APPLY, APPLY),
-    Rule("logger*", APPLY, APPLY),
     Rule("seed", APPLY, APPLY),
-    Rule("threads", APPLY, APPLY),
 )
 _UNLISTED = Rule("*", REFUSE, REFUSE, "the package has no rule for changing it")
 
@@ -102,7 +103,7 @@ _MISSING = object()
 
 # --------------------------------------------------------------------------------------------
 # the run's config with the command line on top
-def explicit_keys(overrides: list[str], groups: set[str]) -> tuple[set[str], set[str]]:
+def explicit_keys(overrides: list[str]) -> tuple[set[str], set[str]]:
     """(keys set or added, keys deleted) by the command line's overrides. A config group chosen
     by name (`model=lstm`) sets its whole section; an experiment sets everything."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -127,19 +128,29 @@ def explicit_keys(overrides: list[str], groups: set[str]) -> tuple[set[str], set
     return touched, deleted
 
 
-def merged_config(saved, cfg, overrides: list[str], groups: set[str]):
-    """The run's saved config with the settings the command line names taken from `cfg`."""
+#: Sections every attempt takes from its own command line, not from the run: the tools that
+#: watch and record an attempt, and its process settings. They are applied as composed.
+PER_ATTEMPT = ("callbacks", "logger", "threads", "ckpt_path", "resume_dir", "optimized_metric")
+
+
+def merged_config(saved, cfg, overrides: list[str]):
+    """The run's saved config with the settings the command line names taken from `cfg`
+    (and the per-attempt sections, :data:`PER_ATTEMPT`, taken from `cfg` whole)."""
     from omegaconf import OmegaConf, open_dict
 
-    touched, deleted = explicit_keys(overrides, groups)
+    touched, deleted = explicit_keys(overrides)
     if "*" in touched:
         return cfg
     merged = OmegaConf.create(OmegaConf.to_container(saved, resolve=False))
-    for key in ("ckpt_path", "resume_dir", "optimized_metric"):  # the command's own, not the run's
-        if key in cfg:
-            with open_dict(merged):
-                merged[key] = cfg[key]
+    for key in PER_ATTEMPT:
+        with open_dict(merged):
+            if key in cfg:
+                merged[key] = OmegaConf.to_container(cfg[key], resolve=False) if OmegaConf.is_config(cfg[key]) else cfg[key]
+            elif key in merged:
+                del merged[key]
     for key in sorted(touched):
+        if key.split(".")[0] in PER_ATTEMPT:
+            continue
         value = OmegaConf.select(cfg, key, default=_MISSING)
         if value is _MISSING:
             continue
@@ -171,13 +182,11 @@ def differences(saved, merged) -> list[tuple[str, Any, Any]]:
     """(key, saved value, new value) for every leaf setting that differs (unresolved values)."""
     from omegaconf import OmegaConf
 
-    from .folder import COMMAND_SETTINGS
-
     before = _leaves(OmegaConf.to_container(saved, resolve=False))
     after = _leaves(OmegaConf.to_container(merged, resolve=False))
     found = []
     for key in sorted(set(before) | set(after)):
-        if key.split(".")[0] in (*COMMAND_SETTINGS, "hydra"):
+        if key.split(".")[0] in (*PER_ATTEMPT, "hydra"):
             continue
         old, new = before.get(key, _MISSING), after.get(key, _MISSING)
         if old != new:
@@ -214,10 +223,11 @@ def _check_step_limit(merged, checkpoint: str, checkpoint_step: int) -> None:
     from omegaconf import OmegaConf
 
     max_steps = OmegaConf.select(merged, "trainer.max_steps", default=-1)
-    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and 0 <= max_steps <= checkpoint_step:
+    # Equal is a finished run started again (a requeue): it validates its final weights and ends.
+    if isinstance(max_steps, int) and not isinstance(max_steps, bool) and 0 <= max_steps < checkpoint_step:
         raise UsageError(
-            f"`trainer.max_steps` must be above the step the run is resumed at, got {max_steps}, and "
-            f"{checkpoint!r} holds step {checkpoint_step}: nothing would be trained; raise trainer.max_steps "
+            f"`trainer.max_steps` must be at least the step the run is resumed at, got {max_steps}, and "
+            f"{checkpoint!r} holds step {checkpoint_step}: the run is already past it; raise trainer.max_steps "
             "(or evaluate the run with validate)"
         )
 

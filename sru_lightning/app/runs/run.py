@@ -43,11 +43,6 @@ PROG = "python -m sru_lightning"
 _QUIET_WARNINGS = (
     r".*Your `IterableDataset` has `__len__` defined.*",
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
-    # With an interruption checkpoint among the callbacks, Lightning turns a fresh fit's
-    # ckpt_path=None into "last" and warns; build() refuses a directory with checkpoints
-    # unless resuming was asked for, so there is nothing to resume and nothing to say.
-    r".*\.fit\(ckpt_path=None\)` was called without a model.*",
-    r".*ckpt_path=\"last\"\) is set, but there is no last checkpoint.*",
     # Resuming into the run's own directory: its checkpoints are expected there.
     r".*Checkpoint directory .* exists and is not empty.*",
 )

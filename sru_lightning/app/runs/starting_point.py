@@ -68,7 +68,7 @@ def starting_point(cfg, command: str, output_dir: Path, overrides: list[str],
     if saved is None:
         saved = _config_around_model(cfg, contents)
         source = "command line (the checkpoint carries no run config)"
-    merged = merged_config(saved, cfg, overrides, set())
+    merged = merged_config(saved, cfg, overrides)
     changes = judge(saved, merged, command, str(checkpoint), step)
     if command == "fit":
         refuse_unfollowable(changes, merged, str(checkpoint))

@@ -89,7 +89,14 @@ def check_trainer_settings(settings: Mapping[str, Any]) -> None:
             f"`trainer.max_steps` must be a positive number of optimizer steps, or -1 for no step "
             f"limit, got {max_steps}"
         )
-
+    # Lightning takes any int: 0 turns per-step logging off, and a negative interval logs
+    # every |n| steps as if it were positive (Python's modulo), so a typo goes unnoticed.
+    log_every = settings.get("log_every_n_steps")
+    if isinstance(log_every, int) and not isinstance(log_every, bool) and log_every < 0:
+        raise ValueError(
+            f"`trainer.log_every_n_steps` must be a positive number of steps, 0 to log no training steps, "
+            f"or null for Lightning's default (50), got {log_every}"
+        )
 
 
 def _is_number(value: Any) -> bool:

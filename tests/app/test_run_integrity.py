@@ -1,0 +1,227 @@
+"""A run the package owns: its newest checkpoint, its config and its record never disagree.
+
+Each test is one way a user moves, copies, resumes or evaluates a run; the checks are on what
+the next command really used (the step inside the checkpoint it loaded, the number it printed,
+the files it left)."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import json
+import os
+import random
+import shutil
+import signal
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sru_lightning.app import cli
+from sru_lightning.app.runs.folder import RunFolder, model_checkpoint, named_checkpoint
+from helpers.tiny_run import TINY_RUN
+
+# Steps, not epochs, bound these fits: each resume trains two more.
+STEPS = [*TINY_RUN, "+trainer.enable_progress_bar=false", "trainer.max_epochs=-1",
+         "trainer.limit_train_batches=null", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1"]
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+
+
+def fit(run: Path, max_steps: int, *extra: str) -> int:
+    return cli.main(["fit", *STEPS, f"trainer.max_steps={max_steps}", f"hydra.run.dir={run}", *extra])
+
+
+def resume(run: Path, max_steps: int, *extra: str) -> int:
+    return fit(run, max_steps, f"ckpt_path={run}", *extra)
+
+
+def interrupted_resume(run: Path, max_steps: int, at_step: int) -> int:
+    """Resume, then stop by SIGTERM (to this process) at `at_step`: interrupted.ckpt is written."""
+    return resume(run, max_steps, "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
+                  "+callbacks.send_signal.hook=on_train_batch_start", "+callbacks.send_signal.target=rank0",
+                  f"+callbacks.send_signal.signum={int(signal.SIGTERM)}", f"+callbacks.send_signal.at_step={at_step}")
+
+
+def result_of(run: Path) -> dict:
+    return json.loads((run / "result.json").read_text())
+
+
+def history_of(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+
+
+def logged_steps(run: Path) -> list[int]:
+    """The training steps metrics.csv holds a train_loss for (one row per logged step)."""
+    with open(next(run.glob("csv/**/metrics.csv"))) as handle:
+        steps = [int(row["step"]) for row in csv.DictReader(handle) if row.get("train_loss")]
+    assert steps, "no training step was logged"
+    return steps
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def fake_checkpoint(path: Path, step: int, written: float) -> None:
+    torch.save({"global_step": step, "state_dict": {}}, path)
+    os.utime(path, (written, written))
+
+
+# --------------------------------------------------------------------------------------------
+# the newest checkpoint is the one with the highest recorded step
+def test_the_latest_checkpoint_is_the_highest_recorded_step_whatever_its_name_or_time(tmp_path):
+    folder = tmp_path / "run" / "checkpoints"
+    folder.mkdir(parents=True)
+    now = time.time()
+    fake_checkpoint(folder / "last.ckpt", 20, now)  # newest file, stale weights (a moved run)
+    fake_checkpoint(folder / "last-v1.ckpt", 40, now - 50)
+    fake_checkpoint(folder / "interrupted.ckpt", 30, now - 10)
+    fake_checkpoint(folder / "backup copy.ckpt", 40, now - 100)  # same step, written earlier
+    (folder / "last.ckpt.partial").write_bytes(b"half written")
+    (folder / "damaged.ckpt").write_bytes(b"not a checkpoint")
+    run = RunFolder(tmp_path / "run")
+    assert [saved.step for saved in run.checkpoints] == [20, 30, 40, 40]
+    assert run.latest.path == (folder / "last-v1.ckpt").absolute()
+    # every way of naming the run gives that checkpoint
+    for setting in (tmp_path / "run", folder):
+        assert named_checkpoint(str(setting)) == (folder / "last-v1.ckpt").absolute()
+    assert model_checkpoint(str(tmp_path / "run"), "outputs") == (folder / "last-v1.ckpt").absolute()
+    # ckpt_path=last across runs: the latest checkpoint of the most recently written run
+    assert model_checkpoint("last", str(tmp_path)) == (folder / "last-v1.ckpt").absolute()
+
+
+# --------------------------------------------------------------------------------------------
+# the five reproductions of the issue
+@pytest.mark.slow
+def test_a_moved_run_resumes_and_serves_its_newest_weights(tmp_path, capsys):
+    first, moved = tmp_path / "runs" / "mvA", tmp_path / "runs" / "mvB"
+    assert fit(first, 4) == 0
+    shutil.move(first, moved)
+    assert resume(moved, 6) == 0
+    assert resume(moved, 8) == 0
+    assert history_of(moved)[-1]["ckpt_step"] == 6, "the third fit resumed the second one's step"
+    steps = logged_steps(moved)
+    assert len(steps) == len(set(steps)), f"steps trained twice: {steps}"
+    assert sorted(os.listdir(moved / "checkpoints")).count("last.ckpt") == 1
+    assert not any(name.startswith("last-v") for name in os.listdir(moved / "checkpoints"))
+    capsys.readouterr()
+    assert cli.main(["validate", f"ckpt_path={moved}", f"hydra.run.dir={tmp_path / 'v'}"]) == 0
+    assert result_of(tmp_path / "v")["evaluated_with"]["step"] == 8
+    assert "step 8 of" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_validate_into_a_runs_own_directory_leaves_it_alone_and_reports_the_runs_number(tmp_path, capsys):
+    run = tmp_path / "runs" / "lstm3"
+    assert fit(run, 4, "model=lstm", "data.batch_size=3", "data.seq_len=12") == 0
+    trained = result_of(run)["metrics"]["val_bpc"]
+    copy = tmp_path / "runs" / "lstm3v"
+    shutil.copytree(run, copy)
+    before = {name: digest(copy / name) for name in (".hydra/config.yaml", "result.json", "history.jsonl")}
+    # no model, data or trainer settings: the run's own are used (a default batch would differ)
+    for _ in range(2):
+        capsys.readouterr()
+        assert cli.main(["validate", f"ckpt_path={copy}", f"hydra.run.dir={copy}"]) == 0
+        out = capsys.readouterr().out
+        assert f"final val_bpc={trained:.4f}" in out and "batch_size=3 seq_len=12" in out
+    assert {name: digest(copy / name) for name in before} == before, "the run's files were rewritten"
+    evaluations = sorted((copy / "evaluations").iterdir())
+    assert len(evaluations) == 2 and all((folder / "result.json").is_file() for folder in evaluations)
+    # the same weights named by file, by a copy elsewhere, or by the run alone: the same number
+    loose = tmp_path / "elsewhere.ckpt"
+    shutil.copy(named_checkpoint(str(copy)), loose)
+    for setting in (f"ckpt_path={loose}", f"ckpt_path={named_checkpoint(str(copy))}", f"hydra.run.dir={copy}"):
+        target = [] if setting.startswith("hydra") else [f"hydra.run.dir={tmp_path / 'eval' / str(len(setting))}"]
+        capsys.readouterr()
+        assert cli.main(["validate", setting, *target]) == 0
+        assert f"final val_bpc={trained:.4f}" in capsys.readouterr().out, setting
+    # a data override is applied and said
+    capsys.readouterr()
+    assert cli.main(["validate", f"ckpt_path={copy}", "data.batch_size=2", f"hydra.run.dir={tmp_path / 'b2'}"]) == 0
+    assert "batch_size=2" in capsys.readouterr().out and "except data.batch_size" in (tmp_path / "b2" / "sru_lightning.log").read_text()
+
+
+@pytest.mark.slow
+def test_a_changed_setting_on_resume_is_applied_and_recorded_or_refused_in_one_line(tmp_path, capsys):
+    run = tmp_path / "r"
+    assert fit(run, 4) == 0
+    assert resume(run, 6, "model.optimizer.lr=0.5") == 0
+    record = result_of(run)
+    assert record["changes"]["model.optimizer.lr"] == {"from": 0.003, "to": 0.5, "action": "apply"}
+    assert record["changes"]["trainer.max_steps"]["to"] == 6
+    state = torch.load(named_checkpoint(str(run)), weights_only=True)
+    groups = state["optimizer_states"][0]["param_groups"]
+    assert all(group["initial_lr"] == 0.5 for group in groups), "the new peak rate is the optimizer's"
+    assert all(group["lr"] > 0.01 for group in groups), "the rate follows the new peak, not the old schedule"
+    scheduler = state["lr_schedulers"][0]
+    assert scheduler["base_lrs"] == [0.5] * len(groups) and scheduler["total_steps"] == 6
+    # a setting the checkpoint cannot follow: refused, naming both values; nothing changes
+    before = digest(run / "result.json")
+    capsys.readouterr()
+    assert resume(run, 8, "data.seq_len=32") == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`data.seq_len` cannot change" in err[0] and "=16" in err[0] and "=32" in err[0]
+    assert resume(run, 3) == 2
+    assert "`trainer.max_steps` must be at least the step" in capsys.readouterr().err
+    assert digest(run / "result.json") == before
+    # evaluation follows the same rule: a training-only setting is harmless, the architecture is not
+    assert cli.main(["validate", f"ckpt_path={run}", "model.dropout=0.3", f"hydra.run.dir={tmp_path / 'v'}"]) == 0
+    assert cli.main(["validate", f"ckpt_path={run}", "model.hidden_size=32", f"hydra.run.dir={tmp_path / 'w'}"]) == 2
+
+
+def test_validate_without_weights_is_refused_in_one_line(tmp_path, capsys):
+    assert cli.main(["validate", *STEPS, f"hydra.run.dir={tmp_path / 'v'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "`validate` needs the weights to evaluate" in err[0]
+    assert not (tmp_path / "v").exists()
+
+
+@pytest.mark.slow
+def test_a_fit_stopped_between_validations_saves_its_final_weights(tmp_path):
+    run = tmp_path / "run"
+    assert fit(run, 5, "trainer.val_check_interval=4") == 0  # validations at step 4 only
+    assert RunFolder(run).latest.step == 5 and result_of(run)["optimizer_steps"] == 5
+
+
+# --------------------------------------------------------------------------------------------
+# property: any sequence of moves, copies, renames and (interrupted) fits
+@pytest.mark.slow
+@pytest.mark.parametrize("seed", [0, 1])
+def test_moved_copied_and_renamed_runs_always_continue_from_their_newest_weights(tmp_path, seed):
+    chooser = random.Random(seed)
+    run, step, names = tmp_path / "runs" / "start", 2, 0
+    assert fit(run, step) == 0
+    for _ in range(4):
+        operation = chooser.choice(["move", "copy", "rename", "stale"])
+        names += 1
+        if operation == "move":
+            shutil.move(run, run.with_name(f"moved{names}"))
+            run = run.with_name(f"moved{names}")
+        elif operation == "copy":
+            shutil.copytree(run, run.with_name(f"copy{names}"))
+            run = run.with_name(f"copy{names}")
+        elif operation == "rename":
+            latest = RunFolder(run).latest.path
+            latest.rename(latest.with_name(f"renamed{names}.ckpt"))
+        else:  # an older checkpoint written last, under the name Lightning would pick
+            older = min(RunFolder(run).checkpoints, key=lambda saved: saved.step)
+            shutil.copy(older.path, run / "checkpoints" / "last.ckpt")
+        assert RunFolder(run).latest.step == step, operation
+        if chooser.random() < 0.5:
+            assert interrupted_resume(run, step + 4, at_step=step + 1) == 1
+            step = RunFolder(run).latest.step
+            assert step == result_of(run)["optimizer_steps"] and result_of(run)["status"] == "interrupted"
+        else:
+            assert resume(run, step + 2) == 0
+            assert history_of(run)[-1]["ckpt_step"] == step
+            step += 2
+        assert RunFolder(run).latest.step == step
+        trained = logged_steps(run)
+        assert len(trained) == len(set(trained)), f"steps trained twice after {operation}: {trained}"
+    assert model_checkpoint(str(run), "outputs") == RunFolder(run).latest.path
