@@ -166,25 +166,27 @@ def test_fit_validate_test_and_resume(tmp_path, monkeypatch, capsys):
 def test_validate_with_last_but_no_checkpoint_is_an_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     assert run_cli("validate", *TINY, "ckpt_path=last", f"hydra.run.dir={tmp_path / 'v'}") == 2
-    assert "`ckpt_path=last` found no last.ckpt" in capsys.readouterr().err
+    assert "`ckpt_path=last` found no checkpoint of a run" in capsys.readouterr().err
 
 
 def test_a_run_directory_resumes_from_its_newest_checkpoint(tmp_path):
-    """After an interruption, interrupted.ckpt is newer than the epoch-end last.ckpt and wins."""
+    """The newest checkpoint is the one with the highest step recorded inside, not the newest file."""
     import os
 
+    import torch
     from omegaconf import OmegaConf
 
-    from sru_lightning.app.runs.checkpoints import resolve_checkpoint
+    from sru_lightning.app.runs.folder import resolve_checkpoint
 
     checkpoints = tmp_path / "run" / "checkpoints"
     checkpoints.mkdir(parents=True)
     last, interrupted = checkpoints / "last.ckpt", checkpoints / "interrupted.ckpt"
-    last.write_bytes(b"epoch end")
-    interrupted.write_bytes(b"mid epoch")
-    os.utime(last, (1_000, 1_000))
+    torch.save({"global_step": 10}, last)
+    torch.save({"global_step": 15}, interrupted)
+    os.utime(last, (3_000, 3_000))  # written later, but holds an earlier step
     os.utime(interrupted, (2_000, 2_000))
     cfg = OmegaConf.create({"ckpt_path": str(tmp_path / "run")})
     assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(interrupted.absolute())
-    os.utime(last, (3_000, 3_000))  # a later epoch-end save supersedes the interruption
+    torch.save({"global_step": 20}, last)  # a later save supersedes the interruption
+    os.utime(last, (1_000, 1_000))
     assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(last.absolute())

@@ -74,7 +74,7 @@ def test_last_without_any_run_is_a_usage_error(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     result = run_command(capsys, "generate", "ckpt_path=last")
     assert result.returncode == 2 and "Traceback" not in result.stderr
-    assert "`ckpt_path=last` found no checkpoints/last.ckpt of a trained run under resume_dir='outputs'" in result.stderr
+    assert "`ckpt_path=last` found no checkpoint of a trained run under resume_dir='outputs'" in result.stderr
 
 
 @pytest.mark.slow
