@@ -182,6 +182,17 @@ def test_validate_without_weights_is_refused_in_one_line(tmp_path, capsys):
     assert not (tmp_path / "v").exists()
 
 
+@pytest.mark.parametrize("where", ["a file", "/proc/sru-lightning-run"])
+def test_a_run_directory_that_cannot_be_one_is_refused_in_one_line(tmp_path, capsys, where):
+    if where == "a file":
+        where = str(tmp_path / "notes.txt")
+        Path(where).write_text("mine")
+    assert cli.main(["fit", *STEPS, f"hydra.run.dir={where}"]) == 2
+    out, err = capsys.readouterr()
+    assert len(err.strip().splitlines()) == 1 and "`hydra.run.dir` must be a folder" in err
+    assert "Traceback" not in out + err
+
+
 @pytest.mark.slow
 def test_a_fit_stopped_between_validations_saves_its_final_weights(tmp_path):
     run = tmp_path / "run"
@@ -225,3 +236,11 @@ def test_moved_copied_and_renamed_runs_always_continue_from_their_newest_weights
         trained = logged_steps(run)
         assert len(trained) == len(set(trained)), f"steps trained twice after {operation}: {trained}"
     assert model_checkpoint(str(run), "outputs") == RunFolder(run).latest.path
+
+
+@pytest.mark.parametrize("setting", ["model.hidden_size=-4", "trainer.val_check_interval=10000"])
+def test_a_usage_error_speaks_of_the_setting_not_of_python_classes(tmp_path, capsys, setting):
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=2", setting, f"hydra.run.dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and setting.split("=")[0].split(".")[-1] in err
+    assert "ValueError" not in err and "MisconfigurationException" not in err, err

@@ -186,6 +186,19 @@ def earlier_jobs(sweep_dir: Path) -> list[str]:
     return sorted(found, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0, name))
 
 
+def _check_can_create(directory: Path, setting: str) -> None:
+    """A run or sweep directory that is a file, or cannot be created, is one line (Hydra would
+    fail with a traceback when it makes the folder)."""
+    if directory.exists() and not directory.is_dir():
+        raise usage_exit(f"`{setting}` must be a folder, got {str(directory)!r}, which is a file")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise usage_exit(
+            f"`{setting}` must be a folder that can be created, got {str(directory)!r}: {error.strerror or error}"
+        ) from None
+
+
 class RunDirectoryGuard(Callback):
     """Hydra callback: snapshot a run directory before Hydra writes into it; refuse a sweep
     into the directory of an earlier sweep."""
@@ -199,9 +212,11 @@ class RunDirectoryGuard(Callback):
         if command in ("validate", "test") and RunFolder.holds_a_run(run_dir):
             run_dir = _evaluation_folder(config, run_dir)
         current = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
+        _check_can_create(run_dir, "hydra.run.dir")
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
+        _check_can_create(sweep_dir.absolute(), "hydra.sweep.dir")
         jobs = earlier_jobs(sweep_dir)
         setting = config.get("ckpt_path")
         if jobs and (setting is None or str(setting).strip() == ""):

@@ -226,7 +226,7 @@ def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
     except Exception as error:
         if not is_usage_error(error):
             raise
-        raise UsageError(describe(error)) from error
+        raise UsageError(describe(error, as_usage=True)) from error
     attempt.trainer = trainer
     signals.follow(trainer)
     attempt.record["monitor"] = optimized_metric_name(start.cfg, model)
@@ -246,7 +246,7 @@ def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
         metrics = execute(attempt.command, trainer, model, datamodule, ckpt_path, final_checkpoint, evaluated_with)
     except Exception as error:
         if _refused_before_training(error, trainer):
-            raise UsageError(describe(error)) from error
+            raise UsageError(describe(error, as_usage=True)) from error
         raise
     _check_final_metric(metrics, bits_name(model, "test" if attempt.command == "test" else "val"))
     return metrics
@@ -403,8 +403,9 @@ def is_usage_error(error: BaseException) -> bool:
     )
 
 
-def describe(error: BaseException) -> str:
-    """The message a user needs: Hydra's instantiate wrapper gives way to the real cause."""
+def describe(error: BaseException, as_usage: bool = False) -> str:
+    """The message a user needs: Hydra's instantiate wrapper gives way to the real cause. A
+    usage error (`as_usage`) is told in the user's terms, without the Python class name."""
     from hydra.errors import InstantiationException
 
     target = None
@@ -422,6 +423,8 @@ def describe(error: BaseException) -> str:
     if isinstance(error, (UsageError, CheckpointError, RunFailed)):
         return text
     text += _no_gpu_hint(text)
+    if as_usage and text:
+        return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 

@@ -115,9 +115,33 @@ def _check_training_happens(settings: Mapping[str, Any]) -> None:
         raise ValueError(
             f"`trainer.limit_train_batches` must be a positive number of batches or a fraction in (0, 1], got {limit}"
         )
+    _check_max_time(settings.get("max_time"))
     interval = settings.get("val_check_interval")
     if _is_number(interval) and (interval <= 0 or (isinstance(interval, float) and interval > 1.0)):
         raise ValueError(
             "`trainer.val_check_interval` must be a positive number of training batches or a fraction of the "
             f"epoch in (0, 1], got {interval}"
         )
+
+
+def _check_max_time(max_time: Any) -> None:
+    """`trainer.max_time` as Lightning reads a string or a mapping; a zero budget trains nothing."""
+    if max_time is None:
+        return
+    expected = "a duration 'DD:HH:MM:SS' (or days/hours/minutes/seconds) above zero, or null for no time limit"
+    if isinstance(max_time, str):
+        parts = max_time.split(":")
+        if len(parts) != 4 or not all(part.strip().isdigit() for part in parts):
+            raise ValueError(f"`trainer.max_time` must be {expected}, got {max_time!r}")
+        days, hours, minutes, seconds = (int(part) for part in parts)
+        total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
+    elif isinstance(max_time, Mapping):
+        units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
+        unknown = sorted(set(max_time) - set(units))
+        if unknown or not all(_is_number(value) for value in max_time.values()):
+            raise ValueError(f"`trainer.max_time` must be {expected}, got {dict(max_time)!r}")
+        total = sum(units[key] * value for key, value in max_time.items())
+    else:
+        raise ValueError(f"`trainer.max_time` must be {expected}, got {max_time!r}")
+    if total <= 0:
+        raise ValueError(f"`trainer.max_time` must be {expected}, got {max_time!r}: it would train nothing")
