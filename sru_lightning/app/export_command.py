@@ -20,7 +20,7 @@ class ExportSettings:
     ckpt_path: str = "last"  # a .ckpt file, a run directory, or "last" (newest run under resume_dir)
     format: str = "onnx"  # onnx | pt2 | aoti
     out: str = ""  # the folder to create (required)
-    overwrite: bool = False  # replace an earlier export in `out`
+    overwrite: bool = False  # replace an earlier export in `out` (one that holds nothing but its own files)
     resume_dir: str = "outputs"  # where ckpt_path=last looks
 
 
@@ -31,7 +31,8 @@ def usage() -> str:
     lines += [
         "",
         "format=onnx runs with onnxruntime alone; pt2 (torch.export) and aoti (AOTInductor, compiled)",
-        "need torch and sru_lightning. The folder holds the model, vocabulary.json and manifest.json.",
+        "need torch and sru_lightning. The folder holds the model, vocabulary.json and manifest.json,",
+        "which lists them; overwrite=true refuses a folder holding anything else.",
         "",
         "Example:",
         f"  {PROG} ckpt_path=outputs/<date>/<time> format=onnx out=exports/sru-onnx",

@@ -66,6 +66,9 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
     from sru_lightning.app.key_value import parse_key_values
 
     settings, raw = parse_key_values(argv, GenerateSettings, UsageError)
+    if settings.model and "ckpt_path" in raw:  # the default ckpt_path=last is no choice of the user's
+        raise UsageError(f"`model` ({settings.model!r}, an export folder) and `ckpt_path` ({raw['ckpt_path']!r}) "
+                         "both name the model to generate with; give only one of them")
     if settings.length < 1:
         raise UsageError(f"`length` must be a positive integer (tokens to generate), got {settings.length}")
     if not settings.temperature >= 0 or settings.temperature == float("inf"):
@@ -100,7 +103,8 @@ def load_trained(setting: str, resume_dir: str, command: str = "generate"):
 def load_checkpoint(setting: str, resume_dir: str, command: str = "generate") -> tuple[Path, dict[str, Any]]:
     """The checkpoint `ckpt_path` names (see `model_checkpoint`) and its contents; a problem
     raises UsageError in one line."""
-    from sru_lightning.app.runs.checkpoints import CheckpointError, model_checkpoint, read_model_checkpoint
+    from sru_lightning.app.runs.checkpoints import CheckpointError, read_model_checkpoint
+    from sru_lightning.app.runs.folder import model_checkpoint
 
     try:
         path = model_checkpoint(setting, resume_dir)
@@ -127,27 +131,26 @@ def build_model(checkpoint: Mapping[str, Any], path: Path):
 
 def load_codec(checkpoint: Mapping[str, Any], path: Path):
     """The vocabulary saved with the checkpoint; for older checkpoints, rebuilt from the data
-    config in the run's `.hydra/config.yaml`."""
+    config of the run that wrote it (the one place that knows it: `runs.folder`)."""
+    from sru_lightning.app.runs.folder import checkpoint_run_config
     from sru_lightning.data import TokenCodec
 
     for entry in checkpoint.values():  # Lightning files the data module's state under its class name
         if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
             return TokenCodec.from_state_dict(entry["token_codec"])
-    saved = path.resolve().parent.parent / ".hydra" / "config.yaml"
-    if not saved.is_file():
+    config = checkpoint_run_config(path)
+    if config is None or "data" not in config:
         raise UsageError(
-            f"the checkpoint {str(path)!r} holds no vocabulary, and no run configuration was found at "
-            f"{str(saved)!r} to rebuild it from"
+            f"the checkpoint {str(path)!r} holds no vocabulary, and no run configuration was found with it "
+            "or around it to rebuild it from"
         )
     from hydra.utils import instantiate
-    from omegaconf import OmegaConf
 
-    print(f"{PROG}: rebuilding the vocabulary from the data config in {saved}", file=sys.stderr)
+    print(f"{PROG}: rebuilding the vocabulary from the data config of the run of {path}", file=sys.stderr)
     try:
-        datamodule = instantiate(OmegaConf.load(saved).data)
-        return datamodule.codec
-    except Exception as error:
-        raise UsageError(f"cannot rebuild the vocabulary from the data config in {str(saved)!r}: {error}") from None
+        return instantiate(config.data).codec
+    except Exception as error:  # noqa: BLE001 - whatever the data module raises, said in one line
+        raise UsageError(f"cannot rebuild the vocabulary of {str(path)!r} from its run's data config: {error}") from None
 
 
 # --------------------------------------------------------------------------------------------

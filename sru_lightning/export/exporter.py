@@ -23,7 +23,8 @@ import sru_lightning
 
 from .graph_module import BATCH, LENGTH, ExportableLanguageModel, ExportError
 from .package import (
-    EXPORT_FORMAT_VERSION, MANIFEST_NAME, MODEL_FILES, VOCABULARY_NAME, check_format, write_atomically, write_json,
+    EXPORT_FORMAT_VERSION, FORMAT_NAME, MANIFEST_NAME, MODEL_FILES, VOCABULARY_NAME, check_format, owned_files,
+    write_atomically, write_json,
 )
 
 ONNX_OPSET = 20
@@ -145,8 +146,10 @@ def save_onnx(wrapped: ExportableLanguageModel, path: Path) -> None:
 _SAVERS = {"onnx": save_onnx, "pt2": save_pt2, "aoti": save_aoti}
 
 
-def manifest(wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] | None = None) -> dict[str, Any]:
-    """What an export folder holds: enough to feed the graph without reading the model file."""
+def manifest(wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] | None = None,
+             with_vocabulary: bool = True) -> dict[str, Any]:
+    """What an export folder holds: enough to feed the graph without reading the model file, and
+    the name of every file the export owns, which overwrite=true checks before deleting any."""
     hparams = wrapped.model.hparams
     options = dict(hparams.get("sru_options") or {})
     sizes = {
@@ -158,7 +161,9 @@ def manifest(wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] 
         "bidirectional": bool(options.get("bidirectional", False)),
         "parameters": sum(p.numel() for p in wrapped.parameters()),
     }
+    files = {"model": MODEL_FILES[fmt], **({"vocabulary": VOCABULARY_NAME} if with_vocabulary else {})}
     return {
+        "format_name": FORMAT_NAME,
         "export_format_version": EXPORT_FORMAT_VERSION,
         "format": fmt,
         "model_kind": wrapped.rnn_type,
@@ -169,7 +174,8 @@ def manifest(wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] 
         "outputs": [spec.as_dict() for spec in wrapped.output_specs()],
         "opset": ONNX_OPSET if fmt == "onnx" else None,
         "needs_sru_lightning_kernels": fmt != "onnx" and wrapped.rnn_type != "lstm",
-        "files": {"model": MODEL_FILES[fmt], "vocabulary": VOCABULARY_NAME},
+        "files": files,
+        "owned_files": owned_files(files),
         "torch_version": torch.__version__,
         "package_version": sru_lightning.__version__,
         "producer": "sru_lightning export",
@@ -183,7 +189,8 @@ def export_language_model(model, out, fmt: str, codec=None, *, overwrite: bool =
     `out` in format "onnx", "pt2" or "aoti", with the vocabulary `codec` (a TokenCodec) when given.
 
     Returns the folder. It appears only when complete; an existing folder is refused unless
-    `overwrite`. Raises :class:`ExportError` for a model or setting that cannot be exported.
+    `overwrite`, and then unless it is an earlier export holding nothing but its own files.
+    Raises :class:`ExportError` for a model or setting that cannot be exported.
     """
     check_format(fmt)
     wrapped = graph_module(model)
@@ -191,12 +198,10 @@ def export_language_model(model, out, fmt: str, codec=None, *, overwrite: bool =
     def fill(folder: Path) -> None:
         started = time.perf_counter()
         _SAVERS[fmt](wrapped, folder / MODEL_FILES[fmt])
-        description = manifest(wrapped, fmt, source)
+        description = manifest(wrapped, fmt, source, with_vocabulary=codec is not None)
         description["export_seconds"] = round(time.perf_counter() - started, 1)
         if codec is not None:
             write_json(folder / VOCABULARY_NAME, codec.state_dict())
-        else:
-            description["files"].pop("vocabulary")
         write_json(folder / MANIFEST_NAME, description)  # last: its presence marks a complete folder
 
     return write_atomically(Path(out), fill, overwrite=overwrite)

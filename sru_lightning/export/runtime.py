@@ -17,7 +17,7 @@ from typing import Any
 import torch
 
 from .graph_module import ExportError, TensorSpec
-from .package import read_manifest
+from .package import MANIFEST_NAME, read_manifest
 
 BACKENDS = ("onnxruntime", "pt2")
 BACKEND_FORMATS = {"onnxruntime": ("onnx",), "pt2": ("pt2", "aoti")}
@@ -30,14 +30,31 @@ def load_pt2(path: str | os.PathLike, fmt: str = "pt2", needs_kernels: bool = Tr
 
     This is the one line a serving script needs (``sru_lightning.export.load_pt2("model.pt2")``):
     it registers the recurrence op first, or says what to install when it cannot.
+    A file that torch cannot load (truncated, or not a .pt2 of that kind) raises ExportError in one line.
     """
     if needs_kernels:
         from .exporter import require_kernels
 
         require_kernels(f"loading {str(path)!r}")
-    if fmt == "aoti":
-        return torch._inductor.aoti_load_package(str(path))
-    return torch.export.load(str(path)).module()
+    from .exporter import _quiet_logger
+
+    try:
+        # torch logs the traceback (torch.export) or a guess (AOTInductor: "outdated pt2 file") of a
+        # file it cannot read before raising its own error, which the ExportError below says in one line.
+        with _quiet_logger("torch.export"), _quiet_logger("torch._inductor.package"):
+            if fmt == "aoti":
+                return torch._inductor.aoti_load_package(str(path))
+            return torch.export.load(str(path)).module()
+    except Exception as error:  # torch raises many kinds (BadZipFile, RuntimeError, KeyError, ...) for a bad file
+        kind = "an AOTInductor package" if fmt == "aoti" else "a torch.export program"
+        raise _unloadable(path, kind, error) from None
+
+
+def _unloadable(path: str | os.PathLike, kind: str, error: BaseException) -> ExportError:
+    """The error for a model file its loader rejects: which file, what it should be, the loader's first line."""
+    reason = (str(error).strip().splitlines() or [""])[0][:200]
+    return ExportError(f"cannot load {str(path)!r}: it is not {kind} that this runtime reads (it may be truncated "
+                       f"or another file): {type(error).__name__}: {reason}; export the checkpoint again")
 
 
 class ExportedLanguageModel:
@@ -62,7 +79,7 @@ class ExportedLanguageModel:
         self.device = torch.device("cpu")
         model_path = self.folder / self.manifest["files"]["model"]
         if backend == "onnxruntime":
-            self._run = _onnxruntime_runner(model_path, threads)
+            self._run = _onnxruntime_runner(model_path, threads, [spec["name"] for spec in self.manifest["inputs"]])
         else:
             program = load_pt2(model_path, fmt, self.manifest["needs_sru_lightning_kernels"])
 
@@ -90,7 +107,9 @@ class ExportedLanguageModel:
         return logits[:, -1], state
 
 
-def _onnxruntime_runner(path: Path, threads: int | None):
+def _onnxruntime_runner(path: Path, threads: int | None, input_names: list[str]):
+    """A runner of the ONNX file `path`, checked to take the inputs `input_names` the manifest lists:
+    another ONNX model in its place would otherwise fail only at the first call."""
     try:
         import numpy as np
         import onnxruntime
@@ -101,8 +120,14 @@ def _onnxruntime_runner(path: Path, threads: int | None):
     options = onnxruntime.SessionOptions()
     options.intra_op_num_threads = threads or torch.get_num_threads()
     options.inter_op_num_threads = 1
-    session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    try:
+        session = onnxruntime.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as error:  # onnxruntime's errors (InvalidProtobuf, Fail, ...) derive from Exception only
+        raise _unloadable(path, "an ONNX model", error) from None
     names = [value.name for value in session.get_inputs()]
+    if names != input_names:
+        raise ExportError(f"{str(path)!r} is not the model of this export: its inputs are {names}, but "
+                          f"{str(path.parent / MANIFEST_NAME)!r} lists {input_names}; export the checkpoint again")
 
     def run(tokens, state):
         feed = {name: np.ascontiguousarray(t.numpy()) for name, t in zip(names, (tokens, *state))}

@@ -5,8 +5,10 @@ and nothing that looks like a complete export."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -142,6 +144,196 @@ def test_generate_refuses_an_export_of_another_version_or_the_wrong_backend(chec
     assert "is an export of format version 99" in stderr and "export the checkpoint again" in stderr
     status, _, stderr = run_main(generate.main, [f"model={tmp_path}"], capsys)
     assert status == 2 and "is not an export folder: it has no manifest.json" in stderr
+
+
+@pytest.fixture(scope="module")
+def exports(checkpoints, tmp_path_factory) -> dict[str, Path]:
+    """A finished export per format the tests below copy and damage: the sru model as ONNX, the
+    lstm model as pt2 (loading it needs no compiled kernels)."""
+    folder = tmp_path_factory.mktemp("exports")
+    made = {}
+    for kind, fmt in (("sru", "onnx"), ("lstm", "pt2")):
+        made[fmt] = folder / fmt
+        assert command.main([f"ckpt_path={checkpoints[kind]}", f"format={fmt}", f"out={made[fmt]}"]) == 0
+    return made
+
+
+def tree(folder: Path) -> dict[str, bytes | None]:
+    """Every file (its bytes) and sub-folder (None) under `folder`, by relative path."""
+    return {str(p.relative_to(folder)): (p.read_bytes() if p.is_file() else None) for p in folder.rglob("*")}
+
+
+def write_foreign_manifest(folder: Path, exports) -> str:
+    """The issue's reproduction: a web app whose own manifest.json made it look like an export."""
+    (folder / "src").mkdir(parents=True)
+    (folder / "manifest.json").write_text('{"name": "app"}\n')
+    (folder / "src" / "app.js").write_text("code\n")
+    return "its manifest.json is not an export manifest (`format_name` is missing, expected 'sru_lightning-export')"
+
+
+def write_no_manifest(folder: Path, exports) -> str:
+    folder.mkdir()
+    (folder / "notes.txt").write_text("mine\n")
+    return "it has no manifest.json, so it is not an export"
+
+
+def write_text_manifest(folder: Path, exports) -> str:
+    folder.mkdir()
+    (folder / "manifest.json").write_text("name: app\n")
+    return "manifest.json' is not JSON"
+
+
+def write_export_without_owned_files(folder: Path, exports) -> str:
+    """An export as written before manifests listed their files: which files are its own is unknown."""
+    shutil.copytree(exports["onnx"], folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["owned_files"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return "its manifest.json does not list the files the export owns (`owned_files` must name manifest.json"
+
+
+def write_export_from_before_format_name(folder: Path, exports) -> str:
+    shutil.copytree(exports["onnx"], folder)
+    manifest = json.loads((folder / "manifest.json").read_text())
+    del manifest["owned_files"], manifest["format_name"]
+    (folder / "manifest.json").write_text(json.dumps(manifest))
+    return "it is an export made before manifests named their format and listed their files"
+
+
+@pytest.mark.parametrize("make", [write_foreign_manifest, write_no_manifest, write_text_manifest,
+                                  write_export_without_owned_files, write_export_from_before_format_name])
+def test_overwrite_refuses_a_folder_that_is_not_our_export_and_deletes_nothing(make, checkpoints, exports, tmp_path,
+                                                                             capsys):
+    out = tmp_path / "webapp"
+    reason = make(out, exports)
+    before = tree(out)
+    status, stdout, stderr = run_main(
+        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys)
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert stderr.startswith(f"{command.PROG}: error: `out` {str(out)!r} cannot be replaced: ") and reason in stderr
+    assert tree(out) == before
+    assert [p.name for p in tmp_path.iterdir()] == ["webapp"]  # no staging folder left either
+
+
+@pytest.mark.parametrize("foreign", ["NOTES.txt", ".env", "data/"])
+def test_overwrite_refuses_an_export_holding_a_file_it_does_not_own(foreign, checkpoints, exports, tmp_path, capsys):
+    out = Path(shutil.copytree(exports["onnx"], tmp_path / "export"))
+    if foreign.endswith("/"):
+        (out / foreign).mkdir()
+        (out / foreign / "table.csv").write_text("1,2\n")
+        named = f"it holds the folder {foreign!r}, which is not part of the export"
+    else:
+        (out / foreign).write_text("mine\n")
+        named = f"it holds {foreign!r}, which its manifest.json does not list as part of the export"
+    before = tree(out)
+    status, stdout, stderr = run_main(
+        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys)
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr
+    assert f"`out` {str(out)!r} cannot be replaced: {named}" in stderr
+    assert tree(out) == before
+
+
+def test_overwrite_replaces_an_export_that_holds_only_its_own_files(checkpoints, exports, tmp_path, capsys):
+    out = Path(shutil.copytree(exports["pt2"], tmp_path / "export"))  # pt2 -> onnx: the old model file goes
+    status, stdout, stderr = run_main(
+        command.main, [f"ckpt_path={checkpoints['sru']}", "format=onnx", f"out={out}", "overwrite=true"], capsys)
+    assert status == 0, stderr
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["format_name"] == "sru_lightning-export" and manifest["export_format_version"] == 1
+    assert manifest["owned_files"] == sorted(p.name for p in out.iterdir()) == [
+        "manifest.json", "model.onnx", "vocabulary.json"]
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]  # the replaced folder is gone, nothing hidden left
+
+
+def test_a_file_put_into_the_export_while_it_is_replaced_stops_the_swap(checkpoints, exports, tmp_path, capsys,
+                                                                      monkeypatch):
+    from sru_lightning.export import exporter
+
+    out = Path(shutil.copytree(exports["onnx"], tmp_path / "export"))
+    before = tree(out)
+    save = exporter._SAVERS["onnx"]
+
+    def save_while_the_user_writes(wrapped, path):
+        save(wrapped, path)
+        (out / "notes.txt").write_text("written during the export\n")
+
+    monkeypatch.setitem(exporter._SAVERS, "onnx", save_while_the_user_writes)
+    status, _, stderr = run_main(command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"],
+                                 capsys)
+    assert status == 2 and "it holds 'notes.txt', which its manifest.json does not list" in stderr
+    assert tree(out) == {**before, "notes.txt": b"written during the export\n"}
+    assert [p.name for p in tmp_path.iterdir()] == ["export"]
+
+
+def test_of_a_replaced_export_only_the_files_its_manifest_owns_are_deleted(tmp_path):
+    """The last guard, for a file that appears after the check just before the swap."""
+    from sru_lightning.export import ExportError
+    from sru_lightning.export.package import _remove_owned
+
+    replaced = tmp_path / "replaced"
+    replaced.mkdir()
+    for name in ("manifest.json", "model.onnx", "late.txt"):
+        (replaced / name).write_text(name)
+    with pytest.raises(ExportError, match=r"files appeared in the folder it replaced during the export; they were"):
+        _remove_owned(replaced, ["manifest.json", "model.onnx", "vocabulary.json"], tmp_path / "export")
+    assert tree(replaced) == {"late.txt": b"late.txt"}
+    (replaced / "late.txt").unlink()
+    _remove_owned(replaced, [], tmp_path / "export")  # emptied: the folder goes too
+    assert not replaced.exists()
+
+
+def truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+def write_other_onnx(path: Path) -> None:
+    """A valid ONNX model that is not the export's: y = x."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y"))
+    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "other", [x], [y])),
+              str(path))
+
+
+@pytest.mark.parametrize(
+    "fmt,damage,message",
+    [
+        ("onnx", lambda out: truncate(out / "model.onnx"), "model.onnx': it is not an ONNX model that this runtime"),
+        ("pt2", lambda out: truncate(out / "model.pt2"), "model.pt2': it is not a torch.export program that this"),
+        ("onnx", lambda out: (out / "vocabulary.json").write_text("[]"),
+         "vocabulary.json' is damaged: expected a JSON object with `level` and `itos`, got a list"),
+        ("onnx", lambda out: (out / "vocabulary.json").write_bytes(b"\x00\xffgarbage"), "vocabulary.json' is not JSON"),
+        ("onnx", lambda out: (out / "vocabulary.json").write_text('{"level": "char", "itos": [1, 2]}'),
+         "`itos` must be a non-empty list of strings"),
+        ("onnx", lambda out: (out / "manifest.json").write_text("{format: onnx"), "manifest.json' is not JSON"),
+        ("onnx", lambda out: (out / "manifest.json").write_text('{"name": "app"}'),
+         "is not an export folder: its manifest.json was not written by `python -m sru_lightning export`"),
+        ("onnx", lambda out: write_other_onnx(out / "model.onnx"),
+         "model.onnx' is not the model of this export: its inputs are ['x']"),
+    ],
+    ids=["truncated-onnx", "truncated-pt2", "vocabulary-list", "vocabulary-garbage", "vocabulary-int-tokens",
+         "manifest-not-json", "foreign-manifest", "foreign-onnx"],
+)
+def test_a_damaged_or_foreign_file_in_an_export_gets_one_line_naming_it(fmt, damage, message, exports, tmp_path,
+                                                                        capfd, caplog):
+    out = Path(shutil.copytree(exports[fmt], tmp_path / "export"))
+    damage(out)
+    # capfd: what onnxruntime's C++ prints counts too; caplog: what torch logs (the traceback of
+    # a .pt2 it cannot read), which the command line would print and pytest keeps apart
+    status, stdout, stderr = run_main(generate.main, [f"model={out}", *GREEDY], capfd)
+    assert status == 2 and stdout == "", stderr
+    assert stderr.count("\n") == 1 and "Traceback" not in stderr, stderr
+    assert [record.getMessage() for record in caplog.records if record.levelno >= logging.WARNING] == []
+    assert stderr.startswith(f"{generate.PROG}: error: ") and str(out) in stderr and message in stderr
+
+
+@pytest.mark.parametrize("ckpt_path", ["last", "outputs/2024-01-01/12-00-00"])
+def test_generate_refuses_model_and_ckpt_path_together(ckpt_path, exports, capsys):
+    status, stdout, stderr = run_main(generate.main, [f"model={exports['onnx']}", f"ckpt_path={ckpt_path}"], capsys)
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1
+    assert (f"`model` ({str(exports['onnx'])!r}, an export folder) and `ckpt_path` ({ckpt_path!r}) both name the "
+            "model to generate with; give only one of them") in stderr
 
 
 LOAD_PT2 = """

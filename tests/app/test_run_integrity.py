@@ -244,3 +244,27 @@ def test_a_usage_error_speaks_of_the_setting_not_of_python_classes(tmp_path, cap
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and setting.split("=")[0].split(".")[-1] in err
     assert "ValueError" not in err and "MisconfigurationException" not in err, err
+
+
+def test_ckpt_path_last_takes_the_newest_run_the_configured_engine_can_read(tmp_path):
+    from omegaconf import OmegaConf
+
+    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY, resolve_checkpoint
+
+    settings = {"model": {"hidden_size": 16}, "data": {"seq_len": 8}}
+    older = tmp_path / "outputs" / "ddp" / "checkpoints" / "last.ckpt"
+    older.parent.mkdir(parents=True)
+    torch.save({"global_step": 5, RUN_CONFIG_KEY: settings}, older)
+    os.utime(older, (1_000, 1_000))
+    # a newer ZeRO-2 run of the same model and data: a folder of shards a DDP trainer cannot read
+    shards = tmp_path / "outputs" / "zero2" / "checkpoints" / "last.ckpt" / "checkpoint"
+    shards.mkdir(parents=True)
+    torch.save({"global_step": 9, RUN_CONFIG_KEY: settings}, shards / "mp_rank_00_model_states.pt")
+    other_model = tmp_path / "outputs" / "wide" / "checkpoints" / "last.ckpt"
+    other_model.parent.mkdir(parents=True)
+    torch.save({"global_step": 7, RUN_CONFIG_KEY: {**settings, "model": {"hidden_size": 32}}}, other_model)
+    cfg = OmegaConf.create({**settings, "ckpt_path": "last", "resume_dir": str(tmp_path / "outputs"),
+                            "trainer": {"strategy": "ddp"}})
+    assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(older.absolute())
+    deepspeed = OmegaConf.merge(cfg, {"trainer": {"strategy": {"_target_": "sru_lightning.strategies.DeepSpeedStrategy"}}})
+    assert resolve_checkpoint(deepspeed, "fit", tmp_path / "new") == str(shards.parent.absolute())
