@@ -147,7 +147,7 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from sru_lightning.app.sweep import SweepIncomplete
+    from sru_lightning.app.sweep import SweepIncomplete, summarise_stopped_sweep
 
     original_argv = list(sys.argv)
     statuses: list[str] = []
@@ -190,12 +190,14 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
         return _fail("aborted by Ctrl+C (SIGINT)", 130)
     except JobFailed as error:
+        summarise_stopped_sweep()
         return _fail(f"the sweep stopped: {error} (hydra.sweeper.max_failure_rate sets how many may fail)", 1)
     except Exception as error:
         message = _configuration_error(error)
         if message is not None:
             return _fail(message)
         if _raised_by_a_sweeper(error):  # e.g. Optuna after every trial failed
+            summarise_stopped_sweep()
             return _fail(f"the sweep stopped: {type(error).__name__}: {error}", 1)
         raise
     finally:

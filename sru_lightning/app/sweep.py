@@ -187,17 +187,40 @@ class SweepSummary(Callback):
         self.started: float | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        global _unfinished
         # A little slack for file systems that store times coarsely.
         self.started = time.time() - 1.0
+        _unfinished = (Path(config.hydra.sweep.dir), self.started)
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        sweep_dir = Path(config.hydra.sweep.dir)
-        if not sweep_dir.is_dir():
-            return
-        rows = collect_results(sweep_dir, since=self.started)
-        markdown_path, csv_path = write_summary(sweep_dir, rows)
-        print(markdown_path.read_text(), flush=True)
-        log.info("Sweep summary: %s and %s", markdown_path, csv_path)
+        global _unfinished
+        _unfinished = None
+        rows = summarise(Path(config.hydra.sweep.dir), self.started)
         incomplete = [row for row in rows if row["status"] != "completed"]
         if incomplete:
             raise SweepIncomplete(incomplete, len(rows))
+
+
+#: The sweep under way (its folder, when it started) until its summary is written.
+_unfinished: tuple[Path, float] | None = None
+
+
+def summarise(sweep_dir: Path, since: float | None) -> list[dict[str, Any]]:
+    """Write and print the summary of the jobs this sweep ran; their rows."""
+    if not sweep_dir.is_dir():
+        return []
+    rows = collect_results(sweep_dir, since=since)
+    markdown_path, csv_path = write_summary(sweep_dir, rows)
+    print(markdown_path.read_text(), flush=True)
+    log.info("Sweep summary: %s and %s", markdown_path, csv_path)
+    return rows
+
+
+def summarise_stopped_sweep() -> None:
+    """A sweep its sweeper stopped early (Optuna past `max_failure_rate`) still gets the summary
+    of the jobs it ran: Hydra calls no end-of-sweep callback then."""
+    global _unfinished
+    if _unfinished is not None:
+        sweep_dir, since = _unfinished
+        _unfinished = None
+        summarise(sweep_dir, since)

@@ -79,6 +79,20 @@ def test_optuna_with_a_failing_trial_lists_it_and_goes_on(tmp_path, capsys):
 
 
 @pytest.mark.slow
+@needs("hydra_optuna_sweeper")
+def test_optuna_stopped_by_a_failed_trial_still_writes_the_summary(tmp_path, capsys):
+    sweep_dir = tmp_path / "search"
+    status = cli.main([  # seed 0 asks gru, then sru, in one batch: one fails, one completes
+        "fit", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.seed=0",
+        "model.rnn=choice(sru,gru)", *TINY, f"hydra.sweep.dir={sweep_dir}",
+    ])
+    assert status == 1 and "the sweep stopped" in capsys.readouterr().err
+    rows = summary_rows(sweep_dir)
+    assert sorted((row["overrides"].split()[0], row["status"]) for row in rows) == [
+        ("model.rnn=gru", "failed"), ("model.rnn=sru", "completed")]
+
+
+@pytest.mark.slow
 @needs("hydra_joblib_launcher")
 def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path):
     sweep_dir = tmp_path / "sweep"
