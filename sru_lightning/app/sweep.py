@@ -22,7 +22,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
-from sru_lightning.app.runs.records import RESULT_FILE
+from sru_lightning.app.runs.records import HISTORY_FILE, RESULT_FILE
 
 log = logging.getLogger(__name__)
 
@@ -74,8 +74,8 @@ def collect_results(sweep_dir: str | Path, since: float | None = None) -> list[d
             continue
         if since is not None and _started_before(job_dir, since):
             continue
-        record: dict[str, Any] = {}
-        if result_file.exists():
+        record: dict[str, Any] = latest_attempt(job_dir) or {}
+        if not record and result_file.exists():
             try:
                 record = json.loads(result_file.read_text())
             except (OSError, ValueError) as error:
@@ -97,6 +97,18 @@ def collect_results(sweep_dir: str | Path, since: float | None = None) -> list[d
             }
         )
     return rows
+
+
+def latest_attempt(job_dir: Path) -> dict[str, Any] | None:
+    """The record of the job's latest attempt (the last line of history.jsonl), which a sweep's
+    row describes: result.json keeps an earlier completed attempt's outcome when a later attempt
+    was refused before it started, and that row would show the earlier attempt's settings."""
+    try:
+        lines = (job_dir / HISTORY_FILE).read_text().splitlines()
+        record = json.loads(lines[-1]) if lines else None
+    except (OSError, ValueError):
+        return None
+    return record if isinstance(record, dict) else None
 
 
 def _started_before(job_dir: Path, since: float) -> bool:

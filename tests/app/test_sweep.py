@@ -89,3 +89,17 @@ def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_pat
     write_result(tmp_path / "1", {"status": "completed", "overrides": ["lr=2"], "metrics": {"val_bpc": 2.0}})
     SweepSummary().on_multirun_end(config)  # every job completed: the command goes on to status 0
     assert "2 of 2 jobs completed." in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_a_continued_sweep_job_refused_shows_its_own_attempt_in_the_summary(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    assert cli.main(["fit", "-m", "model.dropout=0.0", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
+    first = json.loads((sweep_dir / "0" / "result.json").read_text())
+    # continuing the job with a data change its checkpoint cannot follow: refused
+    assert cli.main(["fit", "-m", "model.dropout=0.0", *TINY, "data.seq_len=8", "ckpt_path=last",
+                     f"hydra.sweep.dir={sweep_dir}"]) == 1
+    assert json.loads((sweep_dir / "0" / "result.json").read_text()) == first, "the run's outcome stays its own"
+    [row] = read_csv(sweep_dir / "summary.csv")
+    assert row["status"] == "failed" and "data.seq_len=8" in row["overrides"] and "`data.seq_len` cannot change" in row["error"]
