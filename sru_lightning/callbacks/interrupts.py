@@ -46,6 +46,10 @@ class GracefulInterrupt(StopsOnSignal, Callback):
     (:class:`InterruptionCheckpoint`) save one consistent checkpoint. A signal sent to one
     rank stops them all the same way.
 
+    A stop that lands on a step due for validation, or during a fit's validation, lets that
+    validation finish first and stops right after it, so the resumed fit logs every
+    validation the uninterrupted one does.
+
     A second Ctrl+C aborts at once with ``KeyboardInterrupt`` (no checkpoint: the state may
     be half way through a step). Repeated SIGTERMs are ignored.
 
@@ -71,6 +75,7 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         self._watchdog: threading.Thread | None = None
         self._watchdog_lock = threading.Lock()
         self._stop_finished: threading.Event | None = None  # set at teardown: the watchdog stands down
+        self._stop_after_validation = False  # a stop agreed during a fit's validation waits for its end
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawn-based strategies pickle the callbacks: threads, locks and handlers stay here.
@@ -105,6 +110,20 @@ class GracefulInterrupt(StopsOnSignal, Callback):
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._install()
+        if self.stop_signal is not None and _validating_inside_fit(trainer) and trainer.received_sigterm:
+            # The stop came on a step due for validation: finish it first (see `_agreed`).
+            trainer._signal_connector.received_sigterm = False
+            self._stop_after_validation = True
+
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._stop_after_validation:
+            self._stop_after_validation = False
+            trainer._signal_connector.received_sigterm = True
+            # Stop here, where Lightning's own end-of-validation checkpoints are taken: the
+            # interruption checkpoint then has the state Lightning resumes from without running
+            # this validation again or counting this step twice. (Its metrics are logged already.)
+            raise SIGTERMException()
 
     @override
     def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -139,11 +158,15 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         rank = self._trainer.global_rank if self._trainer is not None else 0
         if self.received_signal is not None:
             if signum == signal.SIGINT:
-                if self._stopped:
-                    log.warning("[rank %d] Ctrl+C again: exiting at once", rank)
-                else:
-                    self.aborted = True
-                    log.warning("[rank %d] Ctrl+C again: aborting at once, without a checkpoint", rank)
+                if self._stopped and _main_thread_trainer_call() is None:
+                    # The Trainer call has ended: its checkpoint is written (or was not due) and
+                    # what is left is the run's record, which an abort would lose.
+                    log.warning("[rank %d] Ctrl+C again: the fit has already stopped; finishing its record", rank)
+                    return
+                self.aborted = True
+                while_saving = " (the checkpoint being written is dropped)" if self._stopped else ""
+                log.warning("[rank %d] Ctrl+C again: aborting at once, without a checkpoint of the current step%s",
+                            rank, while_saving)
                 raise KeyboardInterrupt
             return  # already stopping; SLURM and launchers may repeat SIGTERM
         self.received_signal = signum
@@ -179,6 +202,12 @@ class GracefulInterrupt(StopsOnSignal, Callback):
 
     def _agreed(self, signum: int) -> None:
         self.stop_signal = signum
+        if self._trainer is not None and _validating_inside_fit(self._trainer):
+            # A fit's validation is allowed to finish: stopped in the middle, its result would be
+            # lost, and the resumed fit would not run it again (Lightning counts the step's
+            # validation as done), so the resumed run would miss that step's validation.
+            self._stop_after_validation = True
+            return
         # Lightning's loops raise SIGTERMException at their next safe point once this is set.
         self._trainer._signal_connector.received_sigterm = True
 
@@ -240,6 +269,10 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         if self._stop_finished is not None:
             self._stop_finished.set()
         self._watchdog = None  # a later signal in a later fit starts its own
+
+
+def _validating_inside_fit(trainer: pl.Trainer) -> bool:
+    return trainer.state.fn == TrainerFn.FITTING and trainer.validating and not trainer.sanity_checking
 
 
 def _main_thread_frames():
@@ -353,7 +386,13 @@ class InterruptionCheckpoint(Checkpoint):
         # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones. Every rank
         # takes part (the model gathers the ranks' carried states); rank 0 writes the file.
         partial = f"{self.ckpt_path}.partial"
-        trainer.save_checkpoint(partial, weights_only=False)
+        try:
+            trainer.save_checkpoint(partial, weights_only=False)
+        except BaseException:
+            # An abort (a second Ctrl+C) or a failure half way through: nothing may look resumable.
+            if trainer.is_global_zero:
+                _remove(partial)
+            raise
         if trainer.is_global_zero and os.path.exists(partial):
             _put_in_place(partial, self.ckpt_path)
 
@@ -363,6 +402,13 @@ class InterruptionCheckpoint(Checkpoint):
         # through on_exception instead); removing the file then is OnExceptionCheckpoint's rule,
         # kept as it was.
         trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
 
 
 def _put_in_place(source: str, target: str) -> None:

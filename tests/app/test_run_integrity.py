@@ -268,3 +268,33 @@ def test_ckpt_path_last_takes_the_newest_run_the_configured_engine_can_read(tmp_
     assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(older.absolute())
     deepspeed = OmegaConf.merge(cfg, {"trainer": {"strategy": {"_target_": "sru_lightning.strategies.DeepSpeedStrategy"}}})
     assert resolve_checkpoint(deepspeed, "fit", tmp_path / "new") == str(shards.parent.absolute())
+
+
+def validated_steps(run: Path) -> list[int]:
+    with open(next(run.glob("csv/**/metrics.csv"))) as handle:
+        return sorted(int(row["step"]) for row in csv.DictReader(handle) if row.get("val_bpc"))
+
+
+@pytest.mark.slow
+def test_a_stop_on_a_step_due_for_validation_keeps_that_validation(tmp_path):
+    """val_check_interval=2: the stop lands while step 4 (due for validation) trains; the
+    validation of step 4 runs before the fit stops, and the resumed fit validates as the
+    uninterrupted one does."""
+    straight, stopped = tmp_path / "straight", tmp_path / "stopped"
+    assert fit(straight, 8) == 0
+    assert interrupted_resume_fresh(stopped, 8, at_step=3) == 1
+    assert result_of(stopped)["optimizer_steps"] == 4 and validated_steps(stopped)[-1] == 3
+    assert resume(stopped, 8) == 0
+    assert validated_steps(stopped) == validated_steps(straight)
+    assert step_losses(stopped) == pytest.approx(step_losses(straight), rel=1e-6), "the resume is exact"
+
+
+def step_losses(run: Path) -> dict[int, float]:
+    with open(next(run.glob("csv/**/metrics.csv"))) as handle:
+        return {int(row["step"]): float(row["train_loss"]) for row in csv.DictReader(handle) if row.get("train_loss")}
+
+
+def interrupted_resume_fresh(run: Path, max_steps: int, at_step: int) -> int:
+    return fit(run, max_steps, "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
+               "+callbacks.send_signal.hook=on_train_batch_start", "+callbacks.send_signal.target=rank0",
+               f"+callbacks.send_signal.signum={int(signal.SIGTERM)}", f"+callbacks.send_signal.at_step={at_step}")

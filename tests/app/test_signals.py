@@ -142,3 +142,45 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
     assert not mismatches, f"resumed losses differ from the uninterrupted run at {mismatches}"
     attempts = [json.loads(line) for line in (interrupted_dir / "history.jsonl").read_text().splitlines()]
     assert [a["status"] for a in attempts] == ["interrupted", "completed"]
+
+
+def _signal_at(name: str, hook: str, at_step: int) -> list[str]:
+    prefix = f"+callbacks.{name}"
+    return [f"{prefix}._target_=signal_sender.SendSignal", f"{prefix}.hook={hook}", f"{prefix}.target=rank0",
+            f"{prefix}.signum={int(signal.SIGINT)}", f"{prefix}.at_step={at_step}"]
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_while_the_checkpoint_is_written_leaves_no_checkpoint_and_says_so(tmp_path):
+    """The first Ctrl+C stops the fit at step 3; the second lands inside the interruption
+    checkpoint's save: nothing may look resumable, and the record and message say it was aborted."""
+    run_dir = tmp_path / "run"
+    env = environment()
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "helpers"), env["PYTHONPATH"]])
+    command = fit_command(run_dir, *_signal_at("first", "on_train_batch_start", 3),
+                          *_signal_at("second", "on_save_checkpoint", 3))
+    stopped = preloaded.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert stopped.returncode != 0
+    checkpoints = sorted(os.listdir(run_dir / "checkpoints")) if (run_dir / "checkpoints").is_dir() else []
+    assert checkpoints == [], f"a half-written checkpoint was left: {checkpoints}"
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "interrupted" and record["error"].startswith("aborted by a second Ctrl+C"), record
+    assert "nothing to resume (no checkpoint was written)" in stopped.stdout, stopped.stdout[-2000:]
+    assert "Traceback" not in stopped.stdout + stopped.stderr
+
+
+def test_a_second_ctrl_c_after_the_fit_stopped_lets_the_record_finish():
+    """Once the Trainer call has ended (its checkpoint written), a second Ctrl+C no longer aborts:
+    what is left is the run's record and its resume line."""
+    from sru_lightning.callbacks.interrupts import GracefulInterrupt
+
+    graceful = GracefulInterrupt()
+    graceful._active = True
+    graceful.received_signal = graceful.stop_signal = signal.SIGINT
+    graceful._stopped = True  # on_exception ran: the stop is complete
+    graceful._handle_signal(signal.SIGINT, None)  # outside any Trainer call: no KeyboardInterrupt
+    assert not graceful.aborted
+    graceful._stopped = False  # still inside the stop (no on_exception yet): a second Ctrl+C aborts
+    with pytest.raises(KeyboardInterrupt):
+        graceful._handle_signal(signal.SIGINT, None)
+    assert graceful.aborted
