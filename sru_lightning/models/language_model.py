@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.trainer.states import TrainerFn
 from torchmetrics import MeanMetric
 
 RNN_TYPES = ("sru", "srupp", "lstm")
@@ -276,6 +277,8 @@ class SRULanguageModel(pl.LightningModule):
         else:  # a one-process checkpoint written before states were kept per rank
             saved_world_size, per_rank = 1, [saved]
         trainer = self._trainer
+        if trainer is not None and trainer.state.fn != TrainerFn.FITTING:
+            return None  # only a resumed fit continues the training stream; evaluation starts its own
         world_size, rank = (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
         if saved_world_size != world_size:
             rank_zero_warn(

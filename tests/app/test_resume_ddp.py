@@ -65,13 +65,16 @@ def test_ddp_fit_stopped_and_resumed_has_the_uninterrupted_losses(tmp_path, sign
 class _Trainer:
     """What `on_load_checkpoint` reads from the trainer."""
 
-    def __init__(self, world_size: int, global_rank: int) -> None:
+    def __init__(self, world_size: int, global_rank: int, fn: str = "fit") -> None:
+        from types import SimpleNamespace
+
         self.world_size, self.global_rank = world_size, global_rank
+        self.state = SimpleNamespace(fn=fn)
 
 
-def carried_state_after_load(saved: dict, world_size: int, global_rank: int):
+def carried_state_after_load(saved: dict, world_size: int, global_rank: int, fn: str = "fit"):
     model = SRULanguageModel(vocab_size=5, embedding_dim=4, hidden_size=6, num_layers=1)
-    model._trainer = _Trainer(world_size, global_rank)
+    model._trainer = _Trainer(world_size, global_rank, fn)
     model.on_load_checkpoint({"carried_train_state": saved})
     return model._carried.get("train")
 
@@ -87,6 +90,15 @@ def test_another_world_size_starts_from_zeros_with_one_warning():
     saved = {"world_size": 2, "per_rank": [(torch.ones(2, 6),), (torch.ones(2, 6),)]}
     with pytest.warns(UserWarning, match="recurrent state of 2 process.*this fit runs 1.*zero state"):
         assert carried_state_after_load(saved, 1, 0) is None
+
+
+def test_evaluating_another_world_sizes_checkpoint_says_nothing_of_training_state():
+    import warnings
+
+    saved = {"world_size": 2, "per_rank": [(torch.ones(2, 6),), (torch.ones(2, 6),)]}
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the zero-state warning is about resuming a fit only
+        assert carried_state_after_load(saved, 1, 0, fn="validate") is None
 
 
 def test_one_process_checkpoints_of_earlier_versions_still_load():
