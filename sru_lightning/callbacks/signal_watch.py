@@ -32,7 +32,9 @@ from typing import Any
 
 __all__ = ["SignalWatch", "StopsOnSignal", "watching_signals"]
 
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+# SIGUSR1 and SIGUSR2 are what schedulers send ahead of a preemption or time limit
+# (`#SBATCH --signal=USR1@90`, submitit's USR2): the same stop as SIGTERM.
+HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
 _POLL_SECONDS = 0.5
 
 

@@ -113,9 +113,23 @@ def test_enwik8_experiment_follows_the_paper_setup(tmp_path):
 
 def test_run_and_sweep_dirs_are_unique_per_run_and_job(tmp_path):
     hydra_node = OmegaConf.to_container(compose_with([], tmp_path).hydra, resolve=False)
-    assert hydra_node["run"]["dir"].endswith("${now:%H-%M-%S-%f}")
+    assert hydra_node["run"]["dir"].startswith("${sru_run_dir:") and "${now:%H-%M-%S-%f}" in hydra_node["run"]["dir"]
     assert hydra_node["sweep"]["subdir"] == "${hydra.job.num}"
     assert hydra_node["callbacks"]["sweep_summary"]["_target_"] == "sru_lightning.app.sweep.SweepSummary"
+
+
+def test_a_slurm_job_owns_its_run_directory(monkeypatch):
+    from sru_lightning.app.runs.jobs import default_run_dir
+
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID"):
+        monkeypatch.delenv(name, raising=False)
+    node = OmegaConf.create({"dir": "${sru_run_dir:'outputs/${now:%Y}/x'}"})
+    assert node.dir.startswith("outputs/2") and node.dir.endswith("/x")
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert node.dir == "outputs/slurm-4242" == default_run_dir("elsewhere")
+    monkeypatch.setenv("SLURM_ARRAY_JOB_ID", "4240")
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    assert node.dir == "outputs/slurm-4240_3"
 
 
 @pytest.mark.parametrize("choice", ["model=sru", "model=srupp", "model=lstm", "model=sru_large", "experiment=enwik8"])

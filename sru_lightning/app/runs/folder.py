@@ -36,6 +36,8 @@ log = logging.getLogger("sru_lightning")
 CHECKPOINTS_DIR = "checkpoints"
 #: The key of a checkpoint that holds the run's configuration (unresolved, as Hydra composed it).
 RUN_CONFIG_KEY = "sru_lightning_run_config"
+#: The key of a checkpoint that names the job owning the run (see :mod:`.jobs`).
+RUN_OWNER_KEY = "sru_lightning_run_owner"
 #: Commands' top-level settings that say what to do, not how the run trains.
 COMMAND_SETTINGS = ("ckpt_path", "resume_dir", "optimized_metric")
 
@@ -146,6 +148,24 @@ class RunFolder:
             return f"{str(latest.path)!r} holds no optimizer step"
         return None
 
+    def owner(self) -> dict[str, Any] | None:
+        """The job that owns the run (a SLURM job, a sweep job), from its latest checkpoint or record."""
+        import json
+
+        latest = self.latest
+        if latest is not None:
+            try:
+                owner = read_checkpoint(latest.path).get(RUN_OWNER_KEY)
+            except (CheckpointError, AttributeError):
+                owner = None
+            if isinstance(owner, Mapping):
+                return dict(owner)
+        try:
+            owner = json.loads((self.directory / RESULT_FILE).read_text()).get("owner")
+        except (OSError, ValueError, AttributeError):
+            return None
+        return dict(owner) if isinstance(owner, Mapping) else None
+
     # -- configuration -----------------------------------------------------------------------
     def config(self) -> Any | None:
         """The configuration the run's latest checkpoint trained with (a DictConfig), or None."""
@@ -237,12 +257,15 @@ class SaveRunConfig(Callback):
     with `weights_only=True` and a moved run's paths are not baked in.
     """
 
-    def __init__(self, config: Mapping[str, Any]) -> None:
+    def __init__(self, config: Mapping[str, Any], owner: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.config = dict(config)
+        self.owner = dict(owner or {})
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint[RUN_CONFIG_KEY] = self.config
+        if self.owner:
+            checkpoint[RUN_OWNER_KEY] = self.owner
 
 
 def plain_config(cfg) -> dict[str, Any]:
@@ -274,11 +297,22 @@ def named_checkpoint(setting: str) -> Path:
     return path.absolute()
 
 
-def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path | None = None) -> str | None:
+def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path | None = None,
+                       owner: Mapping[str, str] | None = None) -> str | None:
     """Turn the `ckpt_path` setting of `fit`/`validate`/`test` into a checkpoint (or None for a
-    fresh fit). `evaluated_run` is the run an evaluation was pointed at by `hydra.run.dir`."""
+    fresh fit). `evaluated_run` is the run an evaluation was pointed at by `hydra.run.dir`;
+    `owner` the job this attempt belongs to (:func:`.jobs.attempt_owner`).
+
+    `auto` is this run directory's own newest checkpoint, else a fresh start; it is what an
+    unset `ckpt_path` means inside a SLURM job, and what `last` means inside any job (a SLURM
+    job or a sweep job): a job continues its own run, never another's."""
     setting = cfg.get("ckpt_path")
-    if setting is None or str(setting).strip() == "":
+    unset = setting is None or str(setting).strip() == ""
+    if unset and command == "fit" and owner and owner.get("slurm_job"):
+        log.info("ckpt_path: SLURM job %s continues its own run in %s, if it has one (ckpt_path=auto)",
+                 owner["slurm_job"], output_dir)
+        setting, unset = "auto", False
+    if unset:
         if command == "fit":
             return None
         if evaluated_run is not None:
@@ -288,8 +322,30 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path 
             "got no ckpt_path (an untrained model's number means nothing)"
         )
     setting = str(setting)
-    if setting != "last":
+    if setting == "last" and owner:
+        log.info("ckpt_path=last in a job continues only the job's own run (%s)", output_dir)
+        setting = "auto"
+    if setting not in ("last", "auto"):
         return str(named_checkpoint(setting))
+
+    own = RunFolder(evaluated_run or output_dir)
+    if own.latest is not None:
+        reason = own.why_not_continued()
+        if reason is None:
+            return str(own.latest.path)
+        if own.status == "failed":
+            raise CheckpointError(
+                f"`ckpt_path={setting}`: {reason}, so its checkpoints are not resumed automatically; pass "
+                f"ckpt_path=<one of its .ckpt files> to continue from it anyway, or choose another hydra.run.dir"
+            )
+        log.info("ckpt_path=%s: not resuming %s: %s", setting, own.directory, reason)
+    if setting == "auto":
+        if command != "fit":
+            raise CheckpointError(
+                f"`ckpt_path=auto`: {str(own.directory)!r} holds no checkpoint to evaluate; pass ckpt_path=<run or file>"
+            )
+        log.info("ckpt_path=auto: %s holds no checkpoint to continue; starting the run", own.directory)
+        return None
 
     resume_dir = Path(str(cfg.get("resume_dir") or "outputs")).expanduser()
     if cfg.get("resume_dir") is not None and str(cfg.get("resume_dir")) != "outputs" and not resume_dir.is_dir():
@@ -298,17 +354,6 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path 
             f"`resume_dir` must be a folder of earlier runs for ckpt_path=last, got {str(resume_dir)!r}, "
             "which does not exist"
         )
-    own = RunFolder(output_dir)
-    if own.latest is not None:
-        reason = own.why_not_continued()
-        if reason is None:
-            return str(own.latest.path)
-        if own.status == "failed":
-            raise CheckpointError(
-                f"`ckpt_path=last`: {reason}, so its checkpoints are not resumed automatically; pass "
-                f"ckpt_path=<one of its .ckpt files> to continue from it anyway, or choose another hydra.run.dir"
-            )
-        log.info("ckpt_path=last: not resuming %s: %s", own.directory, reason)
     found = latest_continuable(resume_dir, _same_run_settings(cfg, command), exclude=output_dir)
     if found is not None:
         log.info("ckpt_path=last: resuming from %s", found)
@@ -333,6 +378,11 @@ def _same_run_settings(cfg, command: str) -> Callable[[RunFolder], str | None]:
     data = OmegaConf.to_container(cfg.data, resolve=True)
 
     def accept(run: RunFolder) -> str | None:
+        from .jobs import owned_elsewhere
+
+        elsewhere = owned_elsewhere(run.owner(), run.directory)
+        if elsewhere is not None:
+            return elsewhere
         config = run.config()
         if section(config, "model") != model or section(config, "data") != data:
             return "another model or data config"

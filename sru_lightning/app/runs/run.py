@@ -16,6 +16,7 @@ import math
 import os
 import re
 import shlex
+import signal
 import time
 import warnings
 from dataclasses import dataclass, field
@@ -30,7 +31,7 @@ from .checkpoints import CheckpointError, check_fits_model, saved_codec
 from .checkpoints import CHECKPOINT_NAME
 from .folder import CHECKPOINTS_DIR, RunFolder, SaveRunConfig, plain_config
 from .starting_point import StartingPoint, starting_point
-from .records import write_record
+from .records import write_record, write_result
 from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
@@ -176,12 +177,18 @@ class Attempt:
     output_dir: Path
     multirun: bool
     record: dict[str, Any] = field(init=False)
+    owner: dict[str, str] = field(init=False)
     started: float = field(default_factory=time.monotonic)
     trainer: Any = None
 
     def __post_init__(self) -> None:
+        from .jobs import attempt_owner
+
+        self.owner = attempt_owner(self.output_dir, self.multirun)
         self.record = {"command": self.command, "overrides": self.overrides, "status": "running",
                        "run_dir": str(self.output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        if self.owner:
+            self.record["owner"] = self.owner
 
     @property
     def step(self) -> int:
@@ -222,7 +229,8 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
 def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
     """The run itself: build, execute the command, check the final metric; the final metrics."""
     try:
-        trainer, model, datamodule, start = build(cfg, attempt.command, attempt.output_dir, attempt.overrides)
+        trainer, model, datamodule, start = build(cfg, attempt.command, attempt.output_dir, attempt.overrides,
+                                                  owner=attempt.owner)
     except Exception as error:
         if not is_usage_error(error):
             raise
@@ -289,11 +297,41 @@ def _ended_early(error: BaseException, attempt: Attempt) -> dict[str, Any]:
         _refused(error, attempt)
     cause = interruption_cause(attempt.trainer, error)
     attempt.finish("interrupted" if cause is not None else "failed", error=cause or describe(error))
+    requeue = cause is not None and _stopped_for_requeue(attempt)
+    if requeue:
+        attempt.record["requeue"] = "asked"  # written before asking: a requeue ends this process
     if attempt.writes_records:
         write_record(attempt.output_dir, attempt.record, keep_result=isinstance(error, UsageError))
     if cause is not None:
-        return _interrupted(error, attempt)
+        return _interrupted(error, attempt, requeue)
     return _failed(error, attempt)
+
+
+#: Signals a scheduler sends ahead of a preemption or time limit (`#SBATCH --signal=USR1@90`,
+#: submitit's USR2): the job stops with a checkpoint and is requeued to continue the run.
+REQUEUE_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _stopped_for_requeue(attempt: Attempt) -> bool:
+    from sru_lightning.callbacks.interrupts import GracefulInterrupt
+
+    from .jobs import slurm_job
+
+    graceful = next((cb for cb in getattr(attempt.trainer, "callbacks", None) or []
+                     if isinstance(cb, GracefulInterrupt)), None)
+    return (graceful is not None and graceful.stop_signal in REQUEUE_SIGNALS and not graceful.aborted
+            and slurm_job() is not None)
+
+
+def _requeue(attempt: Attempt) -> None:
+    """Rank 0 asks SLURM to requeue the job once the run's record is written; says what happened."""
+    from .jobs import requeue_own_job
+
+    outcome = requeue_own_job()
+    _say(outcome)
+    if not outcome.startswith("requeued"):
+        attempt.record["requeue"] = outcome
+        write_result(attempt.output_dir, attempt.record)
 
 
 def _refused(error: UsageError, attempt: Attempt) -> NoReturn:
@@ -305,10 +343,13 @@ def _refused(error: UsageError, attempt: Attempt) -> NoReturn:
     raise usage_exit(str(error)) from None
 
 
-def _interrupted(error: BaseException, attempt: Attempt) -> dict[str, Any]:
-    """Say how to resume; a single run returns its record, a sweep stops (the error goes on)."""
+def _interrupted(error: BaseException, attempt: Attempt, requeue: bool = False) -> dict[str, Any]:
+    """Say how to resume (and requeue the job after a scheduler's warning signal); a single run
+    returns its record, a sweep stops (the error goes on)."""
     if attempt.writes_records:
         _say(_interruption_message(attempt.command, attempt.overrides, attempt.output_dir, attempt.step))
+        if requeue:
+            _requeue(attempt)
     if attempt.multirun:
         raise error
     return attempt.record
@@ -442,8 +483,9 @@ def _no_gpu_hint(text: str) -> str:
 
 # --------------------------------------------------------------------------------------------
 # building
-def build(cfg, command: str, output_dir: Path, overrides: list[str]):
-    """Instantiate data, model, callbacks, loggers and trainer from `cfg`."""
+def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict[str, str] | None = None):
+    """Instantiate data, model, callbacks, loggers and trainer from `cfg`; `owner` is the job
+    the run belongs to (:func:`.jobs.attempt_owner`)."""
     import lightning.pytorch as pl
     from hydra.utils import instantiate
     from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ProgressBar
@@ -456,7 +498,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
 
     from .directories import evaluated_run
 
-    start = starting_point(cfg, command, output_dir, overrides, evaluated_run(output_dir))
+    start = starting_point(cfg, command, output_dir, overrides, evaluated_run(output_dir), owner)
     cfg = start.cfg
     if start.checkpoint is not None:
         _say_where_it_starts(command, start)
@@ -520,8 +562,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
         callbacks.append(ValidateBeforeStop())
     callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir),
-                  SaveRunConfig(plain_config(cfg)), *start.callbacks()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False)
+                  SaveRunConfig(plain_config(cfg), owner), *start.callbacks()]
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **_scheduler_plugins(cfg))
     set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
@@ -529,10 +571,22 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str]):
     return trainer, model, datamodule, start
 
 
+def _scheduler_plugins(cfg) -> dict[str, Any]:
+    """Under SLURM, Lightning's own SIGUSR1 handling is off: it saves a checkpoint inside the
+    signal handler (a collective there can hang DDP) and restores its own `hpc_ckpt` files on a
+    requeue, outside the run's checkpoints. The run's GracefulInterrupt stops on SIGUSR1 at an
+    agreed batch boundary instead, and the run requeues the job (:func:`.jobs.requeue_own_job`)."""
+    from lightning.fabric.plugins.environments import SLURMEnvironment
+
+    if "plugins" in cfg.trainer or not SLURMEnvironment.detect():
+        return {}
+    return {"plugins": [SLURMEnvironment(auto_requeue=False)]}
+
+
 def _say_where_it_starts(command: str, start: StartingPoint) -> None:
     """Which checkpoint the attempt starts from, and every setting it changes against the run."""
     verb = "resuming" if command == "fit" else "evaluating"
-    log.info("%s %s (step %d) with the settings of %s", verb, start.checkpoint, start.step, start.config_source)
+    log.info("%s %s (step %d) with %s", verb, start.checkpoint, start.step, start.config_source)
     for change in start.changes:
         how = "not used by evaluation" if change.action == "unused" else "applied"
         log.info("changed setting: %s (%s)", change, how)

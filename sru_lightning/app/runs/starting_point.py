@@ -42,12 +42,12 @@ class StartingPoint:
 
 
 def starting_point(cfg, command: str, output_dir: Path, overrides: list[str],
-                   evaluated_run: Path | None = None) -> StartingPoint:
+                   evaluated_run: Path | None = None, owner: dict[str, str] | None = None) -> StartingPoint:
     """Resolve `ckpt_path` and the configuration the attempt runs with; UsageError/CheckpointError
     for a setting that cannot be honoured."""
     from sru_lightning.app.usage import UsageError
 
-    checkpoint = resolve_checkpoint(cfg, command, output_dir, evaluated_run)
+    checkpoint = resolve_checkpoint(cfg, command, output_dir, evaluated_run, owner)
     if command == "fit" and checkpoint is None:
         earlier = list(checkpoint_candidates(Path(output_dir) / CHECKPOINTS_DIR))
         if earlier:

@@ -1,0 +1,92 @@
+"""The job a run belongs to, under a scheduler or in a sweep.
+
+A scheduler starts, stops and requeues a run's processes; the run must come back to itself.
+Under SLURM (a batch job, `srun`, or a submitit job) a run's identity is its job: the job id,
+or `<array job>_<task>` for an array task, which a requeue keeps. From it follow:
+
+* the default run directory (`outputs/slurm-<job>`, conf/hydra/default.yaml through the
+  `sru_run_dir` resolver): every rank of the job, and the job after a requeue, share it;
+* `ckpt_path` left unset in such a job means `auto`: this run directory's own newest
+  checkpoint, else a fresh start, never another run's;
+* the run's owner, recorded in its `result.json` and checkpoints, so `ckpt_path=last` never
+  continues a run that another job or sweep job owns.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+#: Resolver name used by conf/hydra/default.yaml for the default run directory.
+RUN_DIR_RESOLVER = "sru_run_dir"
+
+
+def slurm_job() -> str | None:
+    """The SLURM job this process belongs to (`<array job>_<task>` for an array task), or None."""
+    array, task = os.environ.get("SLURM_ARRAY_JOB_ID"), os.environ.get("SLURM_ARRAY_TASK_ID")
+    if array and task:
+        return f"{array}_{task}"
+    return os.environ.get("SLURM_JOB_ID") or None
+
+
+def default_run_dir(elsewhere: str) -> str:
+    """`outputs/slurm-<job>` inside a SLURM job (shared by its ranks and kept across a requeue),
+    else `elsewhere` (the timestamped default)."""
+    job = slurm_job()
+    return f"outputs/slurm-{job}" if job else elsewhere
+
+
+def register_resolvers() -> None:
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.has_resolver(RUN_DIR_RESOLVER):
+        OmegaConf.register_new_resolver(RUN_DIR_RESOLVER, default_run_dir)
+
+
+def attempt_owner(output_dir: Path, multirun: bool) -> dict[str, str]:
+    """Who owns the run this attempt writes: its SLURM job and, in a sweep, the sweep job's folder."""
+    owner = {}
+    job = slurm_job()
+    if job:
+        owner["slurm_job"] = job
+    if multirun:
+        owner["sweep_job"] = str(Path(output_dir).absolute())
+    return owner
+
+
+def owned_elsewhere(run_owner: dict[str, Any] | None, run_dir: Path) -> str | None:
+    """Why a run with `run_owner` belongs to another job than this process's, None when it does not."""
+    if not run_owner:
+        return None
+    job = run_owner.get("slurm_job")
+    if job and job != slurm_job():
+        return f"it belongs to SLURM job {job}"
+    sweep_job = run_owner.get("sweep_job")
+    if sweep_job and Path(sweep_job) != Path(run_dir).absolute():
+        return f"it belongs to the sweep job in {sweep_job}"
+    if sweep_job:
+        return "it belongs to a sweep job"  # a sweep job continues only its own folder
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# requeue
+def requeue_own_job() -> str:
+    """Ask SLURM to requeue this job (after a stop on a scheduler's warning signal); what happened."""
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return "not requeued: not a SLURM job"
+    scontrol = shutil.which("scontrol")
+    if scontrol is None:
+        return "not requeued: scontrol is not on PATH"
+    try:
+        done = subprocess.run([scontrol, "requeue", job], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as error:
+        return f"not requeued: scontrol requeue {job} failed: {error}"
+    if done.returncode != 0:
+        reason = (done.stderr or done.stdout).strip().splitlines()
+        return f"not requeued: scontrol requeue {job}: {reason[0] if reason else f'exit status {done.returncode}'}"
+    return f"requeued: SLURM job {job} will start again and continue this run"

@@ -1,0 +1,63 @@
+"""A run belongs to its job: a requeued SLURM job continues its own run without any setting, and
+no job (a SLURM job, a sweep job) continues a run another job owns."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sru_lightning.app import cli
+from sru_lightning.app.runs.folder import RunFolder
+from helpers.tiny_run import TINY_RUN
+
+STEPS = [*TINY_RUN, "+trainer.enable_progress_bar=false", "trainer.max_epochs=-1", "trainer.limit_train_batches=null",
+         "logger=none"]
+
+
+@pytest.fixture(autouse=True)
+def _outside_slurm(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_NTASKS"):
+        monkeypatch.delenv(name, raising=False)
+
+
+def history(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "history.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_a_requeued_slurm_job_continues_its_own_run_and_no_other_job_does(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=3"]) == 0
+    run = tmp_path / "outputs" / "slurm-4242"
+    assert RunFolder(run).latest.step == 3 and history(run)[-1]["owner"] == {"slurm_job": "4242"}
+    # the job again (a requeue keeps the id), no setting: it continues from its own step 3
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=5"]) == 0
+    assert history(run)[-1]["ckpt_step"] == 3 and RunFolder(run).latest.step == 5
+    # another job with the same model and data, even with ckpt_path=last: a fresh run of its own
+    monkeypatch.setenv("SLURM_JOB_ID", "4243")
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=2", "ckpt_path=last"]) == 0
+    other = tmp_path / "outputs" / "slurm-4243"
+    assert "ckpt_path" not in history(other)[-1] and RunFolder(other).latest.step == 2
+    # a plain fit outside any job: ckpt_path=last does not take a job's run either
+    monkeypatch.delenv("SLURM_JOB_ID")
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=2", "ckpt_path=last", f"hydra.run.dir={tmp_path / 'local'}"]) == 0
+    assert "ckpt_path" not in history(tmp_path / "local")[-1]
+
+
+@pytest.mark.slow
+def test_a_sweep_job_with_ckpt_path_last_continues_only_its_own_folder(tmp_path):
+    unrelated = tmp_path / "outputs" / "unrelated"
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=4", f"hydra.run.dir={unrelated}"]) == 0
+    sweep = tmp_path / "sweep"
+    assert cli.main(["fit", "-m", *STEPS, "trainer.max_steps=2", "model.dropout=0.1", "ckpt_path=last",
+                     f"hydra.sweep.dir={sweep}"]) == 0
+    job = sweep / "0"
+    assert "ckpt_path" not in history(job)[-1], "a new sweep job starts its own run"
+    assert history(job)[-1]["owner"] == {"sweep_job": str(job.absolute())}
+    # the same sweep continued: each job continues its own folder
+    assert cli.main(["fit", "-m", *STEPS, "trainer.max_steps=3", "model.dropout=0.1", "ckpt_path=last",
+                     f"hydra.sweep.dir={sweep}"]) == 0
+    assert history(job)[-1]["ckpt_step"] == 2 and Path(history(job)[-1]["ckpt_path"]).parent.parent == job.absolute()
