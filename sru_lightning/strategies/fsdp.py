@@ -46,7 +46,11 @@ class ShardedClippingFSDPPrecision(FSDPPrecision):
 
     @classmethod
     def from_plugin(cls, plugin: FSDPPrecision) -> "ShardedClippingFSDPPrecision":
-        return cls(plugin.precision, scaler=plugin.scaler)
+        # Lightning's constructor refuses a given scaler for '16-mixed' (it checks the class's
+        # default precision before setting its own), so the plugin's scaler is carried over after.
+        converted = cls(plugin.precision)
+        converted.scaler = plugin.scaler
+        return converted
 
 
 class FSDPStrategy(LightningFSDPStrategy):

@@ -229,9 +229,25 @@ def test_a_gpu_engine_config_without_a_gpu_says_how_to_run_on_cpu(tmp_path, monk
     monkeypatch.chdir(tmp_path)  # the command line, run in this process: it is refused before any fit starts
     assert cli.main(["fit", "trainer=fsdp2", f"hydra.run.dir={tmp_path / 'run'}"]) == 2
     assert "add trainer.accelerator=cpu trainer.devices=2" in capsys.readouterr().err
+    # NCCL DDP has no CPU form: its advice is the gloo config
+    assert cli.main(["fit", "trainer=ddp", f"hydra.run.dir={tmp_path / 'ddp'}"]) == 2
+    err = capsys.readouterr().err
+    assert "use trainer=ddp_cpu" in err and "trainer.accelerator=cpu" not in err
 
 
 def torch_cuda_available() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+@pytest.mark.parametrize("precision", ["16-mixed", "bf16-mixed", "32-true"])
+def test_the_clipping_fsdp_precision_takes_every_fsdp_precision(precision):
+    from lightning.pytorch.plugins.precision import FSDPPrecision
+
+    from sru_lightning.strategies.fsdp import ShardedClippingFSDPPrecision
+
+    plugin = FSDPPrecision(precision)
+    converted = ShardedClippingFSDPPrecision.from_plugin(plugin)
+    assert converted.precision == precision and converted.scaler is plugin.scaler
+    assert (converted.scaler is not None) == (precision == "16-mixed")

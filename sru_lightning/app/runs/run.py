@@ -234,7 +234,7 @@ def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
     except Exception as error:
         if not is_usage_error(error):
             raise
-        raise UsageError(describe(error, as_usage=True)) from error
+        raise UsageError(describe(error, as_usage=True, cfg=cfg)) from error
     attempt.trainer = trainer
     signals.follow(trainer)
     attempt.record["monitor"] = optimized_metric_name(start.cfg, model)
@@ -444,7 +444,7 @@ def is_usage_error(error: BaseException) -> bool:
     )
 
 
-def describe(error: BaseException, as_usage: bool = False) -> str:
+def describe(error: BaseException, as_usage: bool = False, cfg=None) -> str:
     """The message a user needs: Hydra's instantiate wrapper gives way to the real cause. A
     usage error (`as_usage`) is told in the user's terms, without the Python class name."""
     from hydra.errors import InstantiationException
@@ -463,13 +463,13 @@ def describe(error: BaseException, as_usage: bool = False) -> str:
         text = f"{target}: {text}"
     if isinstance(error, (UsageError, CheckpointError, RunFailed)):
         return text
-    text += _no_gpu_hint(text)
+    text += _no_gpu_hint(text, cfg)
     if as_usage and text:
         return text
     return f"{type(error).__name__}: {text}" if text else type(error).__name__
 
 
-def _no_gpu_hint(text: str) -> str:
+def _no_gpu_hint(text: str, cfg=None) -> str:
     """What to do when a GPU trainer config (trainer=ddp, fsdp, deepspeed_*) meets no GPU."""
     import torch
 
@@ -478,6 +478,11 @@ def _no_gpu_hint(text: str) -> str:
     no_gpu = "no supported gpu backend" in lowered or "accelerator is not available" in lowered
     if torch.cuda.is_available() or not no_gpu:
         return ""
+    strategy = cfg.trainer.get("strategy") if cfg is not None and "trainer" in cfg else None
+    target = str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
+    if target.endswith("lightning.pytorch.strategies.DDPStrategy") or target == "ddp":
+        # Its NCCL backend has no CPU form: the gloo config is the CPU one.
+        return "; this machine has no CUDA GPU: use trainer=ddp_cpu to run DDP on CPU processes"
     return "; this machine has no CUDA GPU: add trainer.accelerator=cpu trainer.devices=2 to run on CPU processes"
 
 
