@@ -6,6 +6,10 @@
 #                processes, multi-process fits, sweeps, exports in a fresh process) and
 #                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
 #
+# Neither needs SLURM: the tests in tests/cluster/ (marker `slurm`) start a private one-node
+# SLURM cluster from Debian's packages (apt-get install slurmctld slurmd slurm-client munge, as
+# root; .ci/run installs them) and are skipped with that reason where they are missing.
+#
 # TORCH_SPEC pins the PyTorch build installed first. The default is the CPU build used on
 # CPU-only machines; on a CUDA machine run e.g. `make test TORCH_SPEC="torch>=2.4"`.
 # CUDA_ARCH builds the CUDA kernels for GPUs this machine lacks (a login node), e.g.

@@ -33,6 +33,7 @@ LONGEST_FILES = [
     "app/test_run_records.py",
     "ops/test_build_linking.py",
     "app/test_multinode.py",
+    "cluster/test_slurm_ddp.py",
 ]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 

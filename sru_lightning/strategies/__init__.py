@@ -13,12 +13,15 @@ itself when no GPU is present; FSDP and FSDP2 run on gloo.
 * :class:`FSDP2Strategy` -- FSDP2 (``fully_shard``) through Lightning's
   ``ModelParallelStrategy``: one shard group per recurrent layer and one for the root, and
   ``MixedPrecisionPolicy`` from ``Trainer(precision=...)``, for any LightningModule.
+* :class:`AtomicCheckpointIO` -- checkpoint files that are complete or absent (written beside
+  the target, then renamed), and a :class:`CheckpointWriteError` that names the file.
 """
 
 from __future__ import annotations
 
+from .checkpoint_io import AtomicCheckpointIO, CheckpointWriteError
 from .deepspeed import DeepSpeedStrategy
 from .fsdp import FSDPStrategy
 from .fsdp2 import FSDP2Strategy, fsdp2_mixed_precision, shard_recurrent_model
 
-__all__ = ["DeepSpeedStrategy", "FSDPStrategy", "FSDP2Strategy", "fsdp2_mixed_precision", "shard_recurrent_model"]
+__all__ = ["AtomicCheckpointIO", "CheckpointWriteError", "DeepSpeedStrategy", "FSDPStrategy", "FSDP2Strategy", "fsdp2_mixed_precision", "shard_recurrent_model"]

@@ -359,8 +359,9 @@ def _failed(error: BaseException, attempt: Attempt) -> dict[str, Any]:
     """A sweep job's failure is logged and the sweep goes on; a single run's ends the command.
     Anything that is not an Exception (SystemExit, ...) goes on as it is."""
     from sru_lightning.callbacks.nonfinite_loss import NonFiniteLossError
+    from sru_lightning.strategies import CheckpointWriteError
 
-    if isinstance(error, NonFiniteLossError):
+    if isinstance(error, (NonFiniteLossError, CheckpointWriteError)):
         error = RunFailed(str(error))
     if not isinstance(error, Exception):
         raise error
@@ -461,7 +462,9 @@ def describe(error: BaseException, as_usage: bool = False, cfg=None) -> str:
         return text
     if target and target.split(".")[-1] not in text:  # name what was being built
         text = f"{target}: {text}"
-    if isinstance(error, (UsageError, CheckpointError, RunFailed)):
+    from sru_lightning.strategies import CheckpointWriteError
+
+    if isinstance(error, (UsageError, CheckpointError, RunFailed, CheckpointWriteError)):
         return text
     text += _no_gpu_hint(text, cfg)
     if as_usage and text:
@@ -568,7 +571,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         callbacks.append(ValidateBeforeStop())
     callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir),
                   SaveRunConfig(plain_config(cfg), owner), *start.callbacks()]
-    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **_scheduler_plugins(cfg))
+    trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **_run_plugins(cfg))
     set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
@@ -576,16 +579,33 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     return trainer, model, datamodule, start
 
 
-def _scheduler_plugins(cfg) -> dict[str, Any]:
-    """Under SLURM, Lightning's own SIGUSR1 handling is off: it saves a checkpoint inside the
-    signal handler (a collective there can hang DDP) and restores its own `hpc_ckpt` files on a
-    requeue, outside the run's checkpoints. The run's GracefulInterrupt stops on SIGUSR1 at an
-    agreed batch boundary instead, and the run requeues the job (:func:`.jobs.requeue_own_job`)."""
+def _run_plugins(cfg) -> dict[str, Any]:
+    """The Trainer plugins every run has (unless the config names its own `trainer.plugins`):
+
+    * checkpoint files that are complete or absent, and a write failure naming its file
+      (`AtomicCheckpointIO`; DeepSpeed writes its shard folders itself);
+    * under SLURM, Lightning's own SIGUSR1 handling off: it saves a checkpoint inside the signal
+      handler (a collective there can hang DDP) and restores its own `hpc_ckpt` files on a
+      requeue, outside the run's checkpoints. The run's GracefulInterrupt stops on SIGUSR1 at an
+      agreed batch boundary instead, and the run requeues the job (:func:`.jobs.requeue_own_job`).
+    """
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    if "plugins" in cfg.trainer or not SLURMEnvironment.detect():
+    from sru_lightning.strategies import AtomicCheckpointIO
+
+    if "plugins" in cfg.trainer:
         return {}
-    return {"plugins": [SLURMEnvironment(auto_requeue=False)]}
+    plugins: list[Any] = []
+    if "DeepSpeed" not in _strategy_name(cfg):
+        plugins.append(AtomicCheckpointIO())
+    if SLURMEnvironment.detect():
+        plugins.append(SLURMEnvironment(auto_requeue=False))
+    return {"plugins": plugins} if plugins else {}
+
+
+def _strategy_name(cfg) -> str:
+    strategy = cfg.trainer.get("strategy")
+    return str(strategy.get("_target_", "")) if hasattr(strategy, "get") else str(strategy or "")
 
 
 def _say_where_it_starts(command: str, start: StartingPoint) -> None:
