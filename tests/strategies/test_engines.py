@@ -251,3 +251,37 @@ def test_the_clipping_fsdp_precision_takes_every_fsdp_precision(precision):
     converted = ShardedClippingFSDPPrecision.from_plugin(plugin)
     assert converted.precision == precision and converted.scaler is plugin.scaler
     assert (converted.scaler is not None) == (precision == "16-mixed")
+
+
+def _fake_deepspeed_folder(root, stage: int, processes: int):
+    import torch
+
+    folder = root / "last.ckpt" / "checkpoint"
+    folder.mkdir(parents=True)
+    name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
+    torch.save({"global_step": 4, "dp_world_size": processes,
+                "ds_config": {"zero_optimization": {"stage": stage}}}, folder / name)
+    for rank in range(processes):
+        (folder / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
+    return folder.parent
+
+
+@pytest.mark.parametrize(("stage", "processes", "trainer", "expected"), [
+    (3, 2, {"stage": 2, "devices": 2}, "was written by DeepSpeed ZeRO-3, and this fit runs ZeRO-2"),
+    (2, 2, {"stage": 3, "devices": 2}, "ZeRO-2, and this fit runs ZeRO-3"),
+    (2, 2, {"stage": 2, "devices": 3}, "holds the shards of 2 DeepSpeed processes, and this fit runs 3"),
+    (2, 2, {"stage": 2, "devices": 2}, None),
+])
+def test_a_deepspeed_folder_resumes_only_under_its_own_layout(tmp_path, stage, processes, trainer, expected):
+    from omegaconf import OmegaConf
+
+    from sru_lightning.app.runs.checkpoints import CheckpointError, check_engine_reads
+
+    folder = _fake_deepspeed_folder(tmp_path, stage, processes)
+    cfg = OmegaConf.create({"trainer": {"devices": trainer["devices"], "num_nodes": 1, "strategy": {
+        "_target_": "sru_lightning.strategies.DeepSpeedStrategy", "stage": trainer["stage"]}}})
+    if expected is None:
+        check_engine_reads(cfg, "fit", folder)
+        return
+    with pytest.raises(CheckpointError, match=expected):
+        check_engine_reads(cfg, "fit", folder)

@@ -114,6 +114,51 @@ def check_engine_reads(cfg, command: str, checkpoint: str | Path) -> None:
             "checkpoint folders: continue it with trainer=ddp_cpu, ddp, fsdp or fsdp2 (or one process), or "
             "start a fresh DeepSpeed run"
         )
+    if folder:
+        _check_deepspeed_layout(cfg, Path(checkpoint))
+
+
+def deepspeed_layout(folder: Path) -> tuple[int | None, int | None]:
+    """(ZeRO stage, number of data-parallel processes) a DeepSpeed checkpoint folder was written
+    with, each None when the folder does not say."""
+    try:
+        state = read_checkpoint(folder)
+    except CheckpointError:  # unreadable here: the engine says why when it loads it
+        state = {}
+    config = state.get("ds_config") if isinstance(state, Mapping) else None
+    stage = None
+    if isinstance(config, Mapping) and isinstance(config.get("zero_optimization"), Mapping):
+        stage = config["zero_optimization"].get("stage")
+    if stage is None:  # ZeRO-3 writes one model-state file per rank, ZeRO-1/2 one for all
+        stage = 3 if (folder / "checkpoint" / "zero_pp_rank_0_mp_rank_00_model_states.pt").is_file() else None
+    processes = state.get("dp_world_size") if isinstance(state, Mapping) else None
+    if not isinstance(processes, int):
+        shards = list((folder / "checkpoint").glob("*_optim_states.pt"))
+        processes = len(shards) or None
+    return (int(stage) if isinstance(stage, int) else None), processes
+
+
+def _check_deepspeed_layout(cfg, folder: Path) -> None:
+    """A DeepSpeed folder resumes only under its own ZeRO stage and number of processes: DeepSpeed
+    reads the shards of that layout (otherwise an AssertionError or ZeRORuntimeException after a
+    full start). Refused in one line before anything starts."""
+    stage, processes = deepspeed_layout(folder)
+    strategy = cfg.trainer.get("strategy")
+    configured_stage = strategy.get("stage") if hasattr(strategy, "get") else None
+    if stage is not None and isinstance(configured_stage, int) and configured_stage != stage:
+        raise CheckpointError(
+            f"{str(folder)!r} was written by DeepSpeed ZeRO-{stage}, and this fit runs ZeRO-{configured_stage}: "
+            f"resume it with trainer=deepspeed_stage_{stage}, or consolidate it into one file for another engine"
+        )
+    devices, nodes = cfg.trainer.get("devices"), cfg.trainer.get("num_nodes", 1) or 1
+    if processes is not None and isinstance(devices, int) and devices > 0 and isinstance(nodes, int):
+        if devices * nodes != processes:
+            raise CheckpointError(
+                f"{str(folder)!r} holds the shards of {processes} DeepSpeed processes, and this fit runs "
+                f"{devices * nodes}: DeepSpeed resumes only on the number of processes that wrote it; set "
+                f"trainer.devices (x trainer.num_nodes) to {processes}, or consolidate it into one file for "
+                "another engine"
+            )
 
 def check_fits_model(checkpoint: str | Path, model) -> None:
     """Raise CheckpointError unless `checkpoint` can be loaded into `model` (a fit continuing it):
