@@ -61,3 +61,26 @@ def test_a_sweep_job_with_ckpt_path_last_continues_only_its_own_folder(tmp_path)
     assert cli.main(["fit", "-m", *STEPS, "trainer.max_steps=3", "model.dropout=0.1", "ckpt_path=last",
                      f"hydra.sweep.dir={sweep}"]) == 0
     assert history(job)[-1]["ckpt_step"] == 2 and Path(history(job)[-1]["ckpt_path"]).parent.parent == job.absolute()
+
+
+@pytest.mark.parametrize(("env", "expected"), [
+    ({}, "python -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r"),
+    ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.7",
+      "MASTER_PORT": "29400"},
+     "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.7 --master-port 29400 -m "
+     "sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r (on each of the 2 nodes, with its own --node-rank)"),
+    ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"},
+     "torchrun --nnodes 1 --nproc-per-node 2 -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r"),
+    ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"},
+     "srun --nodes 1 --ntasks-per-node 2 python -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r "
+     "(inside an allocation of the same size)"),
+])
+def test_the_printed_resume_command_starts_the_run_as_it_was_launched(monkeypatch, env, expected):
+    from sru_lightning.app.runs.run import resume_command
+
+    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
+                 "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE"):
+        monkeypatch.delenv(name, raising=False)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert resume_command("fit", ["a=1", "ckpt_path=x"], Path("/r")) == expected

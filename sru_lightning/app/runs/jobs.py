@@ -90,3 +90,29 @@ def requeue_own_job() -> str:
         reason = (done.stderr or done.stdout).strip().splitlines()
         return f"not requeued: scontrol requeue {job}: {reason[0] if reason else f'exit status {done.returncode}'}"
     return f"requeued: SLURM job {job} will start again and continue this run"
+
+
+# --------------------------------------------------------------------------------------------
+# how to start the run again
+def launcher_words() -> tuple[list[str], str]:
+    """The words that start this run's processes again, for the printed resume command, and a
+    note on where to run them: `torchrun ...` on every node for a torchrun launch, `srun ...`
+    for a multi-task SLURM step, else `python -m sru_lightning` (Lightning launches the rest)."""
+    env = os.environ
+    if env.get("TORCHELASTIC_RUN_ID") and env.get("LOCAL_WORLD_SIZE") and env.get("WORLD_SIZE"):
+        per_node = int(env["LOCAL_WORLD_SIZE"])
+        nodes = max(1, int(env["WORLD_SIZE"]) // max(1, per_node))
+        words = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
+        note = ""
+        if nodes > 1:
+            words += ["--node-rank", "0", "--master-addr", env.get("MASTER_ADDR", "HOST"),
+                      "--master-port", env.get("MASTER_PORT", "29500")]
+            note = f" (on each of the {nodes} nodes, with its own --node-rank)"
+        return [*words, "-m", "sru_lightning"], note
+    tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")
+    if env.get("SLURM_STEP_ID") is not None and tasks and int(tasks) > 1:
+        words = ["srun", "--nodes", env.get("SLURM_NNODES", "1")]
+        per_node = env.get("SLURM_NTASKS_PER_NODE")
+        words += ["--ntasks-per-node", per_node.split("(")[0]] if per_node else ["--ntasks", tasks]
+        return [*words, "python", "-m", "sru_lightning"], " (inside an allocation of the same size)"
+    return ["python", "-m", "sru_lightning"], ""

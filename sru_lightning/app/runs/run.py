@@ -152,9 +152,13 @@ def _say(message: str) -> None:
 # --------------------------------------------------------------------------------------------
 # interruptions
 def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
+    """The command that continues this run, started as this run was (python, torchrun or srun)."""
+    from .jobs import launcher_words
+
+    launcher, note = launcher_words()
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
-    words = [*PROG.split(), command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
-    return " ".join(shlex.quote(word) for word in words)
+    words = [*launcher, command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
+    return " ".join(shlex.quote(word) for word in words) + note
 
 
 def _interruption_message(command: str, overrides: list[str], output_dir: Path, step: int) -> str:
