@@ -11,6 +11,7 @@ fit stopped. Resuming exactly (the data position, the random numbers) is the job
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -76,12 +77,15 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         self._watchdog_lock = threading.Lock()
         self._stop_finished: threading.Event | None = None  # set at teardown: the watchdog stands down
         self._stop_after_validation = False  # a stop agreed during a fit's validation waits for its end
+        # Called with the message from the watchdog's thread just before it ends the process
+        # (the application writes the run's record there); no logging locks may be taken.
+        self.before_watchdog_exit: list[Any] = []
 
     def __getstate__(self) -> dict[str, Any]:
         # Spawn-based strategies pickle the callbacks: threads, locks and handlers stay here.
         state = self.__dict__.copy()
         state.update(_trainer=None, _previous_handlers={}, _active=False, _watchdog=None, _watchdog_lock=None,
-                     _stop_finished=None)
+                     _stop_finished=None, before_watchdog_exit=[])
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -247,7 +251,22 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         )
         # No logging or flushing here: the main thread may hold their locks.
         os.write(2, message.encode())
+        for hook in list(self.before_watchdog_exit):
+            try:
+                hook(message.strip())
+            except Exception:  # noqa: BLE001 - the exit goes ahead whatever a hook does
+                pass
+        self._end_launched_ranks()
         os._exit(1)
+
+    def _end_launched_ranks(self) -> None:
+        """SIGKILL the ranks this process launched (Lightning's launcher), so none is left behind:
+        a frozen (SIGSTOP) or stuck rank would otherwise outlive the run."""
+        launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
+        for process in getattr(launcher, "procs", None) or []:
+            with contextlib.suppress(Exception):
+                if process.poll() is None:
+                    process.kill()
 
     # -- end of the fit ----------------------------------------------------------------------
     @override

@@ -153,6 +153,11 @@ def test_a_stuck_peer_ends_in_the_watchdog_with_a_message(outcomes):
     assert "another process of this run is gone or stuck" in ended.stdout, describe(ended)
     assert "callbacks.graceful_interrupt.stop_timeout=5" in ended.stdout
     assert not (run_dir / "checkpoints" / "interrupted.ckpt").exists()
+    # the watchdog's exit leaves a record, a log line, and no rank behind
+    record = result(run_dir)
+    assert record["status"] == "interrupted" and record["error"].startswith("ended by the stop watchdog"), record
+    assert "another process of this run is gone or stuck" in (run_dir / "sru_lightning.log").read_text()
+    assert not ended.leftover, f"processes left behind: {ended.leftover}"
 
 
 @pytest.mark.slow

@@ -241,6 +241,7 @@ def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
         raise UsageError(describe(error, as_usage=True, cfg=cfg)) from error
     attempt.trainer = trainer
     signals.follow(trainer)
+    _record_a_watchdog_exit(attempt)
     attempt.record["monitor"] = optimized_metric_name(start.cfg, model)
     ckpt_path = start.checkpoint
     if ckpt_path is not None:
@@ -262,6 +263,26 @@ def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
         raise
     _check_final_metric(metrics, bits_name(model, "test" if attempt.command == "test" else "val"))
     return metrics
+
+
+def _record_a_watchdog_exit(attempt: Attempt) -> None:
+    """A stop that cannot finish ends in the stop watchdog's `os._exit`, past every `finally`:
+    the watchdog first calls back here, from its thread, to write the record and the log line."""
+    from sru_lightning.callbacks.interrupts import GracefulInterrupt
+
+    def record(message: str) -> None:
+        if not attempt.writes_records:
+            return
+        attempt.finish("interrupted", error=f"ended by the stop watchdog: {message}")
+        write_record(attempt.output_dir, attempt.record)
+        for handler in list(logging.getLogger().handlers):  # no logging call: its locks may be held
+            if isinstance(handler, logging.FileHandler):
+                with open(handler.baseFilename, "a", encoding="utf-8") as log_file:
+                    log_file.write(f"[{time.strftime('%Y-%m-%d %H:%M:%S')}][sru_lightning][ERROR] - {message}\n")
+
+    for callback in attempt.trainer.callbacks:
+        if isinstance(callback, GracefulInterrupt):
+            callback.before_watchdog_exit.append(record)
 
 
 def _check_final_metric(metrics: dict[str, float], final_name: str) -> None:
