@@ -74,6 +74,7 @@ class SignalWatch:
         self._previous_handlers: dict[int, Any] = {}
         self._closed = threading.Event()
         self._thread: threading.Thread | None = None
+        self.released_ranks: list[Any] = []  # the launched ranks' processes, once released
 
     # -- life cycle --------------------------------------------------------------------------
     def start(self) -> SignalWatch:
@@ -101,7 +102,7 @@ class SignalWatch:
         signal.set_wakeup_fd(self._previous_wakeup_fd)
         for signum, handler in self._previous_handlers.items():
             if signal.getsignal(signum) is _ignore_until_watched:
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+                signal.signal(signum, _after_the_run(signum, handler))
         self._thread.join(timeout=2 * _POLL_SECONDS)
         for fd in (self._read_fd, self._write_fd):
             os.close(fd)
@@ -161,6 +162,7 @@ class SignalWatch:
         launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
         watched = getattr(launcher, "procs", None)
         if isinstance(watched, list):
+            self.released_ranks = [*self.released_ranks, *watched]  # still there to tell which one died
             watched.clear()
 
     def _launched_ranks(self) -> list[Any]:
@@ -209,6 +211,25 @@ def _child_pids() -> set[int]:
         except (OSError, ValueError):
             continue
     return pids
+
+
+#: Warning signals whose default action (ending the process) is never what a scheduler means.
+WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
+
+
+def _after_the_run(signum: int, previous: Any) -> Any:
+    """The handler `signum` gets back once the run is over.
+
+    The previous one, except that a scheduler's warning signal (SIGUSR1/SIGUSR2: `--signal=USR1@90`,
+    `scancel --signal=USR1`) whose previous action was the default one is ignored from now on:
+    arriving while the process writes its last lines, the default action would end it with
+    "User defined signal 1", and SLURM would count a completed run as a failed job.
+    """
+    if previous is None:
+        previous = signal.SIG_DFL
+    if signum in WARNING_SIGNALS and previous == signal.SIG_DFL:
+        return signal.SIG_IGN
+    return previous
 
 
 def _ignore_until_watched(signum: int, frame: Any) -> None:

@@ -75,7 +75,21 @@ def stuck_peer(run_dir: Path) -> Ended:
     return finish(process, TIME_LIMIT)  # also kills the frozen rank
 
 
+def killed_rank(run_dir: Path, who: str) -> Ended:
+    """SIGKILL of one rank mid-training: no handler runs in it; the other one must say which died."""
+    process = start(run_dir, *FIT, "trainer.max_steps=400")
+    deadline = time.monotonic() + TIME_LIMIT
+    while len(step_losses(run_dir)) < 2 and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    launched = children(process.pid)
+    assert launched, "rank 1 is missing"
+    os.kill(process.pid if who == "rank0" else launched[0], signal.SIGKILL)
+    return finish(process, TIME_LIMIT)
+
+
 CASES = {
+    "kill9/rank1": (killed_rank, "rank1"),
+    "kill9/rank0": (killed_rank, "rank0"),
     **{name: (stop_case, *arguments) for name, arguments in STOP_CASES.items()},
     "startup/group/SIGTERM": (signal_at_startup, "group", signal.SIGTERM),
     "startup/rank0/SIGINT": (signal_at_startup, "rank0", signal.SIGINT),
@@ -170,3 +184,27 @@ def test_a_double_ctrl_c_aborts_without_a_checkpoint_and_says_so(outcomes):
     assert record["status"] == "interrupted", record
     assert record["error"].startswith("aborted by a second Ctrl+C (SIGINT)"), record
     assert "nothing to resume (no checkpoint was written)" in ended.stdout, describe(ended)
+
+
+@pytest.mark.slow
+def test_a_killed_rank_is_named_in_one_line_and_in_the_record(outcomes):
+    run_dir, ended, _ = outcomes["kill9/rank1"]
+    assert ended.returncode == 1 and ended.seconds < 30, describe(ended)
+    assert "Traceback" not in ended.stdout, describe(ended)
+    assert "error: rank 1 (pid " in ended.stdout and "was killed by SIGKILL, so rank 0 could not go on" in ended.stdout
+    record = result(run_dir)
+    assert record["status"] == "failed" and "rank 1 (pid" in record["error"], record
+
+
+@pytest.mark.slow
+def test_a_killed_rank_0_leaves_a_record_written_by_rank_1(outcomes):
+    run_dir, ended, _ = outcomes["kill9/rank0"]
+    deadline = time.monotonic() + 30  # rank 1 outlives rank 0 by the time its collective fails
+    while not (run_dir / "result.json").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    rank1_log = run_dir / "train_ddp_process_1.log"
+    context = describe(ended) + (rank1_log.read_text()[-3000:] if rank1_log.exists() else "")
+    assert (run_dir / "result.json").exists(), context
+    record = result(run_dir)
+    assert record["status"] == "failed" and record["error"].startswith("rank 0 (pid "), (record, context)
+    assert "rank 1 wrote this record" in record["error"]

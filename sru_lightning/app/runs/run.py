@@ -182,6 +182,7 @@ class Attempt:
     multirun: bool
     record: dict[str, Any] = field(init=False)
     owner: dict[str, str] = field(init=False)
+    parent_pid: int = field(init=False)
     started: float = field(default_factory=time.monotonic)
     trainer: Any = None
 
@@ -189,6 +190,7 @@ class Attempt:
         from .jobs import attempt_owner
 
         self.owner = attempt_owner(self.output_dir, self.multirun)
+        self.parent_pid = os.getppid()  # rank 0, for a rank Lightning's launcher started
         self.record = {"command": self.command, "overrides": self.overrides, "status": "running",
                        "run_dir": str(self.output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if self.owner:
@@ -321,15 +323,62 @@ def _ended_early(error: BaseException, attempt: Attempt) -> dict[str, Any]:
     if isinstance(error, UsageError) and not attempt.multirun:
         _refused(error, attempt)
     cause = interruption_cause(attempt.trainer, error)
+    if cause is None:
+        error = _name_a_lost_process(attempt, error)
     attempt.finish("interrupted" if cause is not None else "failed", error=cause or describe(error))
     requeue = cause is not None and _stopped_for_requeue(attempt)
     if requeue:
         attempt.record["requeue"] = "asked"  # written before asking: a requeue ends this process
-    if attempt.writes_records:
+    if attempt.writes_records or _rank0_is_gone(attempt, error):
         write_record(attempt.output_dir, attempt.record, keep_result=isinstance(error, UsageError))
     if cause is not None:
         return _interrupted(error, attempt, requeue)
     return _failed(error, attempt)
+
+
+#: What a collective says when a peer process has gone (gloo, NCCL).
+_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
+              "NCCL communicator was aborted", "remote process exited")
+
+
+def _peer_lost(error: BaseException) -> bool:
+    return any(words in str(error) for words in _PEER_LOST)
+
+
+def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseException:
+    """A collective that failed because another process of the run died (killed, crashed) becomes
+    one line naming that process, when this process launched it (rank 0 under Lightning's
+    launcher), instead of the collective's traceback."""
+    trainer = attempt.trainer
+    if trainer is None or trainer.world_size < 2 or not isinstance(error, Exception) or not _peer_lost(error):
+        return error
+    said = next(words for words in _PEER_LOST if words in str(error))
+    first_line = f"its collective said: {said}"
+    if trainer.global_rank != 0 and os.getppid() != attempt.parent_pid:
+        return RunFailed(f"rank 0 (pid {attempt.parent_pid}) ended, so rank {trainer.global_rank} could not go on "
+                         f"({first_line}); rank {trainer.global_rank} wrote this record")
+    from sru_lightning.callbacks.signal_watch import SignalWatch
+
+    launcher = getattr(trainer.strategy, "launcher", None)
+    watch = SignalWatch.current
+    launched = getattr(launcher, "procs", None) or (watch.released_ranks if watch is not None else [])
+    for local_rank, process in enumerate(launched, start=1):
+        try:
+            code = process.wait(timeout=5)
+        except Exception:  # noqa: BLE001 - still running (or not ours to wait for): not the lost one
+            continue
+        if code:
+            how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
+            return RunFailed(f"rank {local_rank} (pid {process.pid}) {how}, so rank {trainer.global_rank} could not "
+                             f"go on ({first_line})")
+    return RunFailed(f"another process of this run ended, so rank {trainer.global_rank} could not go on ({first_line})")
+
+
+def _rank0_is_gone(attempt: Attempt, error: BaseException) -> bool:
+    """Rank 0 writes the run's record; when it was killed, the rank it launched writes it instead."""
+    trainer = attempt.trainer
+    return (trainer is not None and trainer.global_rank != 0 and _peer_lost(error)
+            and os.getppid() != attempt.parent_pid)
 
 
 #: Signals a scheduler sends ahead of a preemption or time limit (`#SBATCH --signal=USR1@90`,
