@@ -10,7 +10,7 @@ import torch
 
 from sru_lightning.ops import build, build_cache, cuda_toolkit
 from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
-from sru_lightning.app.usage import CommandParser
+from sru_lightning.app.usage import CommandParser, command_prog
 
 
 def compiled_vector_levels() -> tuple[str, ...]:
@@ -29,7 +29,7 @@ def _origin(compiled: bool) -> str:
 def main(argv=None) -> int:
     """``python -m sru_lightning build``: compile the kernels now and say what was built, where."""
     parser = CommandParser(
-        prog="python -m sru_lightning build",
+        prog=command_prog("build"),
         description="Prebuild the SRU recurrence kernels (CPU always; CUDA when torch has CUDA) into the "
         "shared extensions cache ($TORCH_EXTENSIONS_DIR or torch's default).",
     )

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from sru_lightning._resources import conf_dir
-
-PROG = "python -m sru_lightning"
+from sru_lightning.app.usage import PROG, print_error
 TRAINER_COMMANDS = {
     "fit": "train a language model (default: SRU on pydoc prose, a few minutes on CPU)",
     "validate": "evaluate on the validation split (load weights with ckpt_path=...)",
@@ -72,7 +71,7 @@ def usage() -> str:
 
 
 def _fail(message: str, status: int = 2) -> int:
-    print(f"{PROG}: error: {message}", file=sys.stderr)
+    print_error(message)
     return status
 
 

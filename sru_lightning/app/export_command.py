@@ -8,9 +8,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sru_lightning.app.usage import UsageError
+from sru_lightning.app.usage import UsageError, command_prog, print_error
 
-PROG = "python -m sru_lightning export"
+PROG = command_prog("export")
 
 
 @dataclass
@@ -75,7 +75,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         folder = export_language_model(model, settings.out, settings.format, codec,
                                        overwrite=settings.overwrite, source=source)
     except (UsageError, ExportError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print_error(str(error), PROG)
         return 2
     seconds = time.perf_counter() - started
     print(f"{PROG}: {model.rnn_type} model of {path} (step {checkpoint.get('global_step', '?')}) -> "

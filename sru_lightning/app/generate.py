@@ -19,9 +19,9 @@ from typing import Any, TextIO
 
 import torch
 
-from sru_lightning.app.usage import UsageError
+from sru_lightning.app.usage import UsageError, command_prog, print_error
 
-PROG = "python -m sru_lightning generate"
+PROG = command_prog("generate")
 
 
 @dataclass
@@ -229,7 +229,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"{PROG}: {path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)", file=sys.stderr)
         stats = generate_text(model, codec, settings, sys.stdout)
     except UsageError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
+        print_error(str(error), PROG)
         return 2
     except BrokenPipeError:  # e.g. `| head`: the reader has seen enough
         # Point stdout at /dev/null so the interpreter's final flush does not complain again.

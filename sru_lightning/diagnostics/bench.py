@@ -24,7 +24,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
-from sru_lightning.app.usage import CommandParser
+from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -351,7 +351,7 @@ def plot(result: BenchResult, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    parser = CommandParser(prog="python -m sru_lightning bench", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog=command_prog("bench"), description=__doc__.split("\n\n")[0])
     defaults = BenchConfig()
     parser.add_argument("--length", type=int, default=defaults.length)
     parser.add_argument("--batch", type=int, default=defaults.batch)

@@ -25,7 +25,7 @@ import torch
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.ops.testing import recurrence_inputs, relative_error
 from sru_lightning.precision import dtype_name
-from sru_lightning.app.usage import CommandParser
+from sru_lightning.app.usage import CommandParser, command_prog
 
 __all__ = ["FidelityRow", "fidelity_table", "format_table", "main"]
 
@@ -165,7 +165,7 @@ def device_name(text: str) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = CommandParser(
-        prog="python -m sru_lightning fidelity",
+        prog=command_prog("fidelity"),
         description=(
             "Max relative error (max|err| / max|float64|) of h and of the input gradients for "
             "each storage dtype with float32 accumulation, next to the same recurrence computed "

@@ -34,7 +34,7 @@ from sru_lightning.diagnostics.kernel_parity import (
     error_for_c0_on_the_cpu,
     nonfinite_mismatches,
 )
-from sru_lightning.app.usage import CommandParser
+from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.diagnostics import gpu_fits, gpu_speed
 from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 
@@ -340,7 +340,7 @@ def run_sanitizer(budget: Budget, checks: list[Check]) -> None:
 
 def main(argv=None) -> int:
     parser = CommandParser(
-        prog="python -m sru_lightning gpu-check",
+        prog=command_prog("gpu-check"),
         description="Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference (also on a "
         "non-default stream, a second GPU and under compute-sanitizer), torch.compile vs eager, fits in "
         "16-mixed, bf16-mixed, 16-true and DeepSpeed ZeRO-2, peak memory, kernel bandwidth, speed vs cuDNN "

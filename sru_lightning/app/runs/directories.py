@@ -26,23 +26,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
-PROG = "python -m sru_lightning"
+from sru_lightning.app.usage import CommandExit, error_exit
+
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
-
-
-class CommandExit(SystemExit):
-    """Leave the command with an exit status after printing one line (Hydra lets SystemExit pass)."""
-
-    def __init__(self, message: str, status: int) -> None:
-        super().__init__(status)
-        self.message = message
-
-
-def error_exit(message: str, status: int) -> CommandExit:
-    import sys
-
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
-    return CommandExit(message, status)
 
 
 def usage_exit(message: str) -> CommandExit:

@@ -25,7 +25,7 @@ from typing import Any, NoReturn
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from sru_lightning.app.usage import UsageError
+from sru_lightning.app.usage import PROG, UsageError
 
 from .checkpoints import CheckpointError, check_fits_model, saved_codec
 from .checkpoints import CHECKPOINT_NAME
@@ -36,8 +36,6 @@ from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
-
-PROG = "python -m sru_lightning"
 
 # Warnings the user cannot act on: the package's streams define __len__ on purpose (one
 # worker, so no duplicates); Lightning's own use of a torch API that torch deprecated.
@@ -451,7 +449,9 @@ def _single_run_failed(error: Exception, attempt: Attempt) -> NoReturn:
     """Keep the attempt's config beside the run's own and name the directory. A failure the
     message fully explains (RunFailed) exits with status 1 in one line; anything else goes on
     with its traceback."""
-    from .directories import error_exit, keep_config_beside
+    from sru_lightning.app.usage import error_exit
+
+    from .directories import keep_config_beside
 
     keep_config_beside(attempt.output_dir)
     _say(f"run directory: {attempt.output_dir} (failed)")
