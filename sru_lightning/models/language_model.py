@@ -181,13 +181,14 @@ class SRULanguageModel(pl.LightningModule):
         self._carried: dict[str, Any] = {}
 
     def configure_model(self) -> None:
-        """Under :class:`sru_lightning.strategies.FSDP2Strategy`, shard each recurrent layer and
-        the root with FSDP2; other strategies wrap the model themselves."""
-        from sru_lightning.strategies import FSDP2Strategy
-
+        """A strategy that shards the module it is handed (`shard(module)`, as
+        :class:`sru_lightning.strategies.FSDP2Strategy` does: each recurrent layer and the root)
+        shards this model; other strategies wrap the model themselves. The model asks the
+        strategy, and knows no strategy class."""
         trainer = self._trainer
-        if trainer is not None and isinstance(trainer.strategy, FSDP2Strategy):
-            trainer.strategy.shard(self)
+        shard = getattr(trainer.strategy, "shard", None) if trainer is not None else None
+        if callable(shard):
+            shard(self)
 
     # -- model ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
