@@ -3,7 +3,9 @@
 Every run writes `result.json` into its own output directory. After a multirun, the
 `SweepSummary` Hydra callback reads the result of each job directory (whatever launcher ran
 it: local, joblib, submitit on SLURM) and writes `summary.md` and `summary.csv` next to them.
-A job that died without writing its result is listed as `missing`. When a job did not
+A job that died without writing its result is listed as `missing`, and one its launcher gave up
+on (`lost.json` in its folder, see sru_lightning.app.slurm_launcher) as `lost`, with the
+launcher's reason. When a job did not
 complete, the callback ends the command with :class:`SweepIncomplete`, which carries those
 rows to the command line.
 """
@@ -28,6 +30,12 @@ log = logging.getLogger(__name__)
 
 SUMMARY_MARKDOWN = "summary.md"
 SUMMARY_CSV = "summary.csv"
+# Written into a job's folder by a launcher that gave up on the job (it ended without a result).
+LOST_FILE = "lost.json"
+# How a run ends on its own terms. A lost job whose run recorded anything else (`running`, no
+# record at all, or `interrupted`: stopped by the scheduler's SIGTERM, a stop the sweep will not
+# come back to) is listed as lost, with the launcher's reason and the run's.
+SETTLED_STATUSES = ("completed", "failed")
 # Metrics shown first when present; any other metric follows in alphabetical order.
 PREFERRED_METRICS = (
     "val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch",
@@ -70,7 +78,7 @@ def collect_results(sweep_dir: str | Path, since: float | None = None) -> list[d
     for job_dir in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=_job_sort_key):
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         result_file = job_dir / RESULT_FILE
-        if not overrides_file.exists() and not result_file.exists():
+        if not any(file.exists() for file in (overrides_file, result_file, job_dir / LOST_FILE)):
             continue
         if since is not None and _started_before(job_dir, since):
             continue
@@ -80,9 +88,17 @@ def collect_results(sweep_dir: str | Path, since: float | None = None) -> list[d
                 record = json.loads(result_file.read_text())
             except (OSError, ValueError) as error:
                 record = {"status": "unreadable", "error": f"{result_file}: {error}"}
+        lost = _lost_record(job_dir)
+        if lost is not None and record.get("status") not in SETTLED_STATUSES:
+            reason = lost.get("reason") or "lost by its launcher"
+            if record.get("status"):
+                reason += f"; the run was {record['status']}" + (f": {record['error']}" if record.get("error") else "")
+            record = {**record, "status": "lost", "error": reason}
         overrides = record.get("overrides")
         if overrides is None and overrides_file.exists():
             overrides = list(OmegaConf.load(overrides_file))
+        if overrides is None and lost is not None:
+            overrides = lost.get("overrides")
         rows.append(
             {
                 "job": job_dir.name,
@@ -111,8 +127,28 @@ def latest_attempt(job_dir: Path) -> dict[str, Any] | None:
     return record if isinstance(record, dict) else None
 
 
+def record_lost_job(job_dir: Path, overrides: list[str], reason: str, slurm_job: str | None = None) -> Path:
+    """Note in the job's folder (made if the job never started) that its launcher gave up on it
+    and why; the summary lists the job as `lost` unless the run recorded how it ended."""
+    job_dir.mkdir(parents=True, exist_ok=True)
+    note = {"status": "lost", "reason": reason, "overrides": list(overrides), "slurm_job": slurm_job,
+            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    path = job_dir / LOST_FILE
+    path.write_text(json.dumps(note, indent=2) + "\n")
+    return path
+
+
+def _lost_record(job_dir: Path) -> dict[str, Any] | None:
+    try:
+        note = json.loads((job_dir / LOST_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return note if isinstance(note, dict) else None
+
+
 def _started_before(job_dir: Path, since: float) -> bool:
-    stamps = [file.stat().st_mtime for file in (job_dir / ".hydra" / "overrides.yaml", job_dir / RESULT_FILE)
+    stamps = [file.stat().st_mtime for file in (job_dir / ".hydra" / "overrides.yaml", job_dir / RESULT_FILE,
+                                                job_dir / LOST_FILE)
               if file.exists()]
     return max(stamps) < since
 

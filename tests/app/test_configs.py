@@ -43,19 +43,36 @@ def test_every_yaml_file_belongs_to_a_group_that_composes():
     files = {p.relative_to(CONF) for p in CONF.rglob("*.yaml")}
     covered = {Path("config.yaml"), Path("hydra/default.yaml")}
     covered |= {Path(group) / f"{option}.yaml" for group, option in OPTIONS}
+    covered |= {Path("hydra/launcher") / f"{option}.yaml" for option in HYDRA_LAUNCHERS}
     assert files == covered
+
+
+# Ready launcher configs (conf/hydra/launcher/), picked as `hydra/launcher=<option>`.
+HYDRA_LAUNCHERS = sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", HYDRA_LAUNCHERS)
+def test_each_launcher_config_composes_and_names_its_launcher(option, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_submitit_launcher", reason="needs hydra-submitit-launcher")
+    cfg = compose_with([f"hydra/launcher={option}", "hydra.launcher.partition=debug"], tmp_path)
+    launcher = cfg.hydra.launcher
+    assert launcher.partition == "debug"
+    assert get_class(launcher._target_).__name__ == "SlurmLauncher"
+    # a real cluster's defaults, and the sbatch options submitit passes through
+    assert launcher.timeout_min > 10 and launcher.cpus_per_task >= 1 and launcher.mem_gb >= 1
+    assert launcher.additional_parameters.requeue is True
 
 
 @pytest.mark.parametrize("group,option", OPTIONS, ids=[f"{g}={o}" for g, o in OPTIONS])
 def test_each_option_composes_and_names_an_importable_class(group, option, tmp_path):
     override = f"{group}={option}"
     cfg = compose_with([override], tmp_path)
-    node = cfg if group in ("experiment", "hparams_search") else cfg[group]  # global packages
+    node = cfg if group in ("experiment", "hparams_search", "debug") else cfg[group]  # global packages
     # every interpolation of the job config resolves
     OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     if group in ("callbacks", "logger"):
         targets = [entry["_target_"] for entry in (node or {}).values()]
-    elif group == "experiment":
+    elif group in ("experiment", "debug"):
         targets = [cfg.model._target_, cfg.data._target_, cfg.trainer._target_]
     elif group == "hparams_search":
         pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the `sweepers` extra")

@@ -9,7 +9,7 @@ import pytest
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.records import write_result
-from sru_lightning.app.sweep import collect_results, write_summary
+from sru_lightning.app.sweep import collect_results, record_lost_job, write_summary
 from helpers.tiny_run import TINY_RUN
 
 TINY = TINY_RUN
@@ -69,6 +69,24 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == "" and lines[1]["tokens_per_second"] == ""
     assert lines[2]["error"] == "ValueError: bad"
     assert "1 of 3 jobs completed." in markdown.read_text()
+
+
+def test_summary_lists_jobs_their_launcher_gave_up_on_as_lost(tmp_path):
+    # 0: lost before it started (no folder of its own); 1: lost while its run was running;
+    # 2: the scheduler's SIGTERM interrupted the run, then the job died; 3: completed, then the
+    # job died before it returned: the run's own outcome stands.
+    for job, status in (("1", "running"), ("2", "interrupted"), ("3", "completed")):
+        write_result(tmp_path / job, {"status": status, "overrides": [f"lr={job}"],
+                                      **({"error": "stopped by SIGTERM"} if status == "interrupted" else {})})
+    for job in "0123":
+        record_lost_job(tmp_path / job, [f"lr={job}"], f"SLURM job 7_{job} ended (CANCELLED) without a result", f"7_{job}")
+    rows = collect_results(tmp_path)
+    assert [(row["job"], row["status"], row["overrides"]) for row in rows] == [
+        ("0", "lost", "lr=0"), ("1", "lost", "lr=1"), ("2", "lost", "lr=2"), ("3", "completed", "lr=3")]
+    assert rows[0]["error"] == "SLURM job 7_0 ended (CANCELLED) without a result"
+    assert rows[1]["error"] == "SLURM job 7_1 ended (CANCELLED) without a result; the run was running"
+    assert rows[2]["error"] == ("SLURM job 7_2 ended (CANCELLED) without a result; "
+                                "the run was interrupted: stopped by SIGTERM")
 
 
 def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_path, capsys):

@@ -103,6 +103,31 @@ _MISSING = object()
 
 # --------------------------------------------------------------------------------------------
 # the run's config with the command line on top
+#: Config groups whose options write into other sections (`# @package _global_`).
+GLOBAL_GROUPS = ("experiment", "hparams_search", "debug")
+
+
+def keys_set_by(group: str, option: str) -> set[str]:
+    """The dotted keys an option of a global group sets: the sections whose group it chooses in
+    its defaults list (`override /model: sru_large`), and every key it writes; "*" when the
+    option cannot be read."""
+    from omegaconf import OmegaConf
+
+    from sru_lightning._resources import conf_dir
+
+    try:
+        content = OmegaConf.to_container(OmegaConf.load(conf_dir() / group / f"{option}.yaml"), resolve=False)
+    except Exception:  # noqa: BLE001 - unknown to us (a user's search path): everything may change
+        return {"*"}
+    keys = set()
+    for entry in content.pop("defaults", None) or []:
+        if isinstance(entry, dict):
+            keys.update(name.split("/")[-1].strip() for name in entry if not name.startswith("_"))
+    content.pop("hydra", None)
+    keys.update(_leaves(content))
+    return keys
+
+
 def explicit_keys(overrides: list[str]) -> tuple[set[str], set[str]]:
     """(keys set or added, keys deleted) by the command line's overrides. A config group chosen
     by name (`model=lstm`) sets its whole section; an experiment sets everything."""
@@ -119,8 +144,8 @@ def explicit_keys(overrides: list[str]) -> tuple[set[str], set[str]]:
         except Exception:  # noqa: BLE001 - refused by the CLI before Hydra composed anything
             continue
         key = override.key_or_group
-        if key in ("experiment", "hparams_search"):
-            touched.add("*")
+        if key in GLOBAL_GROUPS:  # a group that sets keys all over: the keys its option sets
+            touched |= keys_set_by(key, str(override.value()))
         elif override.is_delete():
             deleted.add(key)
         else:
