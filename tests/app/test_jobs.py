@@ -84,3 +84,13 @@ def test_the_printed_resume_command_starts_the_run_as_it_was_launched(monkeypatc
     for name, value in env.items():
         monkeypatch.setenv(name, value)
     assert resume_command("fit", ["a=1", "ckpt_path=x"], Path("/r")) == expected
+
+
+def test_srun_with_ntasks_instead_of_ntasks_per_node_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.setenv("SLURM_NTASKS", "2")
+    monkeypatch.setenv("SLURM_JOB_NAME", "batch")
+    monkeypatch.delenv("SLURM_NTASKS_PER_NODE", raising=False)
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'r'}"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "--ntasks-per-node" in err and "Traceback" not in err

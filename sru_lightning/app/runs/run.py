@@ -673,7 +673,13 @@ def _run_plugins(cfg) -> dict[str, Any]:
     if "DeepSpeed" not in _strategy_name(cfg):
         plugins.append(AtomicCheckpointIO())
     if SLURMEnvironment.detect():
-        plugins.append(SLURMEnvironment(auto_requeue=False))
+        try:
+            plugins.append(SLURMEnvironment(auto_requeue=False))
+        except RuntimeError as error:  # Lightning's check of the srun layout (`srun -n 2`)
+            raise UsageError(
+                f"the SLURM task layout does not fit a Lightning run: {str(error).strip()} (start one task per "
+                "process with `srun --ntasks-per-node=N` and trainer.devices=N)"
+            ) from None
     return {"plugins": plugins} if plugins else {}
 
 
