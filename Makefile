@@ -5,6 +5,7 @@
 #   make test-fast  the quick loop between edits: the same, without the `slow` tests (real
 #                processes, multi-process fits, sweeps, exports in a fresh process) and
 #                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
+#   make docs    build the documentation site (mkdocs.yml, docs/) into site/
 #
 # Neither needs SLURM: the tests in tests/cluster/ (marker `slurm`) start a private one-node
 # SLURM cluster from Debian's packages (apt-get install slurmctld slurmd slurm-client munge, as
@@ -27,7 +28,7 @@ PY = $(VENV)/bin/python
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(cores + 1, 16))")
 PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup run test test-fast build-ext bench clean
+.PHONY: setup run test test-fast build-ext bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -35,7 +36,7 @@ $(VENV)/bin/python:
 
 $(VENV)/.installed: $(VENV)/bin/python pyproject.toml
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[test,bench,deepspeed,sweepers]"
+	$(PIP) install --quiet -e ".[test,bench,deepspeed,sweepers,docs]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -57,5 +58,9 @@ test-fast: setup
 bench: setup
 	$(PY) -m sru_lightning bench
 
+# The documentation site into site/ (warnings are errors, as in tests/test_docs.py).
+docs: setup
+	$(PY) -m mkdocs build --strict
+
 clean:
-	rm -rf build dist *.egg-info outputs multirun
+	rm -rf build dist *.egg-info outputs multirun site

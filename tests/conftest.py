@@ -1,4 +1,4 @@
-"""Test tiers (see README): fast tests always run; `peer` needs the `sru` package;
+"""Test tiers (see docs/testing.md): fast tests always run; `peer` needs the `sru` package;
 `cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
 tests that start processes, compile or train for long (`make test-fast` leaves them out).
 

@@ -1,5 +1,5 @@
 """`python -m sru_lightning <command> [overrides]`: Hydra-configured fit/validate/test, plus
-the package's tool commands (bench, build, fidelity, gpu-check)."""
+the package's tool commands (bench, build, fidelity, gpu-check, generate, export)."""
 
 from __future__ import annotations
 

@@ -15,7 +15,8 @@ __all__ = ["detect_regime"]
 
 
 def detect_regime(trainer) -> Regime:
-    """The precision regime ``trainer`` trains in (see the module docstring for the sources).
+    """The precision regime ``trainer`` trains in (the sources, most specific
+    first, are listed in the ``sru_lightning.precision`` package docstring).
 
     ``trainer`` may also be a ``Strategy`` or a precision plugin. APEX AMP counts once
     ``amp.initialize`` has run, so call this again after it (the callback does, at fit start).

@@ -1,5 +1,6 @@
-"""The README's multi-node launch works as written: two `torchrun` "nodes" on 127.0.0.1 (one
-process each) train exactly like `trainer=ddp_cpu` (two processes started by Lightning).
+"""The multi-node launch in docs/distributed.md works as written: two `torchrun` "nodes" on
+127.0.0.1 (one process each) train exactly like `trainer=ddp_cpu` (two processes started by
+Lightning).
 
 `threads=1` gives every process the same thread count under both launchers (torchrun sets
 nothing for one process per node, Lightning's launcher splits the cores), so the per-step

@@ -121,7 +121,7 @@ def _interrupted_fit(root, stop_at: int) -> str:
 
 
 def _readme_callbacks(root) -> list[pl.Callback]:
-    """The callback list the README gives for a user's own script (same checkpoint folder)."""
+    """The callback list docs/fault-tolerance.md gives for a user's own script (same checkpoint folder)."""
     from sru_lightning.callbacks.nonfinite_loss import StopOnNonFiniteLoss
     from sru_lightning.callbacks.resume import RestoreDataPosition, SeedEveryBatch
 
