@@ -79,6 +79,7 @@ def _fail(message: str, status: int = 2) -> int:
 # entry point
 def main(argv: Sequence[str] | None = None) -> int:
     """Console entry point; returns the process exit status."""
+    _survive_scheduler_warnings()
     try:
         status = _dispatch(list(sys.argv[1:] if argv is None else argv))
         sys.stdout.flush()
@@ -91,6 +92,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         _silence_stdout()
         return _fail(f"cannot write the output: {error.strerror or error}", 1)
+
+
+def _survive_scheduler_warnings() -> None:
+    """SIGUSR1/SIGUSR2 (a scheduler's warning before a preemption or time limit) end a process
+    by default. Until a run watches them (its signal watch, then its GracefulInterrupt stop and
+    requeue), one arriving while the interpreter imports must not kill the job: it is ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGUSR1, signal.SIGUSR2):
+        if signal.getsignal(signum) == signal.SIG_DFL:
+            signal.signal(signum, signal.SIG_IGN)
 
 
 # A full disk or device (`> /dev/full`), a file too large: the output could not be written.

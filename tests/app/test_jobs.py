@@ -94,3 +94,13 @@ def test_srun_with_ntasks_instead_of_ntasks_per_node_is_one_line_naming_the_fix(
     assert cli.main(["fit", *STEPS, "trainer.max_steps=2", f"hydra.run.dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "--ntasks-per-node" in err and "Traceback" not in err
+
+
+def test_a_scheduler_warning_before_the_run_watches_signals_does_not_kill_the_command():
+    import subprocess
+    import sys
+
+    code = ("import os, signal\nfrom sru_lightning.app import cli\ncli.main(['--help'])\n"
+            "os.kill(os.getpid(), signal.SIGUSR1)\nos.kill(os.getpid(), signal.SIGUSR2)\nprint('still here')\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip().endswith("still here"), done.stderr[-2000:]

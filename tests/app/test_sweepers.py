@@ -108,8 +108,8 @@ def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path):
 def test_submitit_local_launcher_runs_the_jobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
     assert cli.main(["fit", "-m", "hydra/launcher=submitit_local", "model.dropout=0.0,0.1",
-                     *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
+                     *TINY, "~callbacks.lr_monitor", f"hydra.sweep.dir={sweep_dir}"]) == 0
     rows = summary_rows(sweep_dir)
     assert [row["job"] for row in rows] == ["0", "1"]
     assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
-    assert "'~callbacks.rich_progress_bar'" in rows[0]["overrides"]  # as typed, not `=null`
+    assert "'~callbacks.lr_monitor'" in rows[0]["overrides"]  # as typed, not `=null`
