@@ -42,10 +42,12 @@ PRELOAD = ("torch", "torch._dynamo", "lightning.pytorch", "hydra", "omegaconf", 
 # Environment variables read when the preloaded modules are imported: a command that sets
 # them differently from the server gets a real interpreter.
 IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA", "DS_ACCELERATOR")
-# Read when the process runs, not at import; torch.compile sets the last three in the process
-# that compiles, and so in every process a test worker starts after an in-process compile.
+# Read when the process runs, not at import; torch.compile sets TORCHINDUCTOR_CACHE_DIR,
+# TORCH_WARM_POOL and KMP_DUPLICATE_LIB_OK in the process that compiles, and joblib's import
+# sets KMP_INIT_AT_FORK (Intel OpenMP's fork handling, read at fork), so every process a test
+# worker starts after either would otherwise look different.
 RUNTIME_ONLY = {"PYTHONPATH", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK"}
+                "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
 FRESH = "SRU_LIGHTNING_TEST_FRESH_INTERPRETERS"
 
 # `sys.executable` of a child started with preload_children=True: the Python processes its
