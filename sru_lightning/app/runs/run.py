@@ -181,6 +181,8 @@ class Attempt:
     record: dict[str, Any] = field(init=False)
     owner: dict[str, str] = field(init=False)
     parent_pid: int = field(init=False)
+    started_at: float = field(init=False)
+    rank0_gone: bool | None = field(init=False)
     started: float = field(default_factory=time.monotonic)
     trainer: Any = None
 
@@ -189,6 +191,8 @@ class Attempt:
 
         self.owner = attempt_owner(self.output_dir, self.multirun)
         self.parent_pid = os.getppid()  # rank 0, for a rank Lightning's launcher started
+        self.started_at = time.time()
+        self.rank0_gone: bool | None = None  # decided once, by rank 1, after a lost collective
         self.record = {"command": self.command, "overrides": self.overrides, "status": "running",
                        "run_dir": str(self.output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
         if self.owner:
@@ -352,8 +356,9 @@ def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseExceptio
         return error
     said = next(words for words in _PEER_LOST if words in str(error))
     first_line = f"its collective said: {said}"
-    if trainer.global_rank != 0 and os.getppid() != attempt.parent_pid:
-        return RunFailed(f"rank 0 (pid {attempt.parent_pid}) ended, so rank {trainer.global_rank} could not go on "
+    if _rank0_is_gone(attempt, error):
+        who = f"rank 0 (pid {attempt.parent_pid})" if os.getppid() != attempt.parent_pid else "rank 0"
+        return RunFailed(f"{who} ended, so rank {trainer.global_rank} could not go on "
                          f"({first_line}); rank {trainer.global_rank} wrote this record")
     from sru_lightning.callbacks.signal_watch import SignalWatch
 
@@ -373,10 +378,29 @@ def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseExceptio
 
 
 def _rank0_is_gone(attempt: Attempt, error: BaseException) -> bool:
-    """Rank 0 writes the run's record; when it was killed, the rank it launched writes it instead."""
+    """Rank 0 writes the run's record; when it was killed, rank 1 writes it instead. Rank 0 is
+    gone when the process that launched this rank is (Lightning's launcher), or when it has
+    written no record of this attempt a few seconds after the collective failed."""
     trainer = attempt.trainer
-    return (trainer is not None and trainer.global_rank != 0 and _peer_lost(error)
-            and os.getppid() != attempt.parent_pid)
+    if trainer is None or trainer.global_rank != 1 or not _peer_lost(error):
+        return False
+    if attempt.rank0_gone is None:
+        if os.getppid() != attempt.parent_pid:
+            attempt.rank0_gone = True
+        else:
+            result = attempt.output_dir / "result.json"
+            deadline = time.monotonic() + 3.0
+            while time.monotonic() < deadline and not _written_since(result, attempt.started_at):
+                time.sleep(0.2)
+            attempt.rank0_gone = not _written_since(result, attempt.started_at)
+    return attempt.rank0_gone
+
+
+def _written_since(path: Path, moment: float) -> bool:
+    try:
+        return path.stat().st_mtime >= moment
+    except OSError:
+        return False
 
 
 #: Signals a scheduler sends ahead of a preemption or time limit (`#SBATCH --signal=USR1@90`,
