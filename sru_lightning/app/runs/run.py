@@ -27,8 +27,7 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from sru_lightning.app.usage import PROG, UsageError
 
-from .checkpoints import CheckpointError, check_fits_model, saved_codec
-from .checkpoints import CHECKPOINT_NAME
+from .checkpoints import CHECKPOINT_NAME, CheckpointError, check_fits_model, saved_codec
 from .folder import CHECKPOINTS_DIR, RunFolder, SaveRunConfig, plain_config
 from .starting_point import StartingPoint, starting_point
 from .records import write_record, write_result
