@@ -6,6 +6,7 @@
 #                processes, multi-process fits, sweeps, exports in a fresh process) and
 #                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
 #   make docs    build the documentation site (mkdocs.yml, docs/) into site/
+#   make lint    ruff's lint and format check (part of make test); make format applies them
 #
 # Neither needs SLURM: the tests in tests/cluster/ (marker `slurm`) start a private one-node
 # SLURM cluster from Debian's packages (apt-get install slurmctld slurmd slurm-client munge, as
@@ -28,7 +29,7 @@ PY = $(VENV)/bin/python
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(cores + 1, 16))")
 PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup run test test-fast build-ext bench docs clean
+.PHONY: setup run test test-fast lint format build-ext bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -47,13 +48,22 @@ build-ext: setup
 run: setup
 	$(PY) -m sru_lightning fit
 
-test: setup
+test: setup lint
 	$(PY) -m sru_lightning build
 	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
 
 test-fast: setup
 	$(PY) -m sru_lightning build
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
+
+# ruff (configured in pyproject.toml): lint and formatting check; `make format` applies both.
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
 
 bench: setup
 	$(PY) -m sru_lightning bench

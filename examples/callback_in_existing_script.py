@@ -20,8 +20,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from sru_lightning.callbacks import SRUPrecisionCallback
-from sru_lightning.data import PydocDataModule
 from sru_lightning.callbacks.nonfinite_loss import StopOnNonFiniteLoss
+from sru_lightning.data import PydocDataModule
 from sru_lightning.nn import SRU
 
 

@@ -39,4 +39,3 @@ class AppendingCSVLogger(CSVLogger):
         self._fs.makedirs(self.root_dir, exist_ok=True)
         self._experiment = _AppendingExperimentWriter(log_dir=self.log_dir)
         return self._experiment
-

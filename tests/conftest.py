@@ -37,6 +37,7 @@ LONGEST_FILES = [
 ]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
+
 def _test_file(item) -> str:
     return os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
 
@@ -50,9 +51,7 @@ def pytest_collection_modifyitems(config, items):
     has_cuda = torch.cuda.is_available()
     has_peer = importlib.util.find_spec("sru") is not None
     skip_cuda = pytest.mark.skip(reason="needs a CUDA GPU: torch.cuda.is_available() is False")
-    skip_peer = pytest.mark.skip(
-        reason="needs the `sru` package for parity tests: pip install 'sru_lightning[test]'"
-    )
+    skip_peer = pytest.mark.skip(reason="needs the `sru` package for parity tests: pip install 'sru_lightning[test]'")
     for item in items:
         if "cuda" in item.keywords and not has_cuda:
             item.add_marker(skip_cuda)

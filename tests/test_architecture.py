@@ -133,9 +133,16 @@ def test_the_graph_reader_sees_imports_of_every_form(tmp_path):
     assert imports_of("pkg.a", package / "a.py", known) == {"pkg.sub.b", "pkg.sub.c"}
     assert imports_of("pkg.sub.b", package / "sub" / "b.py", known) == {"pkg.a", "pkg.sub.c"}
     assert imports_of("pkg.sub.c", package / "sub" / "c.py", known) == {"pkg"}
-    graph = {m: imports_of(m, p, known) for m, p in [
-        ("pkg", package / "__init__.py"), ("pkg.a", package / "a.py"), ("pkg.sub", package / "sub" / "__init__.py"),
-        ("pkg.sub.b", package / "sub" / "b.py"), ("pkg.sub.c", package / "sub" / "c.py")]}
+    graph = {
+        m: imports_of(m, p, known)
+        for m, p in [
+            ("pkg", package / "__init__.py"),
+            ("pkg.a", package / "a.py"),
+            ("pkg.sub", package / "sub" / "__init__.py"),
+            ("pkg.sub.b", package / "sub" / "b.py"),
+            ("pkg.sub.c", package / "sub" / "c.py"),
+        ]
+    }
     assert strongly_connected(graph) == [["pkg", "pkg.a", "pkg.sub.b", "pkg.sub.c"]]  # pkg.sub imports nothing
 
 
@@ -165,7 +172,9 @@ def test_the_models_know_no_strategy_class():
     engines stay below the models and a new engine needs no change in them."""
     graph = import_graph()
     reaching = sorted(
-        f"{module} imports {target}" for module, targets in graph.items() for target in targets
+        f"{module} imports {target}"
+        for module, targets in graph.items()
+        for target in targets
         if module.startswith(f"{PACKAGE}.models") and target.startswith(f"{PACKAGE}.strategies")
     )
     assert reaching == []
@@ -181,14 +190,17 @@ def test_the_import_graph_has_no_cycle():
 @pytest.mark.slow
 def test_the_library_imports_without_hydra_or_the_application():
     library = sorted(name for name in module_names() if layer_of(name) == "library")
-    script = "\n".join([
-        "import importlib, sys",
-        "sys.modules.update(hydra=None, omegaconf=None)  # as if not installed",
-        f"for name in {library!r}:",
-        "    importlib.import_module(name)",
-        f"above = sorted(n for n in sys.modules if n.startswith(({APPLICATION!r}, {DIAGNOSTICS!r})))",
-        "assert not above, f'the library imported {above}'",
-    ])
-    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            cwd=PACKAGE_DIR.parent, timeout=300)
+    script = "\n".join(
+        [
+            "import importlib, sys",
+            "sys.modules.update(hydra=None, omegaconf=None)  # as if not installed",
+            f"for name in {library!r}:",
+            "    importlib.import_module(name)",
+            f"above = sorted(n for n in sys.modules if n.startswith(({APPLICATION!r}, {DIAGNOSTICS!r})))",
+            "assert not above, f'the library imported {above}'",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=PACKAGE_DIR.parent, timeout=300
+    )
     assert result.returncode == 0, result.stderr[-3000:]

@@ -29,7 +29,6 @@ import os
 import re
 import shlex
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -125,9 +124,9 @@ def sru_argv(words: list[str]) -> list[str] | None:
     """The `sru_lightning` arguments of a command line, wherever the launcher puts them."""
     for i, word in enumerate(words):
         if word == "-m" and i + 1 < len(words) and words[i + 1] == "sru_lightning":
-            return words[i + 2:]
+            return words[i + 2 :]
         if word == "sru-lightning":
-            return words[i + 1:]
+            return words[i + 1 :]
     return None
 
 
@@ -154,10 +153,15 @@ def compose_overrides(command: str, overrides: list[str]) -> None:
         else:
             values = list(override.sweep_string_iterator())
         sweeps.append([f"{key}={value}" for value in values])
-    variants = [fixed] if not sweeps else [
-        fixed + [choice if i == j else options[0] for i, options in enumerate(sweeps)]
-        for j, choices in enumerate(sweeps) for choice in choices
-    ]
+    variants = (
+        [fixed]
+        if not sweeps
+        else [
+            fixed + [choice if i == j else options[0] for i, options in enumerate(sweeps)]
+            for j, choices in enumerate(sweeps)
+            for choice in choices
+        ]
+    )
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         for variant in variants:
             cfg = compose("config", overrides=variant, return_hydra_config=True)
@@ -314,8 +318,10 @@ def not_run_reason(text: str) -> str | None:
 
 
 RUNNABLE = [
-    c for c in COMMANDS
-    if (argv := sru_argv(shlex.split(c.text))) and not_run_reason(c.text) is None
+    c
+    for c in COMMANDS
+    if (argv := sru_argv(shlex.split(c.text)))
+    and not_run_reason(c.text) is None
     and (argv[0] in TRAINER or argv[0] in RUN_TOOLS)
 ]
 

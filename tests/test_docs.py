@@ -36,18 +36,44 @@ def missing_docs_packages() -> list[str]:
 def test_the_docs_site_builds_strictly(tmp_path):
     missing = missing_docs_packages()
     if missing:
-        pytest.skip(f"mkdocs and its plugins are not installed ({', '.join(missing)} missing): "
-                    "pip install -e '.[docs]' (make setup installs it)")
+        pytest.skip(
+            f"mkdocs and its plugins are not installed ({', '.join(missing)} missing): "
+            "pip install -e '.[docs]' (make setup installs it)"
+        )
     done = subprocess.run(
-        [sys.executable, "-m", "mkdocs", "build", "--strict", "--config-file", str(ROOT / "mkdocs.yml"),
-         "--site-dir", str(tmp_path / "site")],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "mkdocs",
+            "build",
+            "--strict",
+            "--config-file",
+            str(ROOT / "mkdocs.yml"),
+            "--site-dir",
+            str(tmp_path / "site"),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
         env={**os.environ, "NO_MKDOCS_2_WARNING": "1", "DISABLE_MKDOCS_2_WARNING": "true"},
     )
     assert done.returncode == 0, f"mkdocs build --strict failed:\n{done.stdout[-3000:]}\n{done.stderr[-5000:]}"
     site = tmp_path / "site"
-    for page in ("layers", "kernels", "precision", "cli", "sweeps", "fault-tolerance", "distributed",
-                 "clusters", "deployment", "benchmarks", "testing", "architecture"):
+    for page in (
+        "layers",
+        "kernels",
+        "precision",
+        "cli",
+        "sweeps",
+        "fault-tolerance",
+        "distributed",
+        "clusters",
+        "deployment",
+        "benchmarks",
+        "testing",
+        "architecture",
+    ):
         assert (site / page / "index.html").is_file(), f"docs/{page}.md was not built"
     # The API reference really holds the docstrings (not just the page titles).
     api = (site / "api" / "nn" / "index.html").read_text()

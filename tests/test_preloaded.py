@@ -10,7 +10,6 @@ import sys
 import time
 
 import pytest
-
 from helpers import preloaded
 
 pytestmark = [
@@ -41,10 +40,14 @@ def test_the_test_processes_come_from_the_server_after_an_in_process_compile():
 def test_a_command_runs_in_its_own_process_with_its_arguments_directory_and_environment(tmp_path):
     import json
 
-    env = {**os.environ, "PRELOADED_PROBE": "yes",
-           "PYTHONPATH": os.pathsep.join(["/somewhere/else", os.environ.get("PYTHONPATH", "")])}
-    ended = preloaded.run([sys.executable, "-c", SHOW, "a", "b"], cwd=tmp_path, env=env, capture_output=True,
-                          text=True, timeout=120)
+    env = {
+        **os.environ,
+        "PRELOADED_PROBE": "yes",
+        "PYTHONPATH": os.pathsep.join(["/somewhere/else", os.environ.get("PYTHONPATH", "")]),
+    }
+    ended = preloaded.run(
+        [sys.executable, "-c", SHOW, "a", "b"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
     assert ended.returncode == 7 and ended.stderr == "to stderr\n"
     seen = json.loads(ended.stdout)
     assert seen["argv"] == ["-c", "a", "b"] and seen["cwd"] == str(tmp_path) and seen["name"] == "__main__"
@@ -54,8 +57,11 @@ def test_a_command_runs_in_its_own_process_with_its_arguments_directory_and_envi
 
 
 def test_a_new_session_gets_the_signals_sent_to_its_group(tmp_path):
-    process = preloaded.Popen([sys.executable, "-c", "import os, time; print(os.getsid(0), flush=True); time.sleep(60)"],
-                              stdout=open(tmp_path / "out", "w"), start_new_session=True)
+    process = preloaded.Popen(
+        [sys.executable, "-c", "import os, time; print(os.getsid(0), flush=True); time.sleep(60)"],
+        stdout=open(tmp_path / "out", "w"),
+        start_new_session=True,
+    )
     assert isinstance(process, preloaded.Popen)
     deadline = time.monotonic() + 60
     while not (tmp_path / "out").read_text() and time.monotonic() < deadline:
@@ -74,15 +80,25 @@ def test_an_environment_that_changes_what_the_imports_read_gets_a_fresh_interpre
 
 
 def test_preloaded_children_start_their_own_python_processes_from_the_server_too():
-    inner = "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', 'import sys; sys.exit(5)']).returncode)"
-    ended = preloaded.run([sys.executable, "-c", inner], capture_output=True, text=True, timeout=120,
-                          preload_children=True)
+    inner = (
+        "import subprocess, sys; sys.exit(subprocess.run([sys.executable, '-c', 'import sys; sys.exit(5)']).returncode)"
+    )
+    ended = preloaded.run(
+        [sys.executable, "-c", inner], capture_output=True, text=True, timeout=120, preload_children=True
+    )
     assert ended.returncode == 5, ended.stderr[-2000:]
-    which = preloaded.run([sys.executable, "-c", "import sys; print(sys.executable)"], capture_output=True, text=True,
-                          timeout=120, preload_children=True)
+    which = preloaded.run(
+        [sys.executable, "-c", "import sys; print(sys.executable)"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        preload_children=True,
+    )
     assert which.stdout.strip().endswith(os.path.join("", "python")) and which.stdout.strip() != sys.executable
 
 
 def test_an_uncaught_keyboard_interrupt_ends_the_process_by_sigint():
-    ended = preloaded.run([sys.executable, "-c", "raise KeyboardInterrupt"], capture_output=True, text=True, timeout=120)
+    ended = preloaded.run(
+        [sys.executable, "-c", "raise KeyboardInterrupt"], capture_output=True, text=True, timeout=120
+    )
     assert ended.returncode == -signal.SIGINT and "KeyboardInterrupt" in ended.stderr

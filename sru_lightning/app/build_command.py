@@ -8,9 +8,9 @@ import sys
 
 import torch
 
+from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.ops import build, build_cache, cuda_toolkit
 from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
-from sru_lightning.app.usage import CommandParser, command_prog
 
 
 def compiled_vector_levels() -> tuple[str, ...]:

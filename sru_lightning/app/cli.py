@@ -14,6 +14,7 @@ from typing import Any
 
 from sru_lightning._resources import conf_dir
 from sru_lightning.app.usage import PROG, print_error
+
 TRAINER_COMMANDS = {
     "fit": "train a language model (default: SRU on pydoc prose, a few minutes on CPU)",
     "validate": "evaluate on the validation split (load weights with ckpt_path=...)",
@@ -26,7 +27,10 @@ TOOL_COMMANDS = {
     "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
     "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),
     "generate": ("sru_lightning.app.generate", "write text with a trained checkpoint (prompt=... length=...)"),
-    "export": ("sru_lightning.app.export_command", "export a checkpoint to ONNX, torch.export or AOTInductor (format=... out=...)"),
+    "export": (
+        "sru_lightning.app.export_command",
+        "export a checkpoint to ONNX, torch.export or AOTInductor (format=... out=...)",
+    ),
 }
 
 
@@ -174,8 +178,9 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         hydra_config = HydraConfig.get()
         try:
             job_overrides = as_typed(list(hydra_config.overrides.task), overrides)
-            result = run(cfg, command, Path(hydra_config.runtime.output_dir), job_overrides,
-                         multirun=_is_multirun(HydraConfig))
+            result = run(
+                cfg, command, Path(hydra_config.runtime.output_dir), job_overrides, multirun=_is_multirun(HydraConfig)
+            )
         finally:
             sys.argv = [original_argv[0], *overrides]
         statuses.append(result["status"])
@@ -230,8 +235,10 @@ def _report_incomplete(incomplete) -> int:
     for row in incomplete.rows:
         error = row["error"].splitlines()[0] if row["error"] else "no result was written"
         print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
-    print(f"{PROG}: {len(incomplete.rows)} of {incomplete.total} runs did not complete; see the summary above",
-          file=sys.stderr)
+    print(
+        f"{PROG}: {len(incomplete.rows)} of {incomplete.total} runs did not complete; see the summary above",
+        file=sys.stderr,
+    )
     return 1
 
 

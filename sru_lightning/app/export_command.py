@@ -43,7 +43,6 @@ def usage() -> str:
 
 def parse_settings(argv: Sequence[str]) -> ExportSettings:
     from sru_lightning.app.key_value import parse_key_values
-
     from sru_lightning.export.graph_module import ExportError
     from sru_lightning.export.package import check_format
 
@@ -72,13 +71,17 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         started = time.perf_counter()
         source = {"checkpoint": str(path), "global_step": checkpoint.get("global_step")}
-        folder = export_language_model(model, settings.out, settings.format, codec,
-                                       overwrite=settings.overwrite, source=source)
+        folder = export_language_model(
+            model, settings.out, settings.format, codec, overwrite=settings.overwrite, source=source
+        )
     except (UsageError, ExportError) as error:
         print_error(str(error), PROG)
         return 2
     seconds = time.perf_counter() - started
-    print(f"{PROG}: {model.rnn_type} model of {path} (step {checkpoint.get('global_step', '?')}) -> "
-          f"{folder} (format={settings.format}, {seconds:.1f} s)", file=sys.stderr)
+    print(
+        f"{PROG}: {model.rnn_type} model of {path} (step {checkpoint.get('global_step', '?')}) -> "
+        f"{folder} (format={settings.format}, {seconds:.1f} s)",
+        file=sys.stderr,
+    )
     print(folder)
     return 0

@@ -67,8 +67,10 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
 
     settings, raw = parse_key_values(argv, GenerateSettings, UsageError)
     if settings.model and "ckpt_path" in raw:  # the default ckpt_path=last is no choice of the user's
-        raise UsageError(f"`model` ({settings.model!r}, an export folder) and `ckpt_path` ({raw['ckpt_path']!r}) "
-                         "both name the model to generate with; give only one of them")
+        raise UsageError(
+            f"`model` ({settings.model!r}, an export folder) and `ckpt_path` ({raw['ckpt_path']!r}) "
+            "both name the model to generate with; give only one of them"
+        )
     if settings.length < 1:
         raise UsageError(f"`length` must be a positive integer (tokens to generate), got {settings.length}")
     if not settings.temperature >= 0 or settings.temperature == float("inf"):
@@ -150,7 +152,9 @@ def load_codec(checkpoint: Mapping[str, Any], path: Path):
     try:
         return instantiate(config.data).codec
     except Exception as error:  # noqa: BLE001 - whatever the data module raises, said in one line
-        raise UsageError(f"cannot rebuild the vocabulary of {str(path)!r} from its run's data config: {error}") from None
+        raise UsageError(
+            f"cannot rebuild the vocabulary of {str(path)!r} from its run's data config: {error}"
+        ) from None
 
 
 # --------------------------------------------------------------------------------------------

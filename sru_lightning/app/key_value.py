@@ -7,8 +7,9 @@ takes its value verbatim (no YAML parsing that would strip spaces or turn `yes` 
 from __future__ import annotations
 
 import difflib
+from collections.abc import Sequence
 from dataclasses import fields
-from typing import Sequence, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 

@@ -38,8 +38,18 @@ LOST_FILE = "lost.json"
 SETTLED_STATUSES = ("completed", "failed")
 # Metrics shown first when present; any other metric follows in alphabetical order.
 PREFERRED_METRICS = (
-    "val_bpc", "val_ppl", "test_bpc", "test_ppl", "unigram_bpc", "train_bpc_epoch",
-    "val_bpw", "val_word_ppl", "test_bpw", "test_word_ppl", "unigram_bpw", "train_bpw_epoch",
+    "val_bpc",
+    "val_ppl",
+    "test_bpc",
+    "test_ppl",
+    "unigram_bpc",
+    "train_bpc_epoch",
+    "val_bpw",
+    "val_word_ppl",
+    "test_bpw",
+    "test_word_ppl",
+    "unigram_bpw",
+    "train_bpw_epoch",
 )
 
 # How each job ran, after its metrics: optimizer steps, training throughput, wall time.
@@ -131,8 +141,13 @@ def record_lost_job(job_dir: Path, overrides: list[str], reason: str, slurm_job:
     """Note in the job's folder (made if the job never started) that its launcher gave up on it
     and why; the summary lists the job as `lost` unless the run recorded how it ended."""
     job_dir.mkdir(parents=True, exist_ok=True)
-    note = {"status": "lost", "reason": reason, "overrides": list(overrides), "slurm_job": slurm_job,
-            "time": time.strftime("%Y-%m-%d %H:%M:%S")}
+    note = {
+        "status": "lost",
+        "reason": reason,
+        "overrides": list(overrides),
+        "slurm_job": slurm_job,
+        "time": time.strftime("%Y-%m-%d %H:%M:%S"),
+    }
     path = job_dir / LOST_FILE
     path.write_text(json.dumps(note, indent=2) + "\n")
     return path
@@ -147,9 +162,11 @@ def _lost_record(job_dir: Path) -> dict[str, Any] | None:
 
 
 def _started_before(job_dir: Path, since: float) -> bool:
-    stamps = [file.stat().st_mtime for file in (job_dir / ".hydra" / "overrides.yaml", job_dir / RESULT_FILE,
-                                                job_dir / LOST_FILE)
-              if file.exists()]
+    stamps = [
+        file.stat().st_mtime
+        for file in (job_dir / ".hydra" / "overrides.yaml", job_dir / RESULT_FILE, job_dir / LOST_FILE)
+        if file.exists()
+    ]
     return max(stamps) < since
 
 
@@ -195,9 +212,14 @@ def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Pa
     header = ["job", "status", "overrides", *metrics, *RUN_COLUMNS, "error"]
 
     def cells(row: dict[str, Any], metric, run_column) -> list[str]:
-        return [row["job"], row["status"], row["overrides"], *(metric(row["metrics"].get(m)) for m in metrics),
-                *(run_column(row.get(key), key) for key in RUN_COLUMNS),
-                row["error"].splitlines()[0] if row["error"] else ""]
+        return [
+            row["job"],
+            row["status"],
+            row["overrides"],
+            *(metric(row["metrics"].get(m)) for m in metrics),
+            *(run_column(row.get(key), key) for key in RUN_COLUMNS),
+            row["error"].splitlines()[0] if row["error"] else "",
+        ]
 
     csv_path = sweep_dir / SUMMARY_CSV
     with open(csv_path, "w", newline="") as handle:

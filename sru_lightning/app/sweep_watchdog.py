@@ -33,8 +33,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, open_dict
@@ -49,10 +50,20 @@ POLL_S = 2.0
 GRACE_S = 6.0
 #: Job states after which a job never runs again. COMPLETING (processes still ending: the job may
 #: yet write its result) is not one; PREEMPTED is not either, a preempted job may be requeued.
-ENDED_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL",
-    "DEADLINE", "SPECIAL_EXIT", "REVOKED",
-})
+ENDED_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SPECIAL_EXIT",
+        "REVOKED",
+    }
+)
 SLURM_LAUNCHER = "hydra_plugins.hydra_submitit_launcher.submitit_launcher.SlurmLauncher"
 
 
@@ -101,8 +112,9 @@ class LostJobWatchdog(Callback):
             return
         folder = str(config.hydra.launcher.submitit_folder)
         self._stop.clear()
-        self._thread = threading.Thread(target=self._watch, args=(folder, config), name="lost-job-watchdog",
-                                        daemon=True)
+        self._thread = threading.Thread(
+            target=self._watch, args=(folder, config), name="lost-job-watchdog", daemon=True
+        )
         self._thread.start()
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
@@ -118,8 +130,11 @@ class LostJobWatchdog(Callback):
         closed: set[str] = set()
         while not self._stop.wait(POLL_S):
             try:
-                out = {job_id: paths for job_id, paths in submitted_jobs(folder).items()
-                       if job_id not in closed and not paths.result_pickle.exists()}
+                out = {
+                    job_id: paths
+                    for job_id, paths in submitted_jobs(folder).items()
+                    if job_id not in closed and not paths.result_pickle.exists()
+                }
                 states = scheduler_states(list(out)) if out else {}
                 if states is None:
                     continue
@@ -158,8 +173,11 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
     from sru_lightning.app.cli import JobFailed, _sweeper_counts_failures, as_typed
     from sru_lightning.app.sweep import record_lost_job
 
-    reason = f"SLURM job {job_id} ended ({state}) without a result" if state.isupper() else \
-        f"SLURM job {job_id} ended without a result ({state})"
+    reason = (
+        f"SLURM job {job_id} ended ({state}) without a result"
+        if state.isupper()
+        else f"SLURM job {job_id} ended without a result ({state})"
+    )
     delayed = DelayedSubmission.load(paths.submitted_pickle)
     overrides, number = list(delayed.args[0]), int(delayed.args[2])
     job_dir = _job_dir(delayed.function, overrides, number, job_id, config)
@@ -167,11 +185,16 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
     # As the user typed them (the CLI's sys.argv during the sweep), like a run's own record.
     record_lost_job(job_dir, as_typed(overrides, sys.argv[1:]), reason, job_id)
     if _sweeper_counts_failures(config.hydra):
-        result = JobReturn(overrides=overrides, working_dir=str(job_dir), status=JobStatus.FAILED,
-                           _return_value=JobFailed(f"job {job_dir} lost: {reason}"))
+        result = JobReturn(
+            overrides=overrides,
+            working_dir=str(job_dir),
+            status=JobStatus.FAILED,
+            _return_value=JobFailed(f"job {job_dir} lost: {reason}"),
+        )
     else:  # what the task returns for a run that did not complete
-        result = JobReturn(overrides=overrides, working_dir=str(job_dir), status=JobStatus.COMPLETED,
-                           _return_value=float("nan"))
+        result = JobReturn(
+            overrides=overrides, working_dir=str(job_dir), status=JobStatus.COMPLETED, _return_value=float("nan")
+        )
     result.task_name = str(config.hydra.job.name)
     partial = paths.result_pickle.with_name(paths.result_pickle.name + ".lost")
     cloudpickle_dump(("success", result), partial)
@@ -188,6 +211,7 @@ def _job_dir(launcher, overrides: list[str], number: int, job_id: str, config: D
             job_config.hydra.job.id = job_id
         return Path(str(job_config.hydra.sweep.dir)) / str(job_config.hydra.sweep.subdir)
     except Exception as error:  # noqa: BLE001
-        log.warning("Cannot compose sweep job #%d's folder (%s); using %s/%d", number, error,
-                    config.hydra.sweep.dir, number)
+        log.warning(
+            "Cannot compose sweep job #%d's folder (%s); using %s/%d", number, error, config.hydra.sweep.dir, number
+        )
         return Path(str(config.hydra.sweep.dir)) / str(number)

@@ -10,7 +10,6 @@ import argparse
 import sys
 from typing import NoReturn
 
-
 #: How the package's commands are started, the prefix of every message they print.
 PROG = "python -m sru_lightning"
 

@@ -84,8 +84,15 @@ class GracefulInterrupt(StopsOnSignal, Callback):
     def __getstate__(self) -> dict[str, Any]:
         # Spawn-based strategies pickle the callbacks: threads, locks and handlers stay here.
         state = self.__dict__.copy()
-        state.update(_trainer=None, _previous_handlers={}, _active=False, _watchdog=None, _watchdog_lock=None,
-                     _stop_finished=None, before_watchdog_exit=[])
+        state.update(
+            _trainer=None,
+            _previous_handlers={},
+            _active=False,
+            _watchdog=None,
+            _watchdog_lock=None,
+            _stop_finished=None,
+            before_watchdog_exit=[],
+        )
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -169,8 +176,11 @@ class GracefulInterrupt(StopsOnSignal, Callback):
                     return
                 self.aborted = True
                 while_saving = " (the checkpoint being written is dropped)" if self._stopped else ""
-                log.warning("[rank %d] Ctrl+C again: aborting at once, without a checkpoint of the current step%s",
-                            rank, while_saving)
+                log.warning(
+                    "[rank %d] Ctrl+C again: aborting at once, without a checkpoint of the current step%s",
+                    rank,
+                    while_saving,
+                )
                 raise KeyboardInterrupt
             return  # already stopping; SLURM and launchers may repeat SIGTERM
         self.received_signal = signum
@@ -179,19 +189,29 @@ class GracefulInterrupt(StopsOnSignal, Callback):
             self._agreed(signum)
         log.warning(
             "[rank %d] Received %s: stopping after the current batch and saving a checkpoint%s",
-            rank, signal_name(signum), " (press Ctrl+C again to abort at once)" if signum == signal.SIGINT else "",
+            rank,
+            signal_name(signum),
+            " (press Ctrl+C again to abort at once)" if signum == signal.SIGINT else "",
         )
         self.start_watchdog(signum)
 
     # -- agreement ---------------------------------------------------------------------------
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
         self._agree(trainer)
 
     @override
-    def on_validation_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any,
-                                batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
+    def on_validation_batch_end(
+        self,
+        trainer: pl.Trainer,
+        pl_module: pl.LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
+        dataloader_idx: int = 0,
+    ) -> None:
         self._agree(trainer)
 
     def _agree(self, trainer: pl.Trainer) -> None:
@@ -231,8 +251,9 @@ class GracefulInterrupt(StopsOnSignal, Callback):
             # The Trainer call this signal interrupts: only a process still inside that very call
             # is ended (a script or a test process may have gone on to another fit).
             call = _main_thread_trainer_call()
-            self._watchdog = threading.Thread(target=self._watch, args=(signum, rank, self._stop_finished, call),
-                                              name="stop-watchdog", daemon=True)
+            self._watchdog = threading.Thread(
+                target=self._watch, args=(signum, rank, self._stop_finished, call), name="stop-watchdog", daemon=True
+            )
             self._watchdog.start()
 
     def _watch(self, signum: int, rank: int, stop_finished: threading.Event, call) -> None:
@@ -242,8 +263,11 @@ class GracefulInterrupt(StopsOnSignal, Callback):
             # script, a notebook or a test may continue.
             return
         several = self._trainer is not None and self._trainer.world_size > 1
-        why = ("another process of this run is gone or stuck, so the ranks cannot agree on a checkpoint"
-               if several else "the current step or checkpoint write is stuck")
+        why = (
+            "another process of this run is gone or stuck, so the ranks cannot agree on a checkpoint"
+            if several
+            else "the current step or checkpoint write is stuck"
+        )
         message = (
             f"sru_lightning: rank {rank} received {signal_name(signum)} {self.stop_timeout:g} s ago and has not "
             f"finished stopping: {why} (callbacks.graceful_interrupt.stop_timeout={self.stop_timeout:g}); "
@@ -274,8 +298,7 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         self._restore_handlers()
 
     @override
-    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                     exception: BaseException) -> None:
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self.stop_signal is None:
             self._restore_handlers()
         self._stopped = True
@@ -341,8 +364,10 @@ def interruption_cause(trainer: pl.Trainer | None, exception: BaseException) -> 
         return f"stopped by {signal_name(graceful.stop_signal)}"
     if graceful is not None and graceful.received_signal is not None:
         # Signalled, then a peer ended first (it aborted, or was killed): the ranks never agreed.
-        return (f"stopped by {signal_name(graceful.received_signal)}; another process ended before the ranks "
-                f"agreed on a checkpoint ({type(exception).__name__}: {str(exception).strip()[:200]})")
+        return (
+            f"stopped by {signal_name(graceful.received_signal)}; another process ended before the ranks "
+            f"agreed on a checkpoint ({type(exception).__name__}: {str(exception).strip()[:200]})"
+        )
     if isinstance(exception, KeyboardInterrupt):
         return "stopped by SIGINT (Ctrl+C)"
     if isinstance(exception, SIGTERMException):

@@ -28,8 +28,11 @@ def _likely_causes(trainer: pl.Trainer) -> str:
     causes = ["the learning rate is too high for this model (lower model.optimizer.lr)"]
     precision = str(getattr(trainer, "precision", ""))
     if precision.startswith("16"):
-        causes.insert(0, "float16's range: activations or gradients overflowed (bf16-true / bf16-mixed have "
-                         "float32's range; 16-mixed scales the loss)")
+        causes.insert(
+            0,
+            "float16's range: activations or gradients overflowed (bf16-true / bf16-mixed have "
+            "float32's range; 16-mixed scales the loss)",
+        )
     if not trainer.gradient_clip_val:
         causes.append("exploding gradients (set trainer.gradient_clip_val, e.g. 1.0)")
     causes.append("NaN or Inf in the input data")
@@ -53,8 +56,9 @@ class StopOnNonFiniteLoss(Callback):
         self.check_every_n_steps = check_every_n_steps
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
         if batch_idx % self.check_every_n_steps:
             return
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs

@@ -9,9 +9,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 
 from sru_lightning.nn import SRU, SRUCell, SRUpp, SRUppCell, iter_sru_cells, set_recurrence_policy
 from sru_lightning.ops.storage_dtype import validate_policy
@@ -19,7 +19,11 @@ from sru_lightning.precision import Regime, detect_regime, dtype_name
 from sru_lightning.precision.apex import register_with_apex
 
 from .tensor_cores import (
-    TENSOR_CORE_MULTIPLE, ShapeAdvice, TensorCoreShapeWarning, rows_of, should_advise_tensor_cores,
+    TENSOR_CORE_MULTIPLE,
+    ShapeAdvice,
+    TensorCoreShapeWarning,
+    rows_of,
+    should_advise_tensor_cores,
     tensor_core_advice,
 )
 
@@ -59,8 +63,7 @@ class SRUPrecisionCallback(Callback):
             raise TypeError(f"SRUPrecisionCallback: `register_apex` must be a bool, got {register_apex!r}")
         if advise_tensor_cores is not None and not isinstance(advise_tensor_cores, bool):
             raise TypeError(
-                "SRUPrecisionCallback: `advise_tensor_cores` must be None or a bool, "
-                f"got {advise_tensor_cores!r}"
+                f"SRUPrecisionCallback: `advise_tensor_cores` must be None or a bool, got {advise_tensor_cores!r}"
             )
         self.register_apex = register_apex
         self.advise_tensor_cores = advise_tensor_cores
@@ -104,8 +107,9 @@ class SRUPrecisionCallback(Callback):
         self._apply_and_report(trainer, pl_module)
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
         if self._hooks:
             self._remove_hooks()
             self.shape_advice = tensor_core_advice(iter_sru_cells(pl_module), self._rows)

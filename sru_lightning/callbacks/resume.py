@@ -69,8 +69,9 @@ class SeedEveryBatch(Callback):
         return int.from_bytes(digest, "little") >> 1
 
     @override
-    def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                             batch: Any, batch_idx: int) -> None:
+    def on_train_batch_start(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
+    ) -> None:
         batch_index = trainer.fit_loop.epoch_loop.total_batch_idx
         value = self.batch_seed(global_seed(self.seed), batch_index, trainer.global_rank)
         random.seed(value)

@@ -141,14 +141,16 @@ class SignalWatch:
         callbacks = getattr(self._trainer, "callbacks", None)
         if callbacks is not None and not any(isinstance(callback, StopsOnSignal) for callback in callbacks):
             self._forward_to_launched_ranks(signum)
-            _exit(f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
-                  "GracefulInterrupt callback: callbacks=default includes it)", 128 + signum)
+            _exit(
+                f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
+                "GracefulInterrupt callback: callbacks=default includes it)",
+                128 + signum,
+            )
         # Before training a launched rank may still be starting its interpreter, where SIGINT
         # would print a KeyboardInterrupt traceback: SIGTERM ends it quietly there, and once its
         # own watch runs it ends the same way as on any signal.
         self._forward_to_launched_ranks(signal.SIGTERM)
-        _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)",
-              128 + signum)
+        _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)", 128 + signum)
 
     def release_launched_ranks(self) -> None:
         """The Trainer call has ended on this process: the launched ranks end on their own now.
@@ -184,8 +186,11 @@ class SignalWatch:
             status = process.poll()
             if status is not None and status != 0:
                 self._forward_to_launched_ranks(signal.SIGTERM)
-                _exit(f"rank {rank} (process {process.pid}) ended with status {status} before training started; "
-                      "exiting instead of waiting for it", 1)
+                _exit(
+                    f"rank {rank} (process {process.pid}) ended with status {status} before training started; "
+                    "exiting instead of waiting for it",
+                    1,
+                )
 
 
 @contextlib.contextmanager

@@ -5,12 +5,19 @@ nearest sizes that fix it."""
 from __future__ import annotations
 
 import dataclasses
-from typing import Iterable, Mapping
+from collections.abc import Iterable, Mapping
 
 from sru_lightning.nn import SRUCell, SRUppCell
 from sru_lightning.precision import Regime
 
-__all__ = ["TENSOR_CORE_MULTIPLE", "ShapeAdvice", "TensorCoreShapeWarning", "rows_of", "should_advise_tensor_cores", "tensor_core_advice"]
+__all__ = [
+    "TENSOR_CORE_MULTIPLE",
+    "ShapeAdvice",
+    "TensorCoreShapeWarning",
+    "rows_of",
+    "should_advise_tensor_cores",
+    "tensor_core_advice",
+]
 
 TENSOR_CORE_MULTIPLE = 8  # fp16/bf16 GEMM dimensions that keep cuBLAS on tensor cores
 
@@ -54,7 +61,9 @@ def _srupp_advice(name: str, cell: SRUppCell, multiple: int) -> list[ShapeAdvice
     if cell.input_size % multiple:
         advice.append(
             ShapeAdvice(
-                name, "input_size", cell.input_size,
+                name,
+                "input_size",
+                cell.input_size,
                 f"input_size={cell.input_size} is not a multiple of {multiple} (inner dimension of the "
                 f"attention projection); make the layer input {_next_multiple(cell.input_size, multiple)} wide",
             )
@@ -63,7 +72,9 @@ def _srupp_advice(name: str, cell: SRUppCell, multiple: int) -> list[ShapeAdvice
     if proj % multiple:
         advice.append(
             ShapeAdvice(
-                name, "proj_size", proj,
+                name,
+                "proj_size",
+                proj,
                 f"proj_size={proj} is not a multiple of {multiple}; use proj_size="
                 f"{_next_multiple(proj, multiple * max(cell.num_heads, 1))}",
             )
@@ -76,7 +87,9 @@ def _srupp_advice(name: str, cell: SRUppCell, multiple: int) -> list[ShapeAdvice
         alternative = f" or num_heads={fewer_heads[0]}" if fewer_heads else ""
         advice.append(
             ShapeAdvice(
-                name, "head_dim", head_dim,
+                name,
+                "head_dim",
+                head_dim,
                 f"per-head dimension proj_size / num_heads = {proj} / {heads} = {head_dim} is not a "
                 f"multiple of {multiple}; use proj_size={better_proj}{alternative}",
             )
@@ -145,8 +158,7 @@ def _projection_advice(name: str, projection: int, multiple: int) -> list[ShapeA
             name,
             "projection_size",
             projection,
-            f"n_proj={projection} is not a multiple of {multiple}; use "
-            f"n_proj={_next_multiple(projection, multiple)}",
+            f"n_proj={projection} is not a multiple of {multiple}; use n_proj={_next_multiple(projection, multiple)}",
         )
     ]
 

@@ -33,19 +33,24 @@ class ValidateBeforeStop(Callback):
     """
 
     @override
-    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT,
-                           batch: Any, batch_idx: int) -> None:
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
+    ) -> None:
         if self._cut_by_max_steps(trainer):
             trainer.should_stop = True
 
     @staticmethod
     def _cut_by_max_steps(trainer: pl.Trainer) -> bool:
-        return (trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step
-                and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch)
+        return (
+            trainer.max_steps is not None
+            and 0 < trainer.max_steps <= trainer.global_step
+            and not trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
+        )
 
     @override
-    def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule,
-                           checkpoint: dict[str, Any]) -> None:
+    def on_save_checkpoint(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
+    ) -> None:
         if not self._cut_by_max_steps(trainer):
             return
         progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")

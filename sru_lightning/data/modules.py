@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import codecs
-
 import math
 import sysconfig
 import zipfile
@@ -84,8 +83,11 @@ class LanguageModelDataModule(pl.LightningDataModule):
 
     def check_sizes(self, world_size: int = 1) -> None:
         """Raise ValueError when a split is too short for its batch layout (before training)."""
-        fractions = {"train": 1.0 - getattr(self, "val_fraction", 0.0) - getattr(self, "test_fraction", 0.0),
-                     "val": getattr(self, "val_fraction", None), "test": getattr(self, "test_fraction", None)}
+        fractions = {
+            "train": 1.0 - getattr(self, "val_fraction", 0.0) - getattr(self, "test_fraction", 0.0),
+            "val": getattr(self, "val_fraction", None),
+            "test": getattr(self, "test_fraction", None),
+        }
         for split in SPLITS:
             batch_size = self.batch_size if split == "train" else self.eval_batch_size
             tokens = getattr(self.corpus, split).numel()
@@ -96,7 +98,8 @@ class LanguageModelDataModule(pl.LightningDataModule):
             hint = ""
             fraction = fractions.get(split)
             if fraction:
-                hint = f" (the whole text needs about {math.ceil(needed / fraction)} tokens at {split} fraction {fraction:g})"
+                tokens = math.ceil(needed / fraction)
+                hint = f" (the whole text needs about {tokens} tokens at {split} fraction {fraction:g})"
             raise ValueError(
                 f"{type(self).__name__}: the {split} split of {self.describe_source()} has {tokens} tokens, too few "
                 f"for {batch_size} streams x {world_size} process(es) x data.seq_len={self.seq_len}: it needs at "

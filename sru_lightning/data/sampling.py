@@ -73,8 +73,9 @@ class ResumableDataLoader(DataLoader):
     the ``DistributedSampler`` Lightning injects under DDP.
     """
 
-    def __init__(self, dataset, *args: Any, shuffle: bool | None = None, seed: int | None = None,
-                 **kwargs: Any) -> None:
+    def __init__(
+        self, dataset, *args: Any, shuffle: bool | None = None, seed: int | None = None, **kwargs: Any
+    ) -> None:
         self.seed = global_seed(seed)
         if shuffle and kwargs.get("sampler") is None and kwargs.get("batch_sampler") is None:
             kwargs["sampler"] = EpochSeededRandomSampler(dataset, seed=self.seed)

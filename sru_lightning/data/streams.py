@@ -39,9 +39,7 @@ class ContiguousStreams(IterableDataset):
         if not 0 <= rank < world_size:
             raise ValueError(f"ContiguousStreams: `rank` must be in [0, {world_size}), got {rank!r}")
         if token_ids.dim() != 1:
-            raise ValueError(
-                f"ContiguousStreams: `token_ids` must be 1-D, got shape {tuple(token_ids.shape)}"
-            )
+            raise ValueError(f"ContiguousStreams: `token_ids` must be 1-D, got shape {tuple(token_ids.shape)}")
         total_rows = batch_size * world_size
         # One token more than the inputs need, for the last target.
         stream_len = (token_ids.numel() - 1) // total_rows
@@ -92,8 +90,7 @@ class Vocabulary:
             missing = set(tokens) - self.stoi.keys()
             if missing:
                 raise ValueError(
-                    f"Vocabulary: tokens {sorted(missing)[:5]!r} are not in the vocabulary "
-                    f"of {len(self)} symbols"
+                    f"Vocabulary: tokens {sorted(missing)[:5]!r} are not in the vocabulary of {len(self)} symbols"
                 )
             ids = [self.stoi[token] for token in tokens]
         else:
@@ -113,9 +110,7 @@ class Vocabulary:
         if missing.any():
             if self.unknown is None:
                 unseen = sorted({chr(c) for c in code_points[missing][:1000].tolist()})
-                raise ValueError(
-                    f"Vocabulary: tokens {unseen[:5]!r} are not in the vocabulary of {len(self)} symbols"
-                )
+                raise ValueError(f"Vocabulary: tokens {unseen[:5]!r} are not in the vocabulary of {len(self)} symbols")
             ids[missing] = self.stoi[self.unknown]
         return ids
 

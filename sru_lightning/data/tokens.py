@@ -62,8 +62,12 @@ class TokenCodec:
 
     @classmethod
     def from_state_dict(cls, state: Mapping[str, Any]) -> TokenCodec:
-        return cls(state["level"], state.get("itos"), unknown=state.get("unknown"),
-                   end_of_line=state.get("end_of_line", END_OF_LINE))
+        return cls(
+            state["level"],
+            state.get("itos"),
+            unknown=state.get("unknown"),
+            end_of_line=state.get("end_of_line", END_OF_LINE),
+        )
 
     # -- text -> ids ------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -125,4 +129,3 @@ class _StreamDecoder:
     def flush(self) -> str:
         """Whatever an unfinished byte sequence stands for (a replacement character)."""
         return self.bytes.decode(b"", final=True) if self.bytes is not None else ""
-

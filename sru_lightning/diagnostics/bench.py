@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 from torch import nn
+
 from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
 
@@ -50,10 +51,10 @@ class BenchConfig:
 @dataclass
 class BenchResult:
     config: BenchConfig
-    train_ms: dict[str, float] = field(default_factory=dict)      # forward + backward
+    train_ms: dict[str, float] = field(default_factory=dict)  # forward + backward
     inference_ms: dict[str, float] = field(default_factory=dict)
-    saved_bytes: dict[str, int] = field(default_factory=dict)     # SRU stack, fp32 / half policy
-    kernel_ms: dict[str, float] = field(default_factory=dict)     # recurrence op alone, per storage dtype
+    saved_bytes: dict[str, int] = field(default_factory=dict)  # SRU stack, fp32 / half policy
+    kernel_ms: dict[str, float] = field(default_factory=dict)  # recurrence op alone, per storage dtype
     notes: list[str] = field(default_factory=list)
 
     def ratio(self, table: str, model: str, baseline: str) -> float | None:
@@ -248,8 +249,16 @@ def measure_saved_bytes(config: BenchConfig) -> dict[str, int]:
     return {"fp32": fp32, "half (bf16 autocast)": saved_tensor_bytes(half_forward)}
 
 
-COLUMNS = (("model", "<22"), ("fwd+bwd ms", ">12"), ("x LSTM", ">9"), ("x GRU", ">8"), ("x GEMM", ">9"),
-           ("infer ms", ">11"), ("x LSTM", ">9"), ("x GRU", ">8"))
+COLUMNS = (
+    ("model", "<22"),
+    ("fwd+bwd ms", ">12"),
+    ("x LSTM", ">9"),
+    ("x GRU", ">8"),
+    ("x GEMM", ">9"),
+    ("infer ms", ">11"),
+    ("x LSTM", ">9"),
+    ("x GRU", ">8"),
+)
 
 
 def _cell(value: float | None, digits: int) -> str:
@@ -258,10 +267,16 @@ def _cell(value: float | None, digits: int) -> str:
 
 def _row(result: BenchResult, name: str) -> tuple[str, ...]:
     """One model's times and their ratios to nn.LSTM, nn.GRU and the GEMM floor ("-" where missing)."""
-    return (name, _cell(result.train_ms.get(name), 2), _cell(result.ratio("train", name, "nn.LSTM"), 3),
-            _cell(result.ratio("train", name, "nn.GRU"), 3), _cell(result.ratio("train", name, "GEMM floor"), 3),
-            _cell(result.inference_ms.get(name), 2), _cell(result.ratio("inference", name, "nn.LSTM"), 3),
-            _cell(result.ratio("inference", name, "nn.GRU"), 3))
+    return (
+        name,
+        _cell(result.train_ms.get(name), 2),
+        _cell(result.ratio("train", name, "nn.LSTM"), 3),
+        _cell(result.ratio("train", name, "nn.GRU"), 3),
+        _cell(result.ratio("train", name, "GEMM floor"), 3),
+        _cell(result.inference_ms.get(name), 2),
+        _cell(result.ratio("inference", name, "nn.LSTM"), 3),
+        _cell(result.ratio("inference", name, "nn.GRU"), 3),
+    )
 
 
 def format_table(result: BenchResult) -> str:
@@ -300,7 +315,7 @@ def error_line(error: BaseException) -> str:
     reason = (str(error).strip().splitlines() or [""])[-1].strip()
     prefix = f"{type(error).__name__}: "
     while reason.startswith(prefix):
-        reason = reason[len(prefix):]
+        reason = reason[len(prefix) :]
     return f"{prefix}{reason}" if reason else type(error).__name__
 
 
@@ -332,8 +347,9 @@ def plot(result: BenchResult, path: str) -> None:
     names = list(dict.fromkeys(list(result.train_ms) + list(result.inference_ms)))
     positions = range(len(names))
     figure, axis = plt.subplots(figsize=(8, 4))
-    axis.bar([p - 0.2 for p in positions], [result.train_ms.get(n, 0.0) for n in names], width=0.4,
-             label="forward+backward")
+    axis.bar(
+        [p - 0.2 for p in positions], [result.train_ms.get(n, 0.0) for n in names], width=0.4, label="forward+backward"
+    )
     axis.bar(
         [p + 0.2 for p in positions],
         [result.inference_ms.get(n, 0.0) for n in names],
@@ -343,7 +359,9 @@ def plot(result: BenchResult, path: str) -> None:
     axis.set_xticks(list(positions), names, rotation=15)
     cfg = result.config
     axis.set_ylabel(f"ms ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats})")
-    axis.set_title(f"L={cfg.length} B={cfg.batch} D={cfg.hidden} layers={cfg.layers} {cfg.dtype}, {cfg.threads} threads")
+    axis.set_title(
+        f"L={cfg.length} B={cfg.batch} D={cfg.hidden} layers={cfg.layers} {cfg.dtype}, {cfg.threads} threads"
+    )
     axis.legend()
     figure.tight_layout()
     figure.savefig(path)
@@ -361,20 +379,34 @@ def main(argv=None) -> int:
     parser.add_argument("--threads", type=int, default=defaults.threads)
     parser.add_argument("--repeats", type=int, default=defaults.repeats)
     parser.add_argument("--warmup", type=int, default=defaults.warmup)
-    parser.add_argument("--statistic", choices=sorted(STATISTIC_NAMES), default=defaults.statistic,
-                        help="best (min, default) or median of the repeats")
+    parser.add_argument(
+        "--statistic",
+        choices=sorted(STATISTIC_NAMES),
+        default=defaults.statistic,
+        help="best (min, default) or median of the repeats",
+    )
     parser.add_argument("--no-peer", dest="include_peer", action="store_false", help="leave out the `sru` package")
     parser.add_argument("--plot", metavar="FILE", help="also draw the times as a bar chart into FILE")
-    parser.add_argument("--decode", action="store_true",
-                        help="time step-by-step text generation of the default model (conf/model/sru.yaml) "
-                             "vs the same-size LSTM (conf/model/lstm.yaml) instead; uses --tokens, --threads, "
-                             "--repeats, --warmup, --statistic")
-    parser.add_argument("--tokens", type=int, default=200, help="with --decode: tokens generated per run; "
-                        "with --export: chained decoding steps per run")
-    parser.add_argument("--export", action="store_true",
-                        help="time the default SRU, SRU++ and LSTM language models eagerly, as AOTInductor "
-                             "packages and in onnxruntime instead: a decoding step at batch 1 and a sequence "
-                             "of --length x --batch; uses --tokens, --threads, --repeats, --warmup, --statistic")
+    parser.add_argument(
+        "--decode",
+        action="store_true",
+        help="time step-by-step text generation of the default model (conf/model/sru.yaml) "
+        "vs the same-size LSTM (conf/model/lstm.yaml) instead; uses --tokens, --threads, "
+        "--repeats, --warmup, --statistic",
+    )
+    parser.add_argument(
+        "--tokens",
+        type=int,
+        default=200,
+        help="with --decode: tokens generated per run; with --export: chained decoding steps per run",
+    )
+    parser.add_argument(
+        "--export",
+        action="store_true",
+        help="time the default SRU, SRU++ and LSTM language models eagerly, as AOTInductor "
+        "packages and in onnxruntime instead: a decoding step at batch 1 and a sequence "
+        "of --length x --batch; uses --tokens, --threads, --repeats, --warmup, --statistic",
+    )
     args = parser.parse_args([] if argv is None else list(argv))
     for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
         if getattr(args, name) < 1:
@@ -394,8 +426,13 @@ def main(argv=None) -> int:
         from sru_lightning.diagnostics import export_bench
 
         export_config = export_bench.ExportBenchConfig(
-            threads=args.threads, steps=args.tokens, length=args.length, batch=args.batch, repeats=args.repeats,
-            warmup=args.warmup, statistic=args.statistic,
+            threads=args.threads,
+            steps=args.tokens,
+            length=args.length,
+            batch=args.batch,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            statistic=args.statistic,
         )
         print(export_bench.format_table(export_bench.run_export_benchmark(export_config)))
         return 0

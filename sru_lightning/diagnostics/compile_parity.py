@@ -28,21 +28,40 @@ class CompileCase:
 CASES = (
     # input_size == dirs * hidden_size: the skip term comes from x (k = 3), the layout of the
     # batch_first bug in backward strides
-    CompileCase("batch_first + bidirectional + mask_pad + layer_norm", 16, 8, bidirectional=True, layer_norm=True,
-                batch_first=True, mask_pad=True),
+    CompileCase(
+        "batch_first + bidirectional + mask_pad + layer_norm",
+        16,
+        8,
+        bidirectional=True,
+        layer_norm=True,
+        batch_first=True,
+        mask_pad=True,
+    ),
     CompileCase("batch_first, projected input (k = 4)", 6, 8, num_layers=1, batch_first=True),
 )
 
 
-def compare_compiled_with_eager(case: CompileCase, device: str = "cpu", dtype: torch.dtype = torch.float32,
-                                backend: str = "inductor", length: int = 7, batch: int = 3) -> dict[str, float]:
+def compare_compiled_with_eager(
+    case: CompileCase,
+    device: str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    backend: str = "inductor",
+    length: int = 7,
+    batch: int = 3,
+) -> dict[str, float]:
     """Largest difference between compiled and eager relative to eager's largest magnitude,
     per output and gradient."""
     from sru_lightning.nn import SRU
 
     torch.manual_seed(0)
-    eager = SRU(case.input_size, case.hidden_size, num_layers=case.num_layers, bidirectional=case.bidirectional,
-                layer_norm=case.layer_norm, batch_first=case.batch_first).to(device=device, dtype=dtype)
+    eager = SRU(
+        case.input_size,
+        case.hidden_size,
+        num_layers=case.num_layers,
+        bidirectional=case.bidirectional,
+        layer_norm=case.layer_norm,
+        batch_first=case.batch_first,
+    ).to(device=device, dtype=dtype)
     compiled_module = copy.deepcopy(eager)
     compiled = torch.compile(compiled_module, fullgraph=True, backend=backend)
     shape = (batch, length) if case.batch_first else (length, batch)
@@ -91,16 +110,21 @@ def compare_compiled_op_with_batch_first_inputs(device: str = "cpu", backend: st
     weights = torch.linspace(-1, 1, 3 * 5 * 4, device=device).view(3, 5, 4)
 
     def loss(U_batch_first, x_batch_first):
-        h, _ = functional.sru_recurrence(U_batch_first.transpose(0, 1), x_batch_first.transpose(0, 1), weight_c,
-                                         bias, c0, **kwargs)
+        h, _ = functional.sru_recurrence(
+            U_batch_first.transpose(0, 1), x_batch_first.transpose(0, 1), weight_c, bias, c0, **kwargs
+        )
         return (h.transpose(0, 1) * weights).sum()
 
     import torch._inductor.config as inductor_config
 
     # A cached compiled graph would skip the stride check this is about.
     with inductor_config.patch(force_disable_caches=True):
-        compiled = torch.autograd.grad(torch.compile(loss, fullgraph=True, backend=backend)(
-            U_batch_first, x_batch_first), [U_batch_first, x_batch_first])
+        compiled = torch.autograd.grad(
+            torch.compile(loss, fullgraph=True, backend=backend)(U_batch_first, x_batch_first),
+            [U_batch_first, x_batch_first],
+        )
     eager = torch.autograd.grad(loss(U_batch_first, x_batch_first), [U_batch_first, x_batch_first])
-    return {name: ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
-            for name, got, expected in zip(("grad U", "grad x"), compiled, eager)}
+    return {
+        name: ((got - expected).abs().max() / expected.abs().max().clamp_min(1e-6)).item()
+        for name, got, expected in zip(("grad U", "grad x"), compiled, eager)
+    }

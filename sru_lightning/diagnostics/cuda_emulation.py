@@ -83,7 +83,9 @@ def sanitizer_environment(base: dict | None = None) -> dict:
     for library in ("libasan.so", "libubsan.so"):
         found = subprocess.run([compiler, f"-print-file-name={library}"], capture_output=True, text=True).stdout.strip()
         if not os.path.isabs(found):
-            raise RuntimeError(f"{compiler} does not know where {library} is (got {found!r}); install its sanitizer runtime")
+            raise RuntimeError(
+                f"{compiler} does not know where {library} is (got {found!r}); install its sanitizer runtime"
+            )
         runtimes.append(found)
     environment["LD_PRELOAD"] = " ".join(runtimes + [environment.get("LD_PRELOAD", "")]).strip()
     environment["ASAN_OPTIONS"] = "detect_leaks=0:abort_on_error=1:halt_on_error=1"
@@ -96,11 +98,15 @@ def main(argv=None) -> int:
         description="Run the CUDA kernels' source on the CPU and compare it with the CPU kernels and the "
         "float64 reference, every variant. Exit status 0 when all agree, 1 otherwise.",
     )
-    parser.add_argument("--kernels-dir", help="folder with another copy of sru_cuda_kernels.cu and "
-                        "sru_cuda_kernels_emulated.cpp (default: the package's csrc/)")
+    parser.add_argument(
+        "--kernels-dir",
+        help="folder with another copy of sru_cuda_kernels.cu and "
+        "sru_cuda_kernels_emulated.cpp (default: the package's csrc/)",
+    )
     parser.add_argument("--sanitize", action="store_true", help="build with AddressSanitizer (needs libasan preloaded)")
-    parser.add_argument("--dtypes", nargs="+", choices=sorted(kernel_parity.STORAGE_DTYPES),
-                        default=list(kernel_parity.STORAGE_DTYPES))
+    parser.add_argument(
+        "--dtypes", nargs="+", choices=sorted(kernel_parity.STORAGE_DTYPES), default=list(kernel_parity.STORAGE_DTYPES)
+    )
     parser.add_argument("--variants", nargs="+", metavar="NAME", help="only these variants (by name)")
     args = parser.parse_args([] if argv is None else list(argv))
     variants = kernel_parity.VARIANTS
@@ -114,8 +120,11 @@ def main(argv=None) -> int:
     for dtype_name in args.dtypes:
         comparison = compare_emulated_kernels(dtype_name, variants)
         status = "PASS" if comparison.passed else "FAIL"
-        print(f"emulated CUDA kernels {dtype_name}: {status} {comparison.describe()}"
-              + ("".join(f"\n  {failure}" for failure in comparison.failures)), flush=True)
+        print(
+            f"emulated CUDA kernels {dtype_name}: {status} {comparison.describe()}"
+            + ("".join(f"\n  {failure}" for failure in comparison.failures)),
+            flush=True,
+        )
         failed |= not comparison.passed
     return 1 if failed else 0
 

@@ -121,8 +121,13 @@ COLUMNS = (("model", "<24"), ("generate tok/s", ">16"), ("x LSTM", ">9"), ("laye
 def format_table(result: DecodeBenchResult) -> str:
     cfg = result.config
     rows = [
-        (name, f"{result.generate_tokens_per_s[name]:.0f}", f"{result.ratio(result.generate_tokens_per_s, name):.2f}",
-         f"{result.layer_steps_per_s[name]:.0f}", f"{result.ratio(result.layer_steps_per_s, name):.2f}")
+        (
+            name,
+            f"{result.generate_tokens_per_s[name]:.0f}",
+            f"{result.ratio(result.generate_tokens_per_s, name):.2f}",
+            f"{result.layer_steps_per_s[name]:.0f}",
+            f"{result.ratio(result.layer_steps_per_s, name):.2f}",
+        )
         for name in result.generate_tokens_per_s
     ]
     lines = [

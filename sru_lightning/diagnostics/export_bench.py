@@ -90,8 +90,10 @@ def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
     with intra_op_threads(config.threads), tempfile.TemporaryDirectory(prefix="sru-export-bench-") as folder:
         torch.manual_seed(0)
         _, models = default_models()
-        runners = {name: _runners(name, model, Path(folder), config.backends, result.export_seconds)
-                   for name, model in models.items()}
+        runners = {
+            name: _runners(name, model, Path(folder), config.backends, result.export_seconds)
+            for name, model in models.items()
+        }
         tokens = torch.randint(0, next(iter(models.values())).hparams.vocab_size, (config.batch, config.length))
         steps: dict = {key: [] for key in ((m, b) for m in runners for b in runners[m])}
         sequences: dict = {key: [] for key in steps}
@@ -110,8 +112,17 @@ def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
     return result
 
 
-COLUMNS = (("model", "<22"), ("backend", "<13"), ("step us", ">9"), ("tok/s", ">8"), ("x eager", ">9"),
-           ("x LSTM", ">8"), ("seq ms", ">9"), ("x eager", ">9"), ("x LSTM", ">8"))
+COLUMNS = (
+    ("model", "<22"),
+    ("backend", "<13"),
+    ("step us", ">9"),
+    ("tok/s", ">8"),
+    ("x eager", ">9"),
+    ("x LSTM", ">8"),
+    ("seq ms", ">9"),
+    ("x eager", ">9"),
+    ("x LSTM", ">8"),
+)
 
 
 def _ratio(table: dict, key: tuple, other: tuple) -> str:
@@ -122,16 +133,24 @@ def _row(result: ExportBenchResult, name: str, backend: str) -> tuple[str, ...]:
     """One model on one backend: its step and sequence times, and their ratios to eager and to the LSTM."""
     key, eager, lstm = (name, backend), (name, "eager"), (BASELINE_MODEL, backend)
     step, sequence = result.step_seconds[key], result.sequence_seconds[key]
-    return (name, backend, f"{step * 1e6:.0f}", f"{1 / step:.0f}",
-            _ratio(result.step_seconds, key, eager), _ratio(result.step_seconds, key, lstm),
-            f"{sequence * 1e3:.2f}", _ratio(result.sequence_seconds, key, eager),
-            _ratio(result.sequence_seconds, key, lstm))
+    return (
+        name,
+        backend,
+        f"{step * 1e6:.0f}",
+        f"{1 / step:.0f}",
+        _ratio(result.step_seconds, key, eager),
+        _ratio(result.step_seconds, key, lstm),
+        f"{sequence * 1e3:.2f}",
+        _ratio(result.sequence_seconds, key, eager),
+        _ratio(result.sequence_seconds, key, lstm),
+    )
 
 
 def format_table(result: ExportBenchResult) -> str:
     cfg = result.config
-    exports = ", ".join(f"{name.split()[0]} {fmt} {seconds:.0f} s"
-                        for (name, fmt), seconds in result.export_seconds.items())
+    exports = ", ".join(
+        f"{name.split()[0]} {fmt} {seconds:.0f} s" for (name, fmt), seconds in result.export_seconds.items()
+    )
     lines = [
         f"Export benchmark: default models, threads={cfg.threads}, decoding step at B=1 ({cfg.steps} chained steps), "
         f"sequence L={cfg.length} B={cfg.batch} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats}, interleaved)",

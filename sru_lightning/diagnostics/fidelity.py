@@ -22,10 +22,10 @@ import sys
 
 import torch
 
+from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.ops.testing import recurrence_inputs, relative_error
 from sru_lightning.precision import dtype_name
-from sru_lightning.app.usage import CommandParser, command_prog
 
 __all__ = ["FidelityRow", "fidelity_table", "format_table", "main"]
 
@@ -56,9 +56,15 @@ class FidelityRow:
 def _make_inputs(length, batch, hidden, bidirectional, seed, device):
     """Float64 inputs of a k = 3 layer with a forget bias that gives the state a long memory."""
     inputs = recurrence_inputs(
-        length, batch, hidden, bidirectional=bidirectional, weight_c_scale=0.5,
+        length,
+        batch,
+        hidden,
+        bidirectional=bidirectional,
+        weight_c_scale=0.5,
         forget_bias=2.0,  # forget gates near 0.88: c carries information over ~10 steps
-        c0_scale=0.5, with_grad_h=True, seed=seed,
+        c0_scale=0.5,
+        with_grad_h=True,
+        seed=seed,
     )
     return {name: inputs[name].to(device) for name in (*_GRAD_NAMES, "grad_h")}
 
@@ -67,8 +73,14 @@ def _run(fn, inputs, dtype, bidirectional):
     """h and the input gradients of ``fn`` on ``inputs`` rounded to ``dtype``."""
     leaves = {name: inputs[name].to(dtype).requires_grad_(True) for name in _GRAD_NAMES}
     h, _ = fn(
-        leaves["U"], leaves["x"], leaves["weight_c"], leaves["bias"], leaves["c0"],
-        scale_x=None, bidirectional=bidirectional, has_skip_term=True,
+        leaves["U"],
+        leaves["x"],
+        leaves["weight_c"],
+        leaves["bias"],
+        leaves["c0"],
+        scale_x=None,
+        bidirectional=bidirectional,
+        has_skip_term=True,
     )
     h.backward(inputs["grad_h"].to(h.dtype))
     return h.detach(), {name: leaf.grad for name, leaf in leaves.items()}
@@ -141,8 +153,16 @@ def format_table(rows: list[FidelityRow]) -> str:
 
     header = ("storage", "backend", "h err", "grad err", "all-half h", "all-half grad", "h ratio", "grad ratio")
     lines = [
-        [dtype_name(r.storage_dtype), r.backend, number(r.h_error), number(r.grad_error),
-         number(r.all_half_h_error), number(r.all_half_grad_error), ratio(r.h_ratio), ratio(r.grad_ratio)]
+        [
+            dtype_name(r.storage_dtype),
+            r.backend,
+            number(r.h_error),
+            number(r.grad_error),
+            number(r.all_half_h_error),
+            number(r.all_half_grad_error),
+            ratio(r.h_ratio),
+            ratio(r.grad_ratio),
+        ]
         for r in rows
     ]
     widths = [max(len(header[i]), *(len(line[i]) for line in lines)) for i in range(len(header))]
@@ -183,8 +203,12 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--device {args.device!r} needs CUDA, but torch.cuda.is_available() is False")
     try:
         rows = fidelity_table(
-            args.length, args.batch, args.hidden,
-            bidirectional=args.bidirectional, seed=args.seed, device=args.device,
+            args.length,
+            args.batch,
+            args.hidden,
+            bidirectional=args.bidirectional,
+            seed=args.seed,
+            device=args.device,
         )
     except ValueError as error:
         parser.error(str(error).replace("fidelity_table: `", "`--"))

@@ -27,6 +27,9 @@ import traceback
 
 import torch
 
+from sru_lightning.app.usage import CommandParser, command_prog
+from sru_lightning.diagnostics import gpu_fits, gpu_speed
+from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 from sru_lightning.diagnostics.kernel_parity import (
     STORAGE_DTYPES,
     VARIANTS,
@@ -34,15 +37,13 @@ from sru_lightning.diagnostics.kernel_parity import (
     error_for_c0_on_the_cpu,
     nonfinite_mismatches,
 )
-from sru_lightning.app.usage import CommandParser, command_prog
-from sru_lightning.diagnostics import gpu_fits, gpu_speed
-from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 
 PARTS = ("build", "kernels", "devices", "compile", "sanitizer", "fits", "deepspeed", "memory", "bandwidth", "bench")
 
 
-def check_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda",
-                  kernels_under_test=contextlib.nullcontext, label: str = "") -> Check:
+def check_kernels(
+    dtype_name: str, variants=VARIANTS, device: str = "cuda", kernels_under_test=contextlib.nullcontext, label: str = ""
+) -> Check:
     comparison = compare_kernels(dtype_name, variants, device, kernels_under_test)
     detail = comparison.describe()
     name = f"kernels {dtype_name}{label}"
@@ -89,13 +90,23 @@ def check_compile(device: str = "cuda") -> list[Check]:
         differences = compile_parity.compare_compiled_with_eager(case, device=device)
         worst = max(differences, key=differences.get)
         status = PASS if differences[worst] <= 1e-4 else FAIL
-        checks.append(Check(f"torch.compile {case.name}", status,
-                            f"{len(differences)} outputs and gradients, largest relative difference {differences[worst]:.1e} "
-                            f"({worst}), tol 1e-04"))
+        checks.append(
+            Check(
+                f"torch.compile {case.name}",
+                status,
+                f"{len(differences)} outputs and gradients, largest relative difference {differences[worst]:.1e} "
+                f"({worst}), tol 1e-04",
+            )
+        )
     differences = compile_parity.compare_compiled_op_with_batch_first_inputs(device)
     worst = max(differences.values())
-    checks.append(Check("torch.compile op with batch_first inputs", PASS if worst <= 1e-5 else FAIL,
-                        f"inductor backward strides and gradients, largest relative difference {worst:.1e}"))
+    checks.append(
+        Check(
+            "torch.compile op with batch_first inputs",
+            PASS if worst <= 1e-5 else FAIL,
+            f"inductor backward strides and gradients, largest relative difference {worst:.1e}",
+        )
+    )
     return checks
 
 
@@ -106,8 +117,17 @@ def sanitizer_command(executable: str | None) -> list[str] | None:
     """compute-sanitizer's memcheck around a small kernel comparison; None when not installed."""
     if executable is None:
         return None
-    return [executable, "--tool", "memcheck", "--error-exitcode", "99", sys.executable, "-m",
-            "sru_lightning.diagnostics.gpu_check", SANITIZER_WORKER]
+    return [
+        executable,
+        "--tool",
+        "memcheck",
+        "--error-exitcode",
+        "99",
+        sys.executable,
+        "-m",
+        "sru_lightning.diagnostics.gpu_check",
+        SANITIZER_WORKER,
+    ]
 
 
 def judge_sanitizer(returncode: int, output: str) -> Check:
@@ -132,8 +152,11 @@ def check_sanitizer(timeout_s: float) -> Check:
 
 def sanitizer_worker() -> int:
     """What runs under compute-sanitizer: the kernel comparison, small and quick."""
-    variants = tuple(v for v in SMALL_VARIANTS if v.name in ("basic", "bidirectional k4 + mask_pad",
-                                                             "per-step weight_c", "several blocks, last partial"))
+    variants = tuple(
+        v
+        for v in SMALL_VARIANTS
+        if v.name in ("basic", "bidirectional k4 + mask_pad", "per-step weight_c", "several blocks, last partial")
+    )
     failed = False
     for dtype_name in ("fp32", "fp16"):
         check = check_kernels(dtype_name, variants)
@@ -184,8 +207,11 @@ def check_benchmark(dtype_name: str, sizes=gpu_speed.BENCH_SIZES, layers: int = 
             first_ratio = train_ms["SRU"] / train_ms["cuDNN LSTM"]
     faster = first_ratio <= 1.0
     detail = f"fwd+bwd/inference x{layers} layers; " + "; ".join(lines + notes)
-    return Check(f"bench {dtype_name} SRU vs cuDNN LSTM", PASS if faster else FAIL,
-                 detail + ("" if faster else "; SRU fwd+bwd slower than cuDNN LSTM at the first size"))
+    return Check(
+        f"bench {dtype_name} SRU vs cuDNN LSTM",
+        PASS if faster else FAIL,
+        detail + ("" if faster else "; SRU fwd+bwd slower than cuDNN LSTM at the first size"),
+    )
 
 
 # -- orchestration -------------------------------------------------------------------------------
@@ -195,8 +221,13 @@ def guarded(name: str, part, checks: list[Check]) -> None:
         result = part()
     except Exception as error:
         last = traceback.extract_tb(error.__traceback__)[-1]
-        checks.append(Check(name, FAIL, f"{type(error).__name__}: {str(error)[:300]} "
-                                        f"({os.path.basename(last.filename)}:{last.lineno})"))
+        checks.append(
+            Check(
+                name,
+                FAIL,
+                f"{type(error).__name__}: {str(error)[:300]} ({os.path.basename(last.filename)}:{last.lineno})",
+            )
+        )
         return
     checks.extend(result if isinstance(result, list) else [result])
 
@@ -218,8 +249,10 @@ def no_cuda_message() -> str | None:
     if torch.cuda.is_available():
         return None
     build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "a CPU-only build"
-    return (f"gpu-check: no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__}, "
-            f"{build}). Run it on a machine with an NVIDIA GPU and a CUDA build of PyTorch; nothing was checked.")
+    return (
+        f"gpu-check: no CUDA device: torch.cuda.is_available() is False (torch {torch.__version__}, "
+        f"{build}). Run it on a machine with an NVIDIA GPU and a CUDA build of PyTorch; nothing was checked."
+    )
 
 
 class Budget:
@@ -291,6 +324,7 @@ def fit_specs(parts, bf16: bool, checks: list[Check]) -> list[gpu_fits.FitSpec]:
     if "deepspeed" in parts:
         try:
             import deepspeed  # noqa: F401
+
             specs += list(gpu_fits.DEEPSPEED_FITS)
         except Exception as error:
             checks.append(Check("fit DeepSpeed ZeRO-2", SKIP, f"deepspeed does not import: {str(error)[:120]}"))
@@ -367,8 +401,9 @@ def main(argv=None) -> int:
     started = time.monotonic()
     name = torch.cuda.get_device_name()
     major, minor = torch.cuda.get_device_capability()
-    header = (f"sru_lightning GPU check: {name} (sm_{major}{minor}), torch {torch.__version__}, "
-              f"CUDA {torch.version.cuda}")
+    header = (
+        f"sru_lightning GPU check: {name} (sm_{major}{minor}), torch {torch.__version__}, CUDA {torch.version.cuda}"
+    )
     print(header + "\n(running; one summary follows)", flush=True)
     checks = run_checks(set(args.only), args.budget)
     print(format_summary(checks, header, time.monotonic() - started), flush=True)

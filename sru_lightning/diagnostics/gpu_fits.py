@@ -77,8 +77,11 @@ def fit_worker(spec: FitSpec) -> dict:
     pl.seed_everything(0, verbose=False)
     data = PydocDataModule(batch_size=spec.batch, seq_len=spec.seq_len)
     model = SRULanguageModel(
-        vocab_size=data.vocab_size, embedding_dim=min(spec.hidden, 256), hidden_size=spec.hidden,
-        num_layers=spec.layers, dropout=0.0,
+        vocab_size=data.vocab_size,
+        embedding_dim=min(spec.hidden, 256),
+        hidden_size=spec.hidden,
+        num_layers=spec.layers,
+        dropout=0.0,
         optimizer={"_target_": "torch.optim.AdamW", "lr": 3e-3, "eps": spec.adam_eps},
     )
     recorder = RecordLoss()
@@ -90,9 +93,17 @@ def fit_worker(spec: FitSpec) -> dict:
         # read DeepSpeed's micro-batch size from it; say it.
         strategy = DeepSpeedStrategy(stage=int(strategy.rsplit("_", 1)[1]), logging_batch_size_per_gpu=spec.batch)
     trainer = pl.Trainer(
-        accelerator=spec.accelerator, devices=1, precision=spec.precision, strategy=strategy,
-        max_steps=spec.steps, limit_val_batches=0, num_sanity_val_steps=0, logger=False,
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+        accelerator=spec.accelerator,
+        devices=1,
+        precision=spec.precision,
+        strategy=strategy,
+        max_steps=spec.steps,
+        limit_val_batches=0,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
         callbacks=[SRUPrecisionCallback(verbose=False), recorder],
     )
     on_gpu = spec.accelerator == "gpu"
@@ -124,15 +135,19 @@ def judge_fit(spec: FitSpec, report: dict) -> Check:
     if not all(math.isfinite(loss) for loss in losses):
         problems.append("non-finite loss")
     window = max(1, min(5, len(losses) // 4))
-    first, last = (statistics.fmean(losses[:window]), statistics.fmean(losses[-window:])) if losses else (math.nan, math.nan)
+    first, last = (
+        (statistics.fmean(losses[:window]), statistics.fmean(losses[-window:])) if losses else (math.nan, math.nan)
+    )
     if not spec.peak_memory and not last < first:
         problems.append("loss did not fall")
     if report.get("backends") != ["cpp"]:
         problems.append(f"recurrence backend on the device {report.get('backends')}, expected ['cpp']")
     if spec.expected_storage and report.get("storage") != [spec.expected_storage]:
         problems.append(f"recurrence stored {report.get('storage')}, expected ['{spec.expected_storage}']")
-    detail = (f"loss {first:.3f} -> {last:.3f} in {len(losses)} steps, recurrence {report.get('storage')} "
-              f"on cuda, peak {report.get('peak_bytes', 0) / 2**30:.2f} GiB, {report.get('seconds', 0):.1f} s")
+    detail = (
+        f"loss {first:.3f} -> {last:.3f} in {len(losses)} steps, recurrence {report.get('storage')} "
+        f"on cuda, peak {report.get('peak_bytes', 0) / 2**30:.2f} GiB, {report.get('seconds', 0):.1f} s"
+    )
     return Check(spec.name, FAIL if problems else PASS, detail + ("; " + "; ".join(problems) if problems else ""))
 
 
@@ -157,7 +172,7 @@ def collect_fit(spec: FitSpec, process: subprocess.Popen, timeout_s: float) -> t
     process.log.close()
     for line in reversed(output.splitlines()):
         if line.startswith(RESULT_PREFIX):
-            report = json.loads(line[len(RESULT_PREFIX):])
+            report = json.loads(line[len(RESULT_PREFIX) :])
             return judge_fit(spec, report), report
     tail = " | ".join(line for line in output.splitlines()[-6:] if line.strip())
     return Check(spec.name, FAIL, f"worker exited with status {process.returncode}: {tail}"), {}
@@ -168,6 +183,8 @@ def judge_memory(reports: dict) -> Check:
     if not full.get("peak_bytes") or not mixed.get("peak_bytes"):
         return Check("memory 16-mixed / 32-true", FAIL, "a memory fit did not report its peak")
     ratio = mixed["peak_bytes"] / full["peak_bytes"]
-    detail = (f"peak {mixed['peak_bytes'] / 2**30:.2f} GiB vs {full['peak_bytes'] / 2**30:.2f} GiB = {ratio:.2f} "
-              "(LM, B=64 L=256 D=1024 x4 layers)")
+    detail = (
+        f"peak {mixed['peak_bytes'] / 2**30:.2f} GiB vs {full['peak_bytes'] / 2**30:.2f} GiB = {ratio:.2f} "
+        "(LM, B=64 L=256 D=1024 x4 layers)"
+    )
     return Check("memory 16-mixed / 32-true", PASS if ratio < 1.0 else FAIL, detail)

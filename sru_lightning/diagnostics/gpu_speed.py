@@ -28,8 +28,9 @@ class RecurrenceTraffic:
     backward: int
 
 
-def recurrence_traffic(length: int, batch: int, hidden: int, k: int, element_bytes: int,
-                       bidirectional: bool = False) -> RecurrenceTraffic:
+def recurrence_traffic(
+    length: int, batch: int, hidden: int, k: int, element_bytes: int, bidirectional: bool = False
+) -> RecurrenceTraffic:
     """Forward reads U (and x when k == 3), weight_c, bias, c0 and writes h, c_all, c_last;
     backward reads grad_h, grad_c_last, U, x, weight_c, bias, c0, c_all and writes grad_U,
     grad_x, grad_weight_c, grad_bias, grad_c0."""
@@ -78,11 +79,15 @@ def measure_bandwidth(dtype: torch.dtype, length: int, batch: int, hidden: int, 
     h, c_last, c_all = recurrence.recurrence_forward(*arguments, True)
     grad_h, grad_c = torch.randn_like(h), torch.randn_like(c_last)
     forward_ms = cuda_median_ms(lambda: recurrence.recurrence_forward(*arguments, True))
-    backward_ms = cuda_median_ms(lambda: recurrence.recurrence_backward(
-        grad_h, grad_c, U, x, weight_c, bias, c0, None, 1.0, None, None, c_all, False, True))
+    backward_ms = cuda_median_ms(
+        lambda: recurrence.recurrence_backward(
+            grad_h, grad_c, U, x, weight_c, bias, c0, None, 1.0, None, None, c_all, False, True
+        )
+    )
     traffic = recurrence_traffic(length, batch, hidden, k, U.element_size())
     return {
-        "forward_ms": forward_ms, "backward_ms": backward_ms,
+        "forward_ms": forward_ms,
+        "backward_ms": backward_ms,
         "forward_gbps": gigabytes_per_second(traffic.forward, forward_ms),
         "backward_gbps": gigabytes_per_second(traffic.backward, backward_ms),
     }
@@ -118,6 +123,7 @@ def time_models(dtype: torch.dtype, length: int, batch: int, hidden: int, layers
     x = torch.randn(length, batch, hidden, device="cuda", dtype=dtype, requires_grad=True)
     train_ms, inference_ms = {}, {}
     for name, model in list(models.items()):
+
         def train_step(model=model):
             output = model(x)[0]
             output.float().sum().backward()
@@ -140,6 +146,8 @@ def describe_models(size: tuple, train_ms: dict, inference_ms: dict) -> str:
     """``L=.. B=.. D=..: SRU a/b ms (r x LSTM), ...`` (fwd+bwd / inference)."""
     length, batch, hidden = size
     lstm = train_ms["cuDNN LSTM"]
-    rows = [f"{name} {train_ms[name]:.2f}/{inference_ms[name]:.2f} ms ({train_ms[name] / lstm:.2f}x LSTM)"
-            for name in train_ms]
+    rows = [
+        f"{name} {train_ms[name]:.2f}/{inference_ms[name]:.2f} ms ({train_ms[name] / lstm:.2f}x LSTM)"
+        for name in train_ms
+    ]
     return f"L={length} B={batch} D={hidden}: " + ", ".join(rows)

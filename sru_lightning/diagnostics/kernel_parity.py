@@ -33,8 +33,10 @@ class KernelComparison:
         return not self.failures
 
     def describe(self) -> str:
-        return (f"{self.variants} variants x fwd/bwd/inference; max rel err vs CPU {self.worst_versus_cpu:.1e}, "
-                f"vs fp64 reference {self.worst_versus_reference:.1e} (tol {TOLERANCE[self.dtype_name]:.0e})")
+        return (
+            f"{self.variants} variants x fwd/bwd/inference; max rel err vs CPU {self.worst_versus_cpu:.1e}, "
+            f"vs fp64 reference {self.worst_versus_reference:.1e} (tol {TOLERANCE[self.dtype_name]:.0e})"
+        )
 
 
 @dataclass
@@ -77,10 +79,22 @@ def make_inputs(variant: Variant, dtype: torch.dtype, seed: int = 0) -> dict:
     """CPU inputs for one variant, rounded to ``dtype`` (the storage dtype under test)."""
     length, batch, hidden = variant.shape
     inputs = recurrence_inputs(
-        length, batch, hidden, bidirectional=variant.bidirectional, k=variant.k, single_step=variant.single_step,
-        with_x=variant.k == 3 and variant.has_skip_term, per_step_weight_c=variant.per_step_weight_c,
-        with_c0=variant.c0, weight_c_scale=0.5, bias_scale=0.1, mask_c_drop=0.2 if variant.mask_c else None,
-        mask_pad="random" if variant.mask_pad else None, draw_dtype=torch.float32, dtype=dtype, seed=seed,
+        length,
+        batch,
+        hidden,
+        bidirectional=variant.bidirectional,
+        k=variant.k,
+        single_step=variant.single_step,
+        with_x=variant.k == 3 and variant.has_skip_term,
+        per_step_weight_c=variant.per_step_weight_c,
+        with_c0=variant.c0,
+        weight_c_scale=0.5,
+        bias_scale=0.1,
+        mask_c_drop=0.2 if variant.mask_c else None,
+        mask_pad="random" if variant.mask_pad else None,
+        draw_dtype=torch.float32,
+        dtype=dtype,
+        seed=seed,
     )
     inputs["scale_x"] = {None: None, "float": 0.7, "tensor": torch.tensor([0.7], dtype=dtype)}[variant.scale_x]
     return inputs
@@ -92,13 +106,20 @@ def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int =
 
     moved = {name: (value.to(device) if isinstance(value, torch.Tensor) else value) for name, value in inputs.items()}
     if reference:
-        moved = {name: (value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
-                 for name, value in moved.items()}
+        moved = {
+            name: (value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
+            for name, value in moved.items()
+        }
     differentiable = [name for name in ("U", "x", "weight_c", "bias", "c0") if moved[name] is not None]
     for name in differentiable:
         moved[name] = moved[name].detach().requires_grad_(True)
-    options = dict(scale_x=moved["scale_x"], mask_c=moved["mask_c"], mask_pad=moved["mask_pad"],
-                   bidirectional=variant.bidirectional, has_skip_term=variant.has_skip_term)
+    options = dict(
+        scale_x=moved["scale_x"],
+        mask_c=moved["mask_c"],
+        mask_pad=moved["mask_pad"],
+        bidirectional=variant.bidirectional,
+        has_skip_term=variant.has_skip_term,
+    )
     positional = [moved[name] for name in ("U", "x", "weight_c", "bias", "c0")]
     if reference:
         h, c_last = sru_recurrence_reference(*positional, compute_dtype=torch.float64, **options)
@@ -113,7 +134,8 @@ def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int =
     if not reference:
         with torch.no_grad():
             h_inference, c_inference = functional.sru_recurrence_inference(
-                *[None if t is None else t.detach() for t in positional], **options)
+                *[None if t is None else t.detach() for t in positional], **options
+            )
         outputs.update(h_inference=h_inference, c_last_inference=c_inference)
     return {name: value.detach().double().cpu() for name, value in outputs.items() if value is not None}
 
@@ -128,8 +150,9 @@ def compare_outputs(actual: dict, expected: dict) -> dict[str, float]:
     return errors
 
 
-def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda",
-                    kernels_under_test=contextlib.nullcontext) -> KernelComparison:
+def compare_kernels(
+    dtype_name: str, variants=VARIANTS, device: str = "cuda", kernels_under_test=contextlib.nullcontext
+) -> KernelComparison:
     """``device`` kernel vs the CPU kernel and vs the float64 reference, every variant, one dtype.
 
     ``kernels_under_test()`` is entered around the calls on ``device`` only: a non-default
@@ -153,7 +176,8 @@ def compare_kernels(dtype_name: str, variants=VARIANTS, device: str = "cuda",
                 bad = {name: error for name, error in errors.items() if not error <= TOLERANCE[dtype_name]}
                 if bad:
                     result.failures.append(
-                        f"{variant.name} vs {against}: " + ", ".join(f"{n} {e:.1e}" for n, e in bad.items()))
+                        f"{variant.name} vs {against}: " + ", ".join(f"{n} {e:.1e}" for n, e in bad.items())
+                    )
     backends = {call.backend for call in calls if call.device_type == device_type}
     stored = {call.storage_dtype for call in calls if call.device_type == device_type}
     if backends != {"cpp"}:

@@ -57,8 +57,9 @@ def main(argv=None) -> int:
     settings = dict(argument.split("=", 1) for argument in (sys.argv[1:] if argv is None else argv))
     threads, repeats = int(settings.get("threads", 1)), int(settings.get("repeats", 7))
     torch.set_num_threads(threads)
-    path, checkpoint = generate.load_checkpoint(settings.get("ckpt_path", "last"),
-                                                settings.get("resume_dir", "outputs"))
+    path, checkpoint = generate.load_checkpoint(
+        settings.get("ckpt_path", "last"), settings.get("resume_dir", "outputs")
+    )
     models = {"float32": generate.build_model(checkpoint, path)}
     models["int8 (projections + decoder)"] = quantize_input_projections(models["float32"])
     datamodule = instantiate(OmegaConf.load(Path(path).resolve().parent.parent / ".hydra" / "config.yaml").data)
@@ -75,8 +76,10 @@ def main(argv=None) -> int:
     print(f"{'model':<30}{'val bits':>10}{'seq ms':>9}{'x fp32':>8}{'step us':>9}{'x fp32':>8}")
     for name in models:
         sequence, step = min(times[name][0]), min(times[name][1])
-        print(f"{name:<30}{bits[name]:>10.4f}{sequence * 1e3:>9.2f}{sequence / base_sequence:>8.2f}"
-              f"{step * 1e6:>9.0f}{step / base_step:>8.2f}")
+        print(
+            f"{name:<30}{bits[name]:>10.4f}{sequence * 1e3:>9.2f}{sequence / base_sequence:>8.2f}"
+            f"{step * 1e6:>9.0f}{step / base_step:>8.2f}"
+        )
     return 0
 
 

@@ -23,8 +23,15 @@ import sru_lightning
 
 from .graph_module import BATCH, LENGTH, ExportableLanguageModel, ExportError
 from .package import (
-    EXPORT_FORMAT_VERSION, FORMAT_NAME, MANIFEST_NAME, MODEL_FILES, VOCABULARY_NAME, check_format, owned_files,
-    write_atomically, write_json,
+    EXPORT_FORMAT_VERSION,
+    FORMAT_NAME,
+    MANIFEST_NAME,
+    MODEL_FILES,
+    VOCABULARY_NAME,
+    check_format,
+    owned_files,
+    write_atomically,
+    write_json,
 )
 
 ONNX_OPSET = 20
@@ -118,12 +125,22 @@ def save_onnx(wrapped: ExportableLanguageModel, path: Path) -> None:
 
     from .onnx_recurrence import translation_table
 
-    with (torch.no_grad(), warnings.catch_warnings(), contextlib.redirect_stdout(None),
-          _quiet_logger("torch.onnx._internal.exporter._registration")):
+    with (
+        torch.no_grad(),
+        warnings.catch_warnings(),
+        contextlib.redirect_stdout(None),
+        _quiet_logger("torch.onnx._internal.exporter._registration"),
+    ):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(
-            wrapped, wrapped.example_inputs(), dynamic_shapes=wrapped.dynamic_shapes(), dynamo=True,
-            custom_translation_table=translation_table(), opset_version=ONNX_OPSET, optimize=False, verbose=False,
+            wrapped,
+            wrapped.example_inputs(),
+            dynamic_shapes=wrapped.dynamic_shapes(),
+            dynamo=True,
+            custom_translation_table=translation_table(),
+            opset_version=ONNX_OPSET,
+            optimize=False,
+            verbose=False,
         )
         # The exporter can leave the traced length in the shapes it records for intermediate
         # values (nn.LSTM's outputs), which the optimiser would then fold into constants: keep
@@ -146,8 +163,9 @@ def save_onnx(wrapped: ExportableLanguageModel, path: Path) -> None:
 _SAVERS = {"onnx": save_onnx, "pt2": save_pt2, "aoti": save_aoti}
 
 
-def manifest(wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] | None = None,
-             with_vocabulary: bool = True) -> dict[str, Any]:
+def manifest(
+    wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] | None = None, with_vocabulary: bool = True
+) -> dict[str, Any]:
     """What an export folder holds: enough to feed the graph without reading the model file, and
     the name of every file the export owns, which overwrite=true checks before deleting any."""
     hparams = wrapped.model.hparams
@@ -183,8 +201,9 @@ def manifest(wrapped: ExportableLanguageModel, fmt: str, source: dict[str, Any] 
     }
 
 
-def export_language_model(model, out, fmt: str, codec=None, *, overwrite: bool = False,
-                          source: dict[str, Any] | None = None) -> Path:
+def export_language_model(
+    model, out, fmt: str, codec=None, *, overwrite: bool = False, source: dict[str, Any] | None = None
+) -> Path:
     """Export `model` (an :class:`~sru_lightning.models.SRULanguageModel` in eval mode) to the folder
     `out` in format "onnx", "pt2" or "aoti", with the vocabulary `codec` (a TokenCodec) when given.
 

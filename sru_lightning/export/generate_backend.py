@@ -14,14 +14,18 @@ def load_for_generation(folder: str, backend: str, threads: int | None = None):
 
     model = load_exported(folder, backend or None, threads)
     if "vocabulary" not in model.manifest["files"]:
-        raise ExportError(f"{folder!r} holds no vocabulary.json (it was exported without one); export the "
-                          "checkpoint with `python -m sru_lightning export`, which saves it")
+        raise ExportError(
+            f"{folder!r} holds no vocabulary.json (it was exported without one); export the "
+            "checkpoint with `python -m sru_lightning export`, which saves it"
+        )
     codec = read_vocabulary(model.folder)
     if codec.vocab_size != model.vocab_size:
         raise ExportError(
             f"the vocabulary of {folder!r} has {codec.vocab_size} tokens but the model {model.vocab_size}"
         )
     source = model.manifest.get("source", {})
-    description = (f"{model.folder} ({model.kind}, format={model.manifest['format']}, backend={model.backend}, "
-                   f"step {source.get('global_step', '?')}, {codec.level} level)")
+    description = (
+        f"{model.folder} ({model.kind}, format={model.manifest['format']}, backend={model.backend}, "
+        f"step {source.get('global_step', '?')}, {codec.level} level)"
+    )
     return model, codec, description

@@ -52,8 +52,10 @@ class TensorSpec:
 def _refuse_training_options(model) -> None:
     """Dropout masks and per-step gate weights exist only in training or with `custom_m`."""
     if model.training:
-        raise ExportError("the model is in training mode (dropout masks are not part of an exported "
-                          "graph); call model.eval() before exporting")
+        raise ExportError(
+            "the model is in training mode (dropout masks are not part of an exported "
+            "graph); call model.eval() before exporting"
+        )
     from sru_lightning.nn import SRUCell
 
     for name, module in model.named_modules():

@@ -31,8 +31,12 @@ OPSET = 20
 
 
 def _node(graph_nodes: list, op_type: str, *inputs, **attributes) -> ir.Value:
-    node = ir.Node("", op_type, inputs=list(inputs), attributes=[ir.convenience.convert_attribute(k, v)
-                                                                 for k, v in attributes.items()])
+    node = ir.Node(
+        "",
+        op_type,
+        inputs=list(inputs),
+        attributes=[ir.convenience.convert_attribute(k, v) for k, v in attributes.items()],
+    )
     graph_nodes.append(node)
     return node.outputs[0]
 
@@ -70,10 +74,17 @@ def _scan(c_init, scan_inputs: list, body: ir.Graph) -> tuple:
             f"this torch.onnx exporter records nodes in {type(recorder).__name__}, which has no node list; "
             "expected torch's dynamo ONNX exporter (torch 2.6 or newer)"
         )
-    node = ir.Node("", "Scan", inputs=[c_init, *scan_inputs], num_outputs=3, version=OPSET, attributes=[
-        ir.convenience.convert_attribute("body", body),
-        ir.convenience.convert_attribute("num_scan_inputs", len(scan_inputs)),
-    ])
+    node = ir.Node(
+        "",
+        "Scan",
+        inputs=[c_init, *scan_inputs],
+        num_outputs=3,
+        version=OPSET,
+        attributes=[
+            ir.convenience.convert_attribute("body", body),
+            ir.convenience.convert_attribute("num_scan_inputs", len(scan_inputs)),
+        ],
+    )
     recorder.nodes.append(node)
     return tuple(node.outputs)
 
@@ -97,13 +108,30 @@ def _time_aligned(value, directions: int, axis: int = 2):
     if directions == 1:
         return value
     forward, backward = op.Split(value, axis=axis, num_outputs=2)
-    reversed_backward = op.Slice(backward, op.Constant(value_ints=[-1]), op.Constant(value_ints=[-(2**62)]),
-                                 op.Constant(value_ints=[0]), op.Constant(value_ints=[-1]))
+    reversed_backward = op.Slice(
+        backward,
+        op.Constant(value_ints=[-1]),
+        op.Constant(value_ints=[-(2**62)]),
+        op.Constant(value_ints=[0]),
+        op.Constant(value_ints=[-1]),
+    )
     return op.Concat(forward, reversed_backward, axis=axis)
 
 
-def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, mask_c, mask_pad,
-                       bidirectional: bool, has_skip_term: bool, store_c: bool):
+def recurrence_forward(
+    U,
+    x,
+    weight_c,
+    bias,
+    c0,
+    scale_x,
+    scale_x_value: float,
+    mask_c,
+    mask_pad,
+    bidirectional: bool,
+    has_skip_term: bool,
+    store_c: bool,
+):
     """ONNX translation of ``torch.ops.sru_lightning.recurrence_forward``: (h, c_last, c_all), c_all
     empty unless ``store_c``."""
     if mask_c is not None:
@@ -121,8 +149,11 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     # made U, instead of one add per gate; the exporter's optimiser folds the vector into a constant.
     forget_bias, reset_bias = _gate_vectors(bias, [directions, hidden])
     zeros = op.Constant(value=ir.tensor(np.zeros((directions, hidden, 1), dtype=np.float32)))
-    columns = [zeros, op.Unsqueeze(forget_bias, op.Constant(value_ints=[2])),
-               op.Unsqueeze(reset_bias, op.Constant(value_ints=[2]))] + [zeros] * (k - 3)
+    columns = [
+        zeros,
+        op.Unsqueeze(forget_bias, op.Constant(value_ints=[2])),
+        op.Unsqueeze(reset_bias, op.Constant(value_ints=[2])),
+    ] + [zeros] * (k - 3)
     U = op.Add(U, op.Reshape(op.Concat(*columns, axis=2), op.Constant(value_ints=[directions * hidden * k])))
     # Reshape's 0 copies that dimension from the input: no shape arithmetic at run time.
     # With one direction the tensors have no dirs axis: c0, h and c_last then need no reshape.
@@ -138,8 +169,11 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
     forget_weight, reset_weight = _gate_vectors(weight_c, column_shape)
 
     if c0 is None:
-        state_shape = op.Concat(op.Slice(op.Shape(U), op.Constant(value_ints=[1]), op.Constant(value_ints=[2])),
-                                op.Constant(value_ints=column_shape), axis=0)
+        state_shape = op.Concat(
+            op.Slice(op.Shape(U), op.Constant(value_ints=[1]), op.Constant(value_ints=[2])),
+            op.Constant(value_ints=column_shape),
+            axis=0,
+        )
         c_init = op.ConstantOfShape(state_shape, value=ir.tensor([0.0], dtype=ir.DataType.FLOAT))
     else:
         c_init = c0 if directions == 1 else op.Reshape(c0, op.Constant(value_ints=[0, *column_shape]))
@@ -162,8 +196,11 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
         if k == 4:
             skip = blocks[3]
         else:
-            skip = x if directions == 1 else _time_aligned(op.Reshape(x, op.Constant(value_ints=[0, 0, *column_shape])),
-                                                             directions)
+            skip = (
+                x
+                if directions == 1
+                else _time_aligned(op.Reshape(x, op.Constant(value_ints=[0, 0, *column_shape])), directions)
+            )
             if scale_x is not None:
                 skip = op.Mul(skip, _scalar(scale_x))
             elif scale_x_value != 1.0:
@@ -178,8 +215,11 @@ def recurrence_forward(U, x, weight_c, bias, c0, scale_x, scale_x_value: float, 
         h = op.Reshape(h, op.Constant(value_ints=[0, 0, directions * hidden]))
         c_last = op.Reshape(c_last, op.Constant(value_ints=[0, directions * hidden]))
     if store_c:  # the per-step states, which only a backward pass reads
-        c_steps = c_all if directions == 1 else op.Reshape(
-            _time_aligned(c_all, directions), op.Constant(value_ints=[0, 0, directions * hidden]))
+        c_steps = (
+            c_all
+            if directions == 1
+            else op.Reshape(_time_aligned(c_all, directions), op.Constant(value_ints=[0, 0, directions * hidden]))
+        )
     else:
         c_steps = op.ConstantOfShape(op.Constant(value_ints=[0]), value=ir.tensor([0.0], dtype=ir.DataType.FLOAT))
     return h, c_last, c_steps

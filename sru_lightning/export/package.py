@@ -49,8 +49,15 @@ def owned_files(files: Mapping[str, str]) -> list[str]:
     return sorted({MANIFEST_NAME, *files.values()})
 
 
-_JSON_KINDS = {dict: "an object", list: "a list", str: "a string", int: "a number", float: "a number",
-               bool: "true or false", type(None): "null"}
+_JSON_KINDS = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "a number",
+    float: "a number",
+    bool: "true or false",
+    type(None): "null",
+}
 _MISSING = object()  # a field a file does not have (None is JSON's null)
 
 
@@ -74,7 +81,9 @@ def write_atomically(out: Path, fill: Callable[[Path], None], overwrite: bool = 
     """
     out = Path(out).expanduser().absolute()
     if out.exists() and not overwrite:
-        raise ExportError(f"`out` {str(out)!r} already exists; choose another folder or pass overwrite=true to replace it")
+        raise ExportError(
+            f"`out` {str(out)!r} already exists; choose another folder or pass overwrite=true to replace it"
+        )
     if out.exists():
         replaceable_files(out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -120,26 +129,39 @@ def replaceable_files(out: Path) -> list[str]:
         raise refuse(str(error)) from None
     name, version = manifest.get("format_name", _MISSING), manifest.get("export_format_version", _MISSING)
     if name is _MISSING and manifest.get("producer") == "sru_lightning export":
-        raise refuse(f"it is an export made before manifests named their format and listed their files (no "
-                     "`format_name`, no `owned_files`), so which files are its own cannot be checked")
+        raise refuse(
+            "it is an export made before manifests named their format and listed their files (no "
+            "`format_name`, no `owned_files`), so which files are its own cannot be checked"
+        )
     if name != FORMAT_NAME:
-        raise refuse(f"its {MANIFEST_NAME} is not an export manifest (`format_name` is "
-                     f"{_shown(name)}, expected {FORMAT_NAME!r})")
+        raise refuse(
+            f"its {MANIFEST_NAME} is not an export manifest (`format_name` is {_shown(name)}, expected {FORMAT_NAME!r})"
+        )
     if version != EXPORT_FORMAT_VERSION:
-        raise refuse(f"it is an export of format version {_shown(version)}, and this sru_lightning knows "
-                     f"version {EXPORT_FORMAT_VERSION} only")
+        raise refuse(
+            f"it is an export of format version {_shown(version)}, and this sru_lightning knows "
+            f"version {EXPORT_FORMAT_VERSION} only"
+        )
     owned = manifest.get("owned_files", _MISSING)
-    if not (isinstance(owned, list) and all(isinstance(file, str) for file in owned) and MANIFEST_NAME in owned
-            and set(owned) <= EXPORT_FILE_NAMES):
-        raise refuse(f"its {MANIFEST_NAME} does not list the files the export owns (`owned_files` must name "
-                     f"{MANIFEST_NAME} and others of {', '.join(sorted(EXPORT_FILE_NAMES))}, got {_shown(owned)})")
+    if not (
+        isinstance(owned, list)
+        and all(isinstance(file, str) for file in owned)
+        and MANIFEST_NAME in owned
+        and set(owned) <= EXPORT_FILE_NAMES
+    ):
+        raise refuse(
+            f"its {MANIFEST_NAME} does not list the files the export owns (`owned_files` must name "
+            f"{MANIFEST_NAME} and others of {', '.join(sorted(EXPORT_FILE_NAMES))}, got {_shown(owned)})"
+        )
     with os.scandir(out) as entries:
         for entry in sorted(entries, key=lambda entry: entry.name):
             if entry.is_dir(follow_symlinks=False):
                 raise refuse(f"it holds the folder {entry.name + '/'!r}, which is not part of the export")
             if entry.name not in owned:
-                raise refuse(f"it holds {entry.name!r}, which its {MANIFEST_NAME} does not list as part of the "
-                             f"export ({', '.join(owned)})")
+                raise refuse(
+                    f"it holds {entry.name!r}, which its {MANIFEST_NAME} does not list as part of the "
+                    f"export ({', '.join(owned)})"
+                )
     return list(owned)
 
 
@@ -172,27 +194,35 @@ def _load_manifest(path: Path) -> dict[str, Any]:
     except ValueError as error:  # includes bytes that are not UTF-8
         raise ExportError(f"{str(path)!r} is not JSON ({error})") from None
     if not isinstance(manifest, dict):
-        raise ExportError(f"{str(path)!r} is not an export manifest: expected a JSON object, got "
-                          f"{_JSON_KINDS.get(type(manifest), type(manifest).__name__)}")
+        raise ExportError(
+            f"{str(path)!r} is not an export manifest: expected a JSON object, got "
+            f"{_JSON_KINDS.get(type(manifest), type(manifest).__name__)}"
+        )
     return manifest
 
 
 def _is_tensor_spec(entry: Any) -> bool:
     import torch
 
-    return (isinstance(entry, dict) and isinstance(entry.get("name"), str)
-            and isinstance(entry.get("shape"), list)
-            and all(size in (BATCH, LENGTH) or (type(size) is int and size >= 0) for size in entry["shape"])
-            and isinstance(getattr(torch, str(entry.get("dtype")), None), torch.dtype)
-            and type(entry.get("initial")) in (int, float, bool, type(None)))
+    return (
+        isinstance(entry, dict)
+        and isinstance(entry.get("name"), str)
+        and isinstance(entry.get("shape"), list)
+        and all(size in (BATCH, LENGTH) or (type(size) is int and size >= 0) for size in entry["shape"])
+        and isinstance(getattr(torch, str(entry.get("dtype")), None), torch.dtype)
+        and type(entry.get("initial")) in (int, float, bool, type(None))
+    )
 
 
 #: The fields the runtime reads besides `format` and `files`: (name, what it must be, test).
 _FIELDS = (
     ("model_kind", "a string", lambda value: isinstance(value, str)),
     ("sizes.vocab_size", "a positive integer", lambda value: type(value) is int and value > 0),
-    ("inputs", "a list of {name, shape, dtype, initial} objects",
-     lambda value: isinstance(value, list) and len(value) > 0 and all(map(_is_tensor_spec, value))),
+    (
+        "inputs",
+        "a list of {name, shape, dtype, initial} objects",
+        lambda value: isinstance(value, list) and len(value) > 0 and all(map(_is_tensor_spec, value)),
+    ),
     ("needs_sru_lightning_kernels", "true or false", lambda value: isinstance(value, bool)),
 )
 
@@ -217,16 +247,22 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
     folder = Path(folder).expanduser()
     path = folder / MANIFEST_NAME
     if not folder.is_dir():
-        raise ExportError(f"the export folder {str(folder)!r} does not exist (make one with `python -m sru_lightning export`)")
+        raise ExportError(
+            f"the export folder {str(folder)!r} does not exist (make one with `python -m sru_lightning export`)"
+        )
     if not path.is_file():
-        raise ExportError(f"{str(folder)!r} is not an export folder: it has no {MANIFEST_NAME} "
-                          "(make one with `python -m sru_lightning export`)")
+        raise ExportError(
+            f"{str(folder)!r} is not an export folder: it has no {MANIFEST_NAME} "
+            "(make one with `python -m sru_lightning export`)"
+        )
     manifest = _load_manifest(path)
     name, version = manifest.get("format_name", _MISSING), manifest.get("export_format_version", _MISSING)
     if name not in (FORMAT_NAME, _MISSING) or (name is _MISSING and version is _MISSING):
-        raise ExportError(f"{str(folder)!r} is not an export folder: its {MANIFEST_NAME} was not written by "
-                          f"`python -m sru_lightning export` (`format_name` is {_shown(name)}, "
-                          f"expected {FORMAT_NAME!r})")
+        raise ExportError(
+            f"{str(folder)!r} is not an export folder: its {MANIFEST_NAME} was not written by "
+            f"`python -m sru_lightning export` (`format_name` is {_shown(name)}, "
+            f"expected {FORMAT_NAME!r})"
+        )
     if version != EXPORT_FORMAT_VERSION:
         raise ExportError(
             f"{str(folder)!r} is an export of format version {_shown(version)} (package "
@@ -238,15 +274,22 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         raise ExportError(f"{str(path)!r}: `format` must be one of {', '.join(FORMATS)}, got {_shown(fmt)}")
     files = manifest.get("files")
     model_name, vocabulary_name = _field(manifest, "files.model"), _field(manifest, "files.vocabulary")
-    if (not isinstance(files, dict) or model_name != MODEL_FILES[fmt]
-            or vocabulary_name not in (_MISSING, VOCABULARY_NAME)):
-        raise ExportError(f"{str(path)!r}: `files` must be {{\"model\": {MODEL_FILES[fmt]!r}}} for format={fmt}, "
-                          f"with \"vocabulary\": {VOCABULARY_NAME!r} when it has one, got {_shown(files)}")
+    if (
+        not isinstance(files, dict)
+        or model_name != MODEL_FILES[fmt]
+        or vocabulary_name not in (_MISSING, VOCABULARY_NAME)
+    ):
+        raise ExportError(
+            f'{str(path)!r}: `files` must be {{"model": {MODEL_FILES[fmt]!r}}} for format={fmt}, '
+            f'with "vocabulary": {VOCABULARY_NAME!r} when it has one, got {_shown(files)}'
+        )
     for field, expected, valid in _FIELDS:
         value = _field(manifest, field)
         if not valid(value):
-            raise ExportError(f"{str(path)!r}: `{field}` must be {expected}, got {_shown(value)}; "
-                              "the file is damaged: export the checkpoint again")
+            raise ExportError(
+                f"{str(path)!r}: `{field}` must be {expected}, got {_shown(value)}; "
+                "the file is damaged: export the checkpoint again"
+            )
     if fmt in ("pt2", "aoti") and manifest.get("torch_version") != torch.__version__:
         raise ExportError(
             f"{str(folder)!r} was exported with torch {manifest.get('torch_version')!r} and a {fmt} program "
@@ -272,18 +315,22 @@ def read_vocabulary(folder: str | os.PathLike):
         raise ExportError(f"the vocabulary {str(path)!r} is not JSON ({error}); export the checkpoint again") from None
     problem = None
     if not isinstance(state, dict):
-        problem = (f"expected a JSON object with `level` and `itos`, got "
-                   f"{_JSON_KINDS.get(type(state), type(state).__name__)}")
+        problem = (
+            f"expected a JSON object with `level` and `itos`, got {_JSON_KINDS.get(type(state), type(state).__name__)}"
+        )
     elif state.get("level") not in TOKEN_LEVELS:
         problem = f"`level` must be one of {', '.join(TOKEN_LEVELS)}, got {_shown(state.get('level', _MISSING))}"
     elif state["level"] == "byte" and state.get("itos") is not None:
         problem = f"`itos` must be null at byte level, got {_shown(state['itos'])}"
-    elif state["level"] != "byte" and not (isinstance(state.get("itos"), list) and state["itos"]
-                                           and all(isinstance(token, str) for token in state["itos"])):
+    elif state["level"] != "byte" and not (
+        isinstance(state.get("itos"), list) and state["itos"] and all(isinstance(token, str) for token in state["itos"])
+    ):
         problem = f"`itos` must be a non-empty list of strings (the tokens), got {_shown(state.get('itos', _MISSING))}"
     elif not isinstance(state.get("unknown"), (str, type(None))) or not isinstance(state.get("end_of_line", ""), str):
-        problem = (f"`unknown` and `end_of_line` must be strings, got {_shown(state.get('unknown'))} and "
-                   f"{_shown(state.get('end_of_line'))}")
+        problem = (
+            f"`unknown` and `end_of_line` must be strings, got {_shown(state.get('unknown'))} and "
+            f"{_shown(state.get('end_of_line'))}"
+        )
     if problem is not None:
         raise ExportError(f"the vocabulary {str(path)!r} is damaged: {problem}; export the checkpoint again")
     return TokenCodec.from_state_dict(state)

@@ -53,8 +53,10 @@ def load_pt2(path: str | os.PathLike, fmt: str = "pt2", needs_kernels: bool = Tr
 def _unloadable(path: str | os.PathLike, kind: str, error: BaseException) -> ExportError:
     """The error for a model file its loader rejects: which file, what it should be, the loader's first line."""
     reason = (str(error).strip().splitlines() or [""])[0][:200]
-    return ExportError(f"cannot load {str(path)!r}: it is not {kind} that this runtime reads (it may be truncated "
-                       f"or another file): {type(error).__name__}: {reason}; export the checkpoint again")
+    return ExportError(
+        f"cannot load {str(path)!r}: it is not {kind} that this runtime reads (it may be truncated "
+        f"or another file): {type(error).__name__}: {reason}; export the checkpoint again"
+    )
 
 
 class ExportedLanguageModel:
@@ -70,12 +72,15 @@ class ExportedLanguageModel:
             raise ExportError(f"`backend` must be one of {', '.join(BACKENDS)}, got {backend!r}")
         if fmt not in BACKEND_FORMATS[backend]:
             wanted = " or ".join(f"format={f}" for f in BACKEND_FORMATS[backend])
-            raise ExportError(f"backend={backend} runs exports of {wanted}, but {str(self.folder)!r} holds format={fmt}")
+            raise ExportError(
+                f"backend={backend} runs exports of {wanted}, but {str(self.folder)!r} holds format={fmt}"
+            )
         self.backend = backend
         self.kind = self.manifest["model_kind"]
         self.vocab_size = self.manifest["sizes"]["vocab_size"]
-        self.state_specs = [TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d["initial"])
-                            for d in self.manifest["inputs"][1:]]
+        self.state_specs = [
+            TensorSpec(d["name"], tuple(d["shape"]), d["dtype"], d["initial"]) for d in self.manifest["inputs"][1:]
+        ]
         self.device = torch.device("cpu")
         model_path = self.folder / self.manifest["files"]["model"]
         if backend == "onnxruntime":
@@ -126,8 +131,10 @@ def _onnxruntime_runner(path: Path, threads: int | None, input_names: list[str])
         raise _unloadable(path, "an ONNX model", error) from None
     names = [value.name for value in session.get_inputs()]
     if names != input_names:
-        raise ExportError(f"{str(path)!r} is not the model of this export: its inputs are {names}, but "
-                          f"{str(path.parent / MANIFEST_NAME)!r} lists {input_names}; export the checkpoint again")
+        raise ExportError(
+            f"{str(path)!r} is not the model of this export: its inputs are {names}, but "
+            f"{str(path.parent / MANIFEST_NAME)!r} lists {input_names}; export the checkpoint again"
+        )
 
     def run(tokens, state):
         feed = {name: np.ascontiguousarray(t.numpy()) for name, t in zip(names, (tokens, *state))}

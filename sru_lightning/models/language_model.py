@@ -9,9 +9,9 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 import torch.nn.functional as F
-from torch import nn
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from torch import nn
 from torchmetrics import MeanMetric
 
 RNN_TYPES = ("sru", "srupp", "lstm")
@@ -139,9 +139,7 @@ class SRULanguageModel(pl.LightningModule):
                 "the next token, and a bidirectional layer reads it), got true"
             )
         if token_unit not in BITS_NAMES:
-            raise ValueError(
-                f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}"
-            )
+            raise ValueError(f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}")
         # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
         sru_options, optimizer, lr_scheduler = (_plain(value) for value in (sru_options, optimizer, lr_scheduler))
         self.save_hyperparameters()
@@ -158,15 +156,21 @@ class SRULanguageModel(pl.LightningModule):
             from sru_lightning.nn import SRU
 
             self.rnn = SRU(
-                embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout,
-                rnn_dropout=rnn_dropout, **dict(sru_options or {}),
+                embedding_dim,
+                hidden_size,
+                num_layers=num_layers,
+                dropout=dropout,
+                rnn_dropout=rnn_dropout,
+                **dict(sru_options or {}),
             )
         elif rnn == "srupp":
             from sru_lightning.nn import SRUpp
 
             self.rnn = SRUpp(embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout, **dict(sru_options))
         else:
-            self.rnn = nn.LSTM(embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout if num_layers > 1 else 0.0)
+            self.rnn = nn.LSTM(
+                embedding_dim, hidden_size, num_layers=num_layers, dropout=dropout if num_layers > 1 else 0.0
+            )
         self.projection = (
             nn.Linear(hidden_size, embedding_dim, bias=False) if tie_weights and hidden_size != embedding_dim else None
         )
@@ -328,12 +332,25 @@ class SRULanguageModel(pl.LightningModule):
         # how many processes share the global batch: each process sees as many tokens, and the
         # mean of their losses is the loss whose gradient DDP averages. The training values are
         # per step (the epoch's mean is `train_bpc_epoch`, from the metric above).
-        self.log(f"{stage}_loss", loss.detach(), on_step=on_step, on_epoch=not on_step, prog_bar=on_step,
-                 batch_size=inputs.size(0), sync_dist=True)
+        self.log(
+            f"{stage}_loss",
+            loss.detach(),
+            on_step=on_step,
+            on_epoch=not on_step,
+            prog_bar=on_step,
+            batch_size=inputs.size(0),
+            sync_dist=True,
+        )
         if not on_step:
             return loss
-        self.log(self.bits_name("train"), loss.detach() / math.log(2), on_step=True, on_epoch=False, prog_bar=True,
-                 sync_dist=True)
+        self.log(
+            self.bits_name("train"),
+            loss.detach() / math.log(2),
+            on_step=True,
+            on_epoch=False,
+            prog_bar=True,
+            sync_dist=True,
+        )
         return loss
 
     def _log_epoch_metrics(self, stage: str) -> None:

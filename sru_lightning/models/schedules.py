@@ -48,13 +48,19 @@ class WarmupCosineLR(LRScheduler):
         fallback_warmup_steps: int = FALLBACK_WARMUP_STEPS,
         last_epoch: int = -1,
     ) -> None:
-        if total_steps is not None and (isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1):
+        if total_steps is not None and (
+            isinstance(total_steps, bool) or not isinstance(total_steps, int) or total_steps < 1
+        ):
             raise ValueError(f"WarmupCosineLR: `total_steps` must be a positive integer or None, got {total_steps!r}")
         if not 0.0 <= warmup_fraction < 1.0:
             raise ValueError(f"WarmupCosineLR: `warmup_fraction` must be in [0, 1), got {warmup_fraction!r}")
         if not 0.0 <= final_lr_fraction <= 1.0:
             raise ValueError(f"WarmupCosineLR: `final_lr_fraction` must be in [0, 1], got {final_lr_fraction!r}")
-        if isinstance(fallback_warmup_steps, bool) or not isinstance(fallback_warmup_steps, int) or fallback_warmup_steps < 0:
+        if (
+            isinstance(fallback_warmup_steps, bool)
+            or not isinstance(fallback_warmup_steps, int)
+            or fallback_warmup_steps < 0
+        ):
             raise ValueError(
                 f"WarmupCosineLR: `fallback_warmup_steps` must be a non-negative integer, got {fallback_warmup_steps!r}"
             )
@@ -71,7 +77,11 @@ class WarmupCosineLR(LRScheduler):
         if self.total_steps < 2:
             return 0
         # Leave at least one step after the warm-up, so the peak is reached.
-        return min(max(1, round(self.warmup_fraction * self.total_steps)), self.total_steps - 1) if self.warmup_fraction > 0 else 0
+        return (
+            min(max(1, round(self.warmup_fraction * self.total_steps)), self.total_steps - 1)
+            if self.warmup_fraction > 0
+            else 0
+        )
 
     def factor(self, step: int) -> float:
         """Multiplier of the peak rate at optimizer step `step` (0-based)."""

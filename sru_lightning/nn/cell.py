@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import numbers
 import warnings
-from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -69,9 +68,7 @@ def _check_cell_options(owner: str, use_tanh, highway_bias, weight_c_init, custo
     if isinstance(highway_bias, bool) or not isinstance(highway_bias, numbers.Real):
         raise TypeError(f"{owner}: `highway_bias` must be a float, got {type(highway_bias).__name__}")
     if weight_c_init is not None and (
-        isinstance(weight_c_init, bool)
-        or not isinstance(weight_c_init, numbers.Real)
-        or weight_c_init <= 0
+        isinstance(weight_c_init, bool) or not isinstance(weight_c_init, numbers.Real) or weight_c_init <= 0
     ):
         raise ValueError(f"{owner}: `weight_c_init` must be None or a positive float, got {weight_c_init!r}")
     if custom_m is not None and not isinstance(custom_m, nn.Module):
@@ -120,10 +117,10 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         layer_norm: bool = False,
         rescale: bool = True,
         v1: bool = False,
-        custom_m: Optional[nn.Module] = None,
+        custom_m: nn.Module | None = None,
         amp_recurrence_fp16: bool = False,
         normalize_after: bool = False,
-        weight_c_init: Optional[float] = None,
+        weight_c_init: float | None = None,
         *,
         recurrence_policy: str = "auto",
         batch_first: bool = False,
@@ -139,8 +136,15 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         if self.rnn_dropout > 0:
             warn_rnn_dropout(owner)
         self._store_settings(
-            bidirectional, highway_bias, has_skip_term, rescale, v1, normalize_after, weight_c_init,
-            amp_recurrence_fp16, batch_first,
+            bidirectional,
+            highway_bias,
+            has_skip_term,
+            rescale,
+            v1,
+            normalize_after,
+            weight_c_init,
+            amp_recurrence_fp16,
+            batch_first,
         )
         self.recurrence_policy = resolve_amp_flag(
             owner, self.amp_recurrence_fp16, checked_policy(owner, recurrence_policy)
@@ -152,8 +156,16 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         self.reset_parameters()
 
     def _store_settings(
-        self, bidirectional, highway_bias, has_skip_term, rescale, v1, normalize_after, weight_c_init,
-        amp_recurrence_fp16, batch_first,
+        self,
+        bidirectional,
+        highway_bias,
+        has_skip_term,
+        rescale,
+        v1,
+        normalize_after,
+        weight_c_init,
+        amp_recurrence_fp16,
+        batch_first,
     ) -> None:
         """Keep the (already checked) options, in the types the layer works with."""
         self.bidirectional = bool(bidirectional)
@@ -245,9 +257,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             blocks[..., 2].mul_(0.5**0.5)
 
     # ------------------------------------------------------------------ forward
-    def forward(
-        self, input: Tensor, c0: Optional[Tensor] = None, mask_pad: Optional[Tensor] = None
-    ) -> Tuple[Tensor, Tensor]:
+    def forward(self, input: Tensor, c0: Tensor | None = None, mask_pad: Tensor | None = None) -> tuple[Tensor, Tensor]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
         device = self.bias.device
@@ -267,9 +277,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             return h.squeeze(0), c
         return (h.transpose(0, 1) if self.batch_first else h), c
 
-    def forward_time_major(
-        self, x: Tensor, c0: Optional[Tensor], mask_pad: Optional[Tensor]
-    ) -> Tuple[Tensor, Tensor]:
+    def forward_time_major(self, x: Tensor, c0: Tensor | None, mask_pad: Tensor | None) -> tuple[Tensor, Tensor]:
         """The layer on already-checked tensors: x (L, B, input_size), mask_pad (L, B) bool."""
         x = self._one_half_copy_of_input(x)
         residual = x
@@ -302,7 +310,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             return x
         return x.to(autocast_dtype)
 
-    def compute_uv(self, x: Tensor) -> Tuple[Tensor, Tensor]:
+    def compute_uv(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """U (L, B, dirs*hidden*k) and the gate weights on c: weight_c, or V + weight_c per step."""
         length, batch = x.shape[0], x.shape[1]
         u_width = self.output_size * self.num_matrices
@@ -338,7 +346,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             )
         return value.reshape(length, batch, width)
 
-    def dropout_mask(self, size: Tuple[int, int], p: float) -> Tensor:
+    def dropout_mask(self, size: tuple[int, int], p: float) -> Tensor:
         """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
         return time_shared_dropout_mask(self.bias, size, p)
 

@@ -64,9 +64,7 @@ def check_same_device(owner: str, name: str, value: Tensor, expected: torch.devi
 
 def check_shape(owner: str, name: str, value: Tensor, expected: tuple, meaning: str) -> None:
     if tuple(value.shape) != tuple(expected):
-        raise ValueError(
-            f"{owner}: `{name}` must have shape {tuple(expected)} {meaning}, got {tuple(value.shape)}"
-        )
+        raise ValueError(f"{owner}: `{name}` must have shape {tuple(expected)} {meaning}, got {tuple(value.shape)}")
 
 
 def as_padding_mask(
@@ -111,7 +109,13 @@ def to_time_major(
 
 
 def time_major_padding_mask(
-    owner: str, mask_pad, length: int, batch: int, one_step: bool, batch_first: bool, device: torch.device,
+    owner: str,
+    mask_pad,
+    length: int,
+    batch: int,
+    one_step: bool,
+    batch_first: bool,
+    device: torch.device,
     name: str = "mask_pad",
 ) -> Tensor:
     """Check a padding mask (the argument ``name``) against the input's layout and return it as (L, B) bool."""

@@ -9,7 +9,7 @@ semantics (initialisation recipes, constructor arguments) stays in its own modul
 from __future__ import annotations
 
 import warnings
-from typing import Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -39,8 +39,8 @@ def warn_rnn_dropout(owner: str) -> None:
 
 
 def non_default_settings(
-    module, defaults: Sequence[Tuple[str, object]], attributes: Optional[Dict[str, str]] = None
-) -> List[str]:
+    module, defaults: Sequence[tuple[str, object]], attributes: dict[str, str] | None = None
+) -> list[str]:
     """``name=value`` for each ``(name, default)`` whose value on ``module`` differs from the
     default, for ``extra_repr``; ``attributes`` maps a name to the attribute holding it."""
     attributes = attributes or {}
@@ -50,6 +50,7 @@ def non_default_settings(
         if value != default:
             parts.append(f"{name}={value!r}")
     return parts
+
 
 def casts_own_inputs(layer: nn.Module) -> bool:
     """True when ``layer`` is sharded with FSDP2 (``fully_shard``): its pre-forward hook casts
@@ -97,7 +98,7 @@ class RefusesTorchScript:
 
 
 # ---------------------------------------------------------------------- one layer
-def time_shared_dropout_mask(like: Tensor, size: Tuple[int, int], p: float) -> Tensor:
+def time_shared_dropout_mask(like: Tensor, size: tuple[int, int], p: float) -> Tensor:
     """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
     return like.new_empty(size).bernoulli_(1 - p).div_(1 - p)
 
@@ -120,7 +121,7 @@ class RecurrentCellMixin(RefusesTorchScript):
     weight_c: nn.Parameter
     bias: nn.Parameter
     scale_x: Tensor
-    layer_norm: Optional[nn.LayerNorm]
+    layer_norm: nn.LayerNorm | None
 
     @property
     def recurrence_policy(self) -> str:
@@ -151,13 +152,13 @@ class RecurrentCellMixin(RefusesTorchScript):
     def _recurrence(
         self,
         U: Tensor,
-        skip: Optional[Tensor],
+        skip: Tensor | None,
         weight_c: Tensor,
-        c0: Optional[Tensor],
-        mask_c: Optional[Tensor],
-        mask_pad: Optional[Tensor],
+        c0: Tensor | None,
+        mask_c: Tensor | None,
+        mask_pad: Tensor | None,
         has_skip_term: bool,
-    ) -> Tuple[Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor]:
         """h and the last c from U through the package op, then the output-side layer norm.
 
         The autograd entry point is used only when a gradient is needed, so inference does not
@@ -211,8 +212,8 @@ class StackMixin(RefusesTorchScript):
             layer.recurrence_policy = policy
 
     def _layer_initial_states(
-        self, owner: str, c0: Optional[Tensor], batch: int, device: torch.device
-    ) -> List[Optional[Tensor]]:
+        self, owner: str, c0: Tensor | None, batch: int, device: torch.device
+    ) -> list[Tensor | None]:
         """``c0`` (num_layers, B, dirs*hidden_size) checked and split per layer (None: zeros)."""
         if c0 is None:
             return [None] * self.num_layers
@@ -223,7 +224,7 @@ class StackMixin(RefusesTorchScript):
         check_same_device(owner, "c0", c0, device, "the input's")
         return list(c0.unbind(0))
 
-    def _stacked_last_states(self, last_states: List[Tensor], batch: int) -> Tensor:
+    def _stacked_last_states(self, last_states: list[Tensor], batch: int) -> Tensor:
         """The layers' last c as (num_layers, B, dirs*hidden_size), or in the ``nn.LSTM``
         layout (num_layers*dirs, B, hidden_size) with ``nn_rnn_compatible_return``."""
         c_stack = torch.stack(last_states)
@@ -237,8 +238,8 @@ class StackMixin(RefusesTorchScript):
 
 
 def unpack_sequence(
-    owner: str, input: PackedSequence, mask_pad: Optional[Tensor], device: torch.device
-) -> Tuple[Tensor, Tensor, Tensor]:
+    owner: str, input: PackedSequence, mask_pad: Tensor | None, device: torch.device
+) -> tuple[Tensor, Tensor, Tensor]:
     """A ``PackedSequence`` as (padded (L, B, ...), lengths, padding mask (L, B) bool);
     ``mask_pad`` must be None since the lengths give the padding."""
     if mask_pad is not None:

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Iterator, List, Tuple, Union
+from collections.abc import Iterator
 
 from torch import nn
 
 from .cell import SRUCell, checked_policy
 from .srupp_cell import SRUppCell
 
-RecurrentLayer = Union[SRUCell, SRUppCell]
+RecurrentLayer = SRUCell | SRUppCell
 
 
-def iter_sru_cells(module: nn.Module) -> Iterator[Tuple[str, RecurrentLayer]]:
+def iter_sru_cells(module: nn.Module) -> Iterator[tuple[str, RecurrentLayer]]:
     """Yield ``(qualified_name, cell)`` for every :class:`SRUCell` and :class:`SRUppCell` in
     ``module`` (itself included)."""
     if not isinstance(module, nn.Module):
@@ -22,7 +22,7 @@ def iter_sru_cells(module: nn.Module) -> Iterator[Tuple[str, RecurrentLayer]]:
             yield name, child
 
 
-def set_recurrence_policy(module: nn.Module, policy: str) -> List[Tuple[str, RecurrentLayer]]:
+def set_recurrence_policy(module: nn.Module, policy: str) -> list[tuple[str, RecurrentLayer]]:
     """Set ``recurrence_policy`` on every SRU and SRU++ layer in ``module``; return the layers changed.
 
     ``policy`` is "auto" (half storage in a half-precision regime, float32/float64

@@ -10,7 +10,7 @@ runs through ``torch.nn.functional.scaled_dot_product_attention``.
 from __future__ import annotations
 
 import numbers
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 import torch
 from torch import Tensor, nn
@@ -29,10 +29,10 @@ from .common import StackMixin, checked_policy, non_default_settings, refuse_jit
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 
-MemoryBank = Dict[str, List[Tensor]]
+MemoryBank = dict[str, list[Tensor]]
 
 
-def _checked_attention_placement(owner: str, every, last) -> Tuple[int, int]:
+def _checked_attention_placement(owner: str, every, last) -> tuple[int, int]:
     """``(attention_every_n_layers, attention_last_n_layers)`` checked: at most one of them set."""
     every = check_positive_int(owner, "attention_every_n_layers", every)
     if isinstance(last, bool) or not isinstance(last, numbers.Integral):
@@ -119,8 +119,15 @@ class SRUpp(StackMixin, nn.Module):
             owner, attention_every_n_layers, attention_last_n_layers
         )
         self._store_settings(
-            bidirectional, layer_norm, normalize_after, attn_layer_norm, highway_bias, rescale,
-            nn_rnn_compatible_return, weight_c_init, batch_first,
+            bidirectional,
+            layer_norm,
+            normalize_after,
+            attn_layer_norm,
+            highway_bias,
+            rescale,
+            nn_rnn_compatible_return,
+            weight_c_init,
+            batch_first,
         )
         policy = checked_policy(owner, recurrence_policy)
         # Construction order follows the reference, so one seed gives the same initial weights.
@@ -130,8 +137,16 @@ class SRUpp(StackMixin, nn.Module):
         )
 
     def _store_settings(
-        self, bidirectional, layer_norm, normalize_after, attn_layer_norm, highway_bias, rescale,
-        nn_rnn_compatible_return, weight_c_init, batch_first,
+        self,
+        bidirectional,
+        layer_norm,
+        normalize_after,
+        attn_layer_norm,
+        highway_bias,
+        rescale,
+        nn_rnn_compatible_return,
+        weight_c_init,
+        batch_first,
     ) -> None:
         """Keep the options the stack reports (``extra_repr``) and hands to its layers."""
         self.bidirectional = bool(bidirectional)
@@ -177,11 +192,20 @@ class SRUpp(StackMixin, nn.Module):
     def _build_transform(self, index: int, in_features: int, out_features: int) -> nn.Module:
         if self.layer_has_attention(index):
             return SRUppAttention(
-                in_features, out_features, self.proj_size, num_heads=self.num_heads, dropout=self.dropout,
-                attn_dropout=self.attn_dropout, layer_norm=self.attn_layer_norm,
+                in_features,
+                out_features,
+                self.proj_size,
+                num_heads=self.num_heads,
+                dropout=self.dropout,
+                attn_dropout=self.attn_dropout,
+                layer_norm=self.attn_layer_norm,
             )
         return SRUppProjectedLinear(
-            in_features, out_features, self.proj_size, dropout=self.dropout, layer_norm=self.attn_layer_norm,
+            in_features,
+            out_features,
+            self.proj_size,
+            dropout=self.dropout,
+            layer_norm=self.attn_layer_norm,
         )
 
     def layer_has_attention(self, index: int) -> bool:
@@ -198,20 +222,20 @@ class SRUpp(StackMixin, nn.Module):
         if self.input_to_hidden is not None:
             nn.init.xavier_uniform_(self.input_to_hidden.weight)
 
-    def layer_input_sizes(self) -> List[int]:
+    def layer_input_sizes(self) -> list[int]:
         first = self.output_size if self.input_to_hidden is not None else self.input_size
         return [first] + [self.output_size] * (self.num_layers - 1)
 
     # ------------------------------------------------------------------ forward
     def forward(
         self,
-        input: Union[Tensor, PackedSequence],
-        c0: Optional[Tensor] = None,
-        mask_pad: Optional[Tensor] = None,
-        attn_mask: Optional[Tensor] = None,
-        memory: Optional[Sequence[Optional[Tensor]]] = None,
-        memory_mask_pad: Optional[Tensor] = None,
-    ) -> Tuple[Union[Tensor, PackedSequence], Tensor, MemoryBank]:
+        input: Tensor | PackedSequence,
+        c0: Tensor | None = None,
+        mask_pad: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        memory: Sequence[Tensor | None] | None = None,
+        memory_mask_pad: Tensor | None = None,
+    ) -> tuple[Tensor | PackedSequence, Tensor, MemoryBank]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
         device = self.rnn_lst[0].bias.device
@@ -250,7 +274,11 @@ class SRUpp(StackMixin, nn.Module):
         for layer, c_init, layer_mem in zip(self.rnn_lst, layer_c0, layer_memory):
             saved_inputs.append(h)
             h, c_last = layer(
-                h, c_init, mask_pad=mask_pad, attn_mask=attn_mask, memory=layer_mem,
+                h,
+                c_init,
+                mask_pad=mask_pad,
+                attn_mask=attn_mask,
+                memory=layer_mem,
                 memory_mask_pad=memory_mask_pad if layer_mem is not None else None,
             )
             last_states.append(c_last)
@@ -265,10 +293,10 @@ class SRUpp(StackMixin, nn.Module):
 
     def extend_memory(
         self,
-        memory: Optional[Sequence[Optional[Tensor]]],
+        memory: Sequence[Tensor | None] | None,
         saved_inputs: Sequence[Tensor],
-        max_length: Optional[int] = None,
-    ) -> List[Tensor]:
+        max_length: int | None = None,
+    ) -> list[Tensor]:
         """The memory for the next call: ``memory`` followed by ``saved_inputs`` along time,
         keeping the last ``max_length`` steps (all when None). Detached: the next call does
         not backpropagate into this one (Transformer-XL style)."""
@@ -286,7 +314,7 @@ class SRUpp(StackMixin, nn.Module):
     # ------------------------------------------------------------------ checks
     def _time_major_memory(
         self, owner: str, memory, batch: int, batch_first: bool, device: torch.device
-    ) -> List[Optional[Tensor]]:
+    ) -> list[Tensor | None]:
         if memory is None:
             return [None] * self.num_layers
         if not isinstance(memory, (list, tuple)):
@@ -297,7 +325,7 @@ class SRUpp(StackMixin, nn.Module):
         if len(memory) != self.num_layers:
             raise ValueError(f"{owner}: `memory` must hold num_layers={self.num_layers} entries, got {len(memory)}")
         layout = "(batch, memory length, width)" if batch_first else "(memory length, batch, width)"
-        result: List[Optional[Tensor]] = []
+        result: list[Tensor | None] = []
         for index, (entry, width) in enumerate(zip(memory, self.layer_input_sizes())):
             name = f"memory[{index}]"
             if entry is None:
@@ -314,7 +342,7 @@ class SRUpp(StackMixin, nn.Module):
             result.append(entry.transpose(0, 1) if batch_first else entry)
         return result
 
-    def _memory_length(self, owner: str, layer_memory: List[Optional[Tensor]]) -> Optional[int]:
+    def _memory_length(self, owner: str, layer_memory: list[Tensor | None]) -> int | None:
         """The memory length M shared by the attention layers' memories (None without memory)."""
         given = {index: entry.shape[0] for index, entry in enumerate(layer_memory) if entry is not None}
         lengths = {index: length for index, length in given.items() if self.layer_has_attention(index)}

@@ -12,8 +12,6 @@ state dicts load unchanged.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -65,10 +63,10 @@ class SRUppProjectedLinear(nn.Module):
     def forward(
         self,
         input: Tensor,
-        mask_pad: Optional[Tensor] = None,
-        attn_mask: Optional[Tensor] = None,
-        memory: Optional[Tensor] = None,
-        memory_mask_pad: Optional[Tensor] = None,
+        mask_pad: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_mask_pad: Tensor | None = None,
     ) -> Tensor:
         bottleneck = self.linear1(input)
         if self.layer_norm is not None:
@@ -135,10 +133,10 @@ class SRUppAttention(nn.Module):
     def forward(
         self,
         input: Tensor,
-        mask_pad: Optional[Tensor] = None,
-        attn_mask: Optional[Tensor] = None,
-        memory: Optional[Tensor] = None,
-        memory_mask_pad: Optional[Tensor] = None,
+        mask_pad: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_mask_pad: Tensor | None = None,
     ) -> Tensor:
         length, batch = input.shape[0], input.shape[1]
         memory_length = 0 if memory is None else memory.shape[0]
@@ -171,15 +169,15 @@ class SRUppAttention(nn.Module):
 
     @staticmethod
     def _combined_mask(
-        attn_mask: Optional[Tensor],
-        mask_pad: Optional[Tensor],
-        memory_mask_pad: Optional[Tensor],
+        attn_mask: Tensor | None,
+        mask_pad: Tensor | None,
+        memory_mask_pad: Tensor | None,
         length: int,
         memory_length: int,
         batch: int,
         device: torch.device,
         dtype: torch.dtype,
-    ) -> Optional[Tensor]:
+    ) -> Tensor | None:
         """One additive mask (B or 1, 1, L, M + L) from the attention mask and the padding."""
         mask = None if attn_mask is None else attn_mask.to(dtype).reshape(1, 1, length, memory_length + length)
         if mask_pad is None and memory_mask_pad is None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import math
 import numbers
-from typing import Optional, Tuple
 
 import torch
 from torch import Tensor, nn
@@ -106,15 +105,19 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
     def forward(
         self,
         input: Tensor,
-        c0: Optional[Tensor] = None,
-        mask_pad: Optional[Tensor] = None,
-        attn_mask: Optional[Tensor] = None,
-        memory: Optional[Tensor] = None,
-        memory_mask_pad: Optional[Tensor] = None,
-    ) -> Tuple[Tensor, Tensor]:
+        c0: Tensor | None = None,
+        mask_pad: Tensor | None = None,
+        attn_mask: Tensor | None = None,
+        memory: Tensor | None = None,
+        memory_mask_pad: Tensor | None = None,
+    ) -> tuple[Tensor, Tensor]:
         refuse_jit_trace(type(self).__name__)
         U = self.transform_module(
-            self._normalized_input(input), mask_pad=mask_pad, attn_mask=attn_mask, memory=memory, memory_mask_pad=memory_mask_pad
+            self._normalized_input(input),
+            mask_pad=mask_pad,
+            attn_mask=attn_mask,
+            memory=memory,
+            memory_mask_pad=memory_mask_pad,
         )
         expected_width = self.output_size * self.num_matrices
         if U.shape[-1] != expected_width:

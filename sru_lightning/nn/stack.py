@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import copy
 import warnings
-from typing import Optional, Sequence, Tuple, Union
+from collections.abc import Sequence
 
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence
@@ -29,7 +29,7 @@ from .common import (
 )
 
 
-def _layer_custom_m(custom_m, index: int) -> Optional[nn.Module]:
+def _layer_custom_m(custom_m, index: int) -> nn.Module | None:
     """Layer `index`'s own ``custom_m``: its entry of a list, else a copy of the one module given."""
     if isinstance(custom_m, (list, tuple)):
         return custom_m[index]
@@ -78,11 +78,11 @@ class SRU(StackMixin, nn.Module):
         rescale: bool = False,
         v1: bool = False,
         nn_rnn_compatible_return: bool = False,
-        custom_m: Optional[Union[nn.Module, Sequence[nn.Module]]] = None,
+        custom_m: nn.Module | Sequence[nn.Module] | None = None,
         proj_input_to_hidden_first: bool = False,
         amp_recurrence_fp16: bool = False,
         normalize_after: bool = False,
-        weight_c_init: Optional[float] = None,
+        weight_c_init: float | None = None,
         batch_first: bool = False,
         *,
         recurrence_policy: str = "auto",
@@ -95,8 +95,7 @@ class SRU(StackMixin, nn.Module):
         policy = resolve_amp_flag(owner, bool(amp_recurrence_fp16), checked_policy(owner, recurrence_policy))
         if isinstance(custom_m, (list, tuple)) and len(custom_m) != self.num_layers:
             raise ValueError(
-                f"{owner}: `custom_m` as a list must hold one module per layer "
-                f"({self.num_layers}), got {len(custom_m)}"
+                f"{owner}: `custom_m` as a list must hold one module per layer ({self.num_layers}), got {len(custom_m)}"
             )
         self.bidirectional = bool(bidirectional)
         self.num_directions = 2 if self.bidirectional else 1
@@ -105,8 +104,16 @@ class SRU(StackMixin, nn.Module):
         self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
         self.projection_size = check_non_negative_int(owner, "projection_size", projection_size)
         self._store_settings(
-            layer_norm, has_skip_term, rescale, v1, normalize_after, weight_c_init, highway_bias,
-            amp_recurrence_fp16, nn_rnn_compatible_return, batch_first,
+            layer_norm,
+            has_skip_term,
+            rescale,
+            v1,
+            normalize_after,
+            weight_c_init,
+            highway_bias,
+            amp_recurrence_fp16,
+            nn_rnn_compatible_return,
+            batch_first,
         )
         # Same construction order as sru.SRU, so a seed gives the same initial weights.
         first_input_size = self._add_input_to_hidden(proj_input_to_hidden_first)
@@ -129,8 +136,17 @@ class SRU(StackMixin, nn.Module):
             warn_rnn_dropout(owner)
 
     def _store_settings(
-        self, layer_norm, has_skip_term, rescale, v1, normalize_after, weight_c_init, highway_bias,
-        amp_recurrence_fp16, nn_rnn_compatible_return, batch_first,
+        self,
+        layer_norm,
+        has_skip_term,
+        rescale,
+        v1,
+        normalize_after,
+        weight_c_init,
+        highway_bias,
+        amp_recurrence_fp16,
+        nn_rnn_compatible_return,
+        batch_first,
     ) -> None:
         """Keep the options the stack reports (``extra_repr``) and hands to its layers."""
         self.use_layer_norm = bool(layer_norm)
@@ -181,10 +197,10 @@ class SRU(StackMixin, nn.Module):
     # ------------------------------------------------------------------ forward
     def forward(
         self,
-        input: Union[Tensor, PackedSequence],
-        c0: Optional[Tensor] = None,
-        mask_pad: Optional[Tensor] = None,
-    ) -> Tuple[Union[Tensor, PackedSequence], Tensor]:
+        input: Tensor | PackedSequence,
+        c0: Tensor | None = None,
+        mask_pad: Tensor | None = None,
+    ) -> tuple[Tensor | PackedSequence, Tensor]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
         device = self.rnn_lst[0].bias.device

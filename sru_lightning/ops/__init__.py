@@ -3,8 +3,8 @@
 from . import functional
 from .build import cuda_extension_available, extension_available, load_cuda_extension, load_extension
 from .functional import sru_recurrence, sru_recurrence_inference
-from .storage_dtype import POLICIES, accumulation_dtype, resolve_storage_dtype, validate_policy
 from .reference import sru_recurrence_reference
+from .storage_dtype import POLICIES, accumulation_dtype, resolve_storage_dtype, validate_policy
 from .tracing import KernelCall, trace_storage_dtypes
 
 __all__ = [

@@ -106,8 +106,11 @@ class ExtensionVariant:
     def build_spec(self) -> BuildSpec:
         """The cache entry of this library: its key hashes the toolchain, the flags and the
         contents of every source and included file."""
-        key = {**_toolchain_key(), "cxx_flags": list(self.cxx_flags),
-               "sources": build_cache.digest_files([*self.sources, *self.included])}
+        key = {
+            **_toolchain_key(),
+            "cxx_flags": list(self.cxx_flags),
+            "sources": build_cache.digest_files([*self.sources, *self.included]),
+        }
         if self.variant == "cuda":
             key.update(cuda_flags=list(self.cuda_flags), archs=list(self.archs))
         return BuildSpec(self.variant, self.description, key, self.expected_duration)
@@ -116,17 +119,28 @@ class ExtensionVariant:
         """Compile this library into `folder` as `name` (with `nvcc` for the CUDA variant)."""
         from torch.utils import cpp_extension
 
-        options = dict(name=name, sources=[str(path) for path in self.sources], extra_cflags=list(self.cxx_flags),
-                       extra_ldflags=list(self.ldflags), extra_include_paths=[str(csrc_dir())], with_cuda=False,
-                       is_python_module=False, build_directory=str(folder), verbose=verbose)
+        options = dict(
+            name=name,
+            sources=[str(path) for path in self.sources],
+            extra_cflags=list(self.cxx_flags),
+            extra_ldflags=list(self.ldflags),
+            extra_include_paths=[str(csrc_dir())],
+            with_cuda=False,
+            is_python_module=False,
+            build_directory=str(folder),
+            verbose=verbose,
+        )
         if self.variant != "cuda":
             cpp_extension.load(**options)
             return
         if nvcc is None:
             raise ValueError("compile_into: the CUDA variant needs `nvcc` (a cuda_toolkit.Nvcc), got None")
-        options.update(with_cuda=True, extra_cuda_cflags=list(self.cuda_flags) + cuda_toolkit.gencode_flags(self.archs),
-                       extra_ldflags=[*self.ldflags, *_cudart_link_flags(folder, nvcc)],
-                       extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)])
+        options.update(
+            with_cuda=True,
+            extra_cuda_cflags=list(self.cuda_flags) + cuda_toolkit.gencode_flags(self.archs),
+            extra_ldflags=[*self.ldflags, *_cudart_link_flags(folder, nvcc)],
+            extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)],
+        )
         with _torch_cuda_home(nvcc.root):
             cpp_extension.load(**options)
 
@@ -158,11 +172,6 @@ def _find_cxx_compiler() -> str | None:
     return shutil.which(candidate)
 
 
-def wants_cuda_sources() -> bool:
-    """True when this torch can run CUDA code, so CUDA kernels are worth building."""
-    return torch.version.cuda is not None and torch.cuda.is_available()
-
-
 def extension_sources(with_cuda: bool = False) -> list[str]:
     """The CPU extension's sources, or the CUDA extension's when `with_cuda`."""
     folder = csrc_dir()
@@ -190,16 +199,29 @@ def _toolchain_key() -> dict:
 
 def cpu_variant() -> ExtensionVariant:
     """The CPU extension: the op schemas and the CPU kernels."""
-    return ExtensionVariant("cpu", "CPU recurrence kernels", tuple(map(Path, extension_sources(with_cuda=False))),
-                            _headers(), CXX_FLAGS + OPENMP_FLAGS, ldflags=OPENMP_FLAGS)
+    return ExtensionVariant(
+        "cpu",
+        "CPU recurrence kernels",
+        tuple(map(Path, extension_sources(with_cuda=False))),
+        _headers(),
+        CXX_FLAGS + OPENMP_FLAGS,
+        ldflags=OPENMP_FLAGS,
+    )
 
 
 def cuda_variant(archs: tuple[str, ...]) -> ExtensionVariant:
     """The CUDA extension for `archs`. The nvcc used is not part of the key (only its major,
     which must equal torch's): compute nodes without a toolkit find the build made on a login node."""
-    return ExtensionVariant("cuda", f"CUDA recurrence kernels for {', '.join(archs)}",
-                            tuple(map(Path, extension_sources(with_cuda=True))), _headers(), CXX_FLAGS,
-                            cuda_flags=CUDA_FLAGS, archs=tuple(archs), expected_duration="a few minutes")
+    return ExtensionVariant(
+        "cuda",
+        f"CUDA recurrence kernels for {', '.join(archs)}",
+        tuple(map(Path, extension_sources(with_cuda=True))),
+        _headers(),
+        CXX_FLAGS,
+        cuda_flags=CUDA_FLAGS,
+        archs=tuple(archs),
+        expected_duration="a few minutes",
+    )
 
 
 def emulation_variant(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False) -> ExtensionVariant:
@@ -213,9 +235,14 @@ def emulation_variant(kernels_dir: str | os.PathLike | None = None, sanitize: bo
     sources = tuple((folder if name in EMULATION_KERNEL_FILES else csrc_dir()) / name for name in EMULATION_SOURCES)
     included = tuple(folder / name for name in EMULATION_KERNEL_FILES if name not in EMULATION_SOURCES)
     description = "CUDA kernels emulated on the CPU" + (" (ASan build)" if sanitize else "")
-    return ExtensionVariant("cuda_emulation", description, sources, included + _headers(folder),
-                            EMULATION_FLAGS + (SANITIZE_FLAGS if sanitize else ()),
-                            ldflags=SANITIZE_LDFLAGS if sanitize else ())
+    return ExtensionVariant(
+        "cuda_emulation",
+        description,
+        sources,
+        included + _headers(folder),
+        EMULATION_FLAGS + (SANITIZE_FLAGS if sanitize else ()),
+        ldflags=SANITIZE_LDFLAGS if sanitize else (),
+    )
 
 
 def cpu_build_spec() -> BuildSpec:
@@ -289,8 +316,7 @@ def _fallback(error: BaseException, device: str, fix: str) -> None:
     """Raise under SRU_LIGHTNING_REQUIRE_KERNELS=1; otherwise the caller warns (once)."""
     if kernels_required():
         raise ExtensionBuildError(
-            f"{error}. {REQUIRE_ENV}=1 forbids running the {device} recurrence on the pure-PyTorch "
-            f"reference. {fix}"
+            f"{error}. {REQUIRE_ENV}=1 forbids running the {device} recurrence on the pure-PyTorch reference. {fix}"
         ) from error
 
 
@@ -370,7 +396,11 @@ def find_cuda_build(archs_needed: tuple[str, ...]) -> Path | None:
     for directory, manifest in build_cache.finished_builds(build_cache.cache_root(), f"{EXTENSION_NAME}_cuda_"):
         same_inputs = all(manifest.get(k) == v for k, v in wanted.items())
         library = build_cache.library_file(directory, manifest.get("name", ""))
-        if same_inputs and library.is_file() and cuda_toolkit.archs_cover(tuple(manifest.get("archs", ())), archs_needed):
+        if (
+            same_inputs
+            and library.is_file()
+            and cuda_toolkit.archs_cover(tuple(manifest.get("archs", ())), archs_needed)
+        ):
             return library
     return None
 
@@ -394,7 +424,7 @@ def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) ->
     if not archs:
         raise NoCudaArchitectures(
             "sru_lightning: no GPU is visible and no CUDA architectures were given, so the CUDA kernels "
-            "were not built; pass --cuda-arch \"8.0;9.0\" (the compute capabilities of your GPUs) or set "
+            'were not built; pass --cuda-arch "8.0;9.0" (the compute capabilities of your GPUs) or set '
             f"{cuda_toolkit.ARCH_ENV}"
         )
     if cuda_arch is None:
@@ -457,7 +487,7 @@ def cuda_extension_available() -> bool:
     except ExtensionBuildError as error:
         fix = (
             "After fixing it, `python -m sru_lightning build --verbose` rebuilds and shows the compiler "
-            "output (add --cuda-arch \"8.0;9.0\" to build for GPUs this machine does not have)."
+            'output (add --cuda-arch "8.0;9.0" to build for GPUs this machine does not have).'
         )
         _fallback(error, "CUDA", fix)
         if not _cuda_warned:
@@ -477,8 +507,7 @@ def cuda_extension_available() -> bool:
 _emulation_loaded: dict[str, str] = {}
 
 
-def load_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False,
-                   verbose: bool = False) -> str:
+def load_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool = False, verbose: bool = False) -> str:
     """Compile (or find in the cache) the emulated CUDA kernels of :func:`emulation_variant`
     and load them as ``torch.ops.sru_lightning_cuda_emulated``; return the library's path.
 
@@ -491,8 +520,10 @@ def load_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool 
         if spec.name in _emulation_loaded:
             return _emulation_loaded[spec.name]
         if _emulation_loaded:
-            raise RuntimeError(f"{EMULATION_NAMESPACE}: this process already loaded {next(iter(_emulation_loaded))}; "
-                               f"build {spec.name} in a new process")
+            raise RuntimeError(
+                f"{EMULATION_NAMESPACE}: this process already loaded {next(iter(_emulation_loaded))}; "
+                f"build {spec.name} in a new process"
+            )
         library, _ = build_cache.ensure_built(spec, lambda folder, name: variant.compile_into(folder, name, verbose))
         # Local symbols: the emulation carries its own copy of the plumbing.
         _load_library(library, share_symbols=False)

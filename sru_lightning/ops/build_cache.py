@@ -129,7 +129,10 @@ def exclusive_lock(lock_path: Path, waiting_for: Path, say: Callable[[str], None
                 waited = time.monotonic() - started
                 if waited >= next_reminder:
                     more = f" ({waited:.0f} s so far)" if waited else ""
-                    say(f"sru_lightning: waiting for another process building the recurrence kernels in {waiting_for}{more}")
+                    say(
+                        "sru_lightning: waiting for another process building the recurrence kernels in "
+                        f"{waiting_for}{more}"
+                    )
                     next_reminder = waited + WAIT_REMINDER_S
                 time.sleep(_POLL_S)
         try:
@@ -173,8 +176,13 @@ def ensure_built(
             compile_into(partial, spec.name)
             if not library_file(partial, spec.name).is_file():
                 raise RuntimeError(f"the build left no {library_file(partial, spec.name).name} in {partial}")
-            manifest = {"variant": spec.variant, "name": spec.name, **spec.key, **spec.notes,
-                        "compile_seconds": round(time.monotonic() - started, 1)}
+            manifest = {
+                "variant": spec.variant,
+                "name": spec.name,
+                **spec.key,
+                **spec.notes,
+                "compile_seconds": round(time.monotonic() - started, 1),
+            }
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
             try:
                 os.rename(partial, directory)

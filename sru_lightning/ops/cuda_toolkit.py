@@ -92,7 +92,10 @@ def _toolkit_root(nvcc: Path) -> Path:
     try:
         dry_run = subprocess.run(
             [str(nvcc), "--dryrun", "-c", "-x", "cu", os.devnull, "-o", os.devnull],
-            capture_output=True, text=True, timeout=60, check=False,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
         )
         match = re.search(r"_HERE_=(\S+)", dry_run.stdout + dry_run.stderr)
     except (OSError, subprocess.TimeoutExpired):
@@ -182,8 +185,7 @@ def select_nvcc(torch_cuda: str | None, candidates: list[Nvcc] | None = None) ->
     if not candidates:
         raise CudaToolkitError(
             f"sru_lightning: no CUDA compiler (nvcc) found for torch's CUDA {torch_cuda}: looked in "
-            "$CUDA_HOME/$CUDA_PATH, PATH and the nvidia-cuda-nvcc wheels. Install one: "
-            + install_hint(torch_cuda)
+            "$CUDA_HOME/$CUDA_PATH, PATH and the nvidia-cuda-nvcc wheels. Install one: " + install_hint(torch_cuda)
         )
     seen = "; ".join(candidate.describe() for candidate in candidates)
     raise CudaToolkitError(
@@ -205,8 +207,7 @@ def parse_arch_list(text: str, argument: str = "--cuda-arch") -> tuple[str, ...]
     bad = [arch for arch in archs if not _ARCH_PATTERN.match(arch)]
     if not archs or bad:
         raise ValueError(
-            f"{argument}: expected compute capabilities like \"8.0;9.0\" (optionally \"9.0+PTX\"), "
-            f"received {text!r}"
+            f'{argument}: expected compute capabilities like "8.0;9.0" (optionally "9.0+PTX"), received {text!r}'
         )
     return tuple(sorted(set(archs), key=lambda a: (int(a.split(".")[0]), a)))
 

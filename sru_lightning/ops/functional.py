@@ -17,10 +17,10 @@ import contextlib
 import torch
 
 from .build import cuda_extension_available, extension_available
-from .storage_dtype import accumulation_dtype, resolve_storage_dtype, validate_policy
 from .reference import sru_recurrence_reference
 from .shapes import check_recurrence_inputs
 from .signature import RecurrenceCall
+from .storage_dtype import accumulation_dtype, resolve_storage_dtype, validate_policy
 from .tracing import record_kernel_call, tracing_active
 
 _AUTOCAST_DEVICE_TYPES = ("cpu", "cuda", "xpu", "mps", "hpu")
@@ -48,9 +48,7 @@ def _cpp_backend_ready(device_type: str) -> bool:
 
 def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, inference):
     validate_policy(policy)
-    shape = check_recurrence_inputs(
-        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term
-    )
+    shape = check_recurrence_inputs(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term)
     device_type = U.device.type
     out_dtype = U.dtype
     storage = resolve_storage_dtype(policy, out_dtype, device_type=device_type)
@@ -73,8 +71,9 @@ def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has
             weight_c_s = weight_c_s.unsqueeze(0) if shape.per_step_weight_c else weight_c_s
             mask_pad_b = None if mask_pad_b is None else mask_pad_b.unsqueeze(0)
 
-        call = RecurrenceCall(U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b,
-                              bidirectional, has_skip_term)
+        call = RecurrenceCall(
+            U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b, bidirectional, has_skip_term
+        )
         if _cpp_backend_ready(device_type):
             from . import op
 
@@ -92,13 +91,22 @@ def _run_reference(call: RecurrenceCall, inference: bool):
     grad_context = torch.no_grad() if inference else contextlib.nullcontext()
     with grad_context:
         h, c_last = sru_recurrence_reference(
-            call.U, call.x, call.weight_c, call.bias, call.c0, scale_x=call.scale_x, mask_c=call.mask_c,
-            mask_pad=call.mask_pad, bidirectional=call.bidirectional, has_skip_term=call.has_skip_term,
+            call.U,
+            call.x,
+            call.weight_c,
+            call.bias,
+            call.c0,
+            scale_x=call.scale_x,
+            mask_c=call.mask_c,
+            mask_pad=call.mask_pad,
+            bidirectional=call.bidirectional,
+            has_skip_term=call.has_skip_term,
             compute_dtype=accumulate,
         )
     device_type = call.U.device.type
     record_kernel_call(device_type, storage, accumulate, "reference", "inference" if inference else "forward")
     if not inference and h.requires_grad and tracing_active() and not torch.compiler.is_compiling():
+
         def _record_backward(grad):
             record_kernel_call(device_type, storage, accumulate, "reference", "backward")
             return grad
@@ -109,8 +117,18 @@ def _run_reference(call: RecurrenceCall, inference: bool):
 
 
 def sru_recurrence(
-    U, x, weight_c, bias, c0=None, *, scale_x=None, mask_c=None, mask_pad=None,
-    bidirectional: bool = False, has_skip_term: bool = True, policy: str = "auto",
+    U,
+    x,
+    weight_c,
+    bias,
+    c0=None,
+    *,
+    scale_x=None,
+    mask_c=None,
+    mask_pad=None,
+    bidirectional: bool = False,
+    has_skip_term: bool = True,
+    policy: str = "auto",
 ):
     """SRU elementwise recurrence with autograd. Returns ``(h, c_last)`` in ``U``'s dtype.
 
@@ -133,8 +151,18 @@ def sru_recurrence(
 
 
 def sru_recurrence_inference(
-    U, x, weight_c, bias, c0=None, *, scale_x=None, mask_c=None, mask_pad=None,
-    bidirectional: bool = False, has_skip_term: bool = True, policy: str = "auto",
+    U,
+    x,
+    weight_c,
+    bias,
+    c0=None,
+    *,
+    scale_x=None,
+    mask_c=None,
+    mask_pad=None,
+    bidirectional: bool = False,
+    has_skip_term: bool = True,
+    policy: str = "auto",
 ):
     """Same as :func:`sru_recurrence` without autograd; the per-step c is never stored."""
     return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, True)

@@ -123,8 +123,13 @@ def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last):
     inputs = [None if t is None else (t if t.requires_grad else t.detach().requires_grad_()) for t in inputs]
     scale_x = a["scale_x"] if a["scale_x"] is not None else a["scale_x_value"]
     h, c_last = sru_recurrence_reference(
-        *inputs, scale_x=scale_x, mask_c=a["mask_c"], mask_pad=a["mask_pad"], bidirectional=a["bidirectional"],
-        has_skip_term=a["has_skip_term"], compute_dtype=accumulation_dtype(U.dtype),
+        *inputs,
+        scale_x=scale_x,
+        mask_c=a["mask_c"],
+        mask_pad=a["mask_pad"],
+        bidirectional=a["bidirectional"],
+        has_skip_term=a["has_skip_term"],
+        compute_dtype=accumulation_dtype(U.dtype),
     )
     outputs, grads = [h.to(U.dtype)], [grad_h]
     if grad_c_last is not None:
@@ -147,8 +152,9 @@ def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
         gradients = _differentiable_gradients(a, ctx.skip_from_x, grad_h, grad_c_last)
         backend = "reference"
     else:
-        values = signature.ordered(BACKWARD_ARGUMENTS, {**a, "grad_h": grad_h, "grad_c_last": grad_c_last,
-                                                        "c_all": c_all})
+        values = signature.ordered(
+            BACKWARD_ARGUMENTS, {**a, "grad_h": grad_h, "grad_c_last": grad_c_last, "c_all": c_all}
+        )
         gradients = dict(zip(signature.DIFFERENTIABLE, torch.ops.sru_lightning.recurrence_backward(*values)))
         backend = "cpp"
     record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), backend, "backward")

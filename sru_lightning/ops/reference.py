@@ -42,9 +42,7 @@ def sru_recurrence_reference(
     ``compute_dtype`` None computes in float32 (float64 for float64 ``U``); a half dtype does
     every operation in that dtype.
     """
-    shape = check_recurrence_inputs(
-        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term
-    )
+    shape = check_recurrence_inputs(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term)
     out_dtype = U.dtype
     dtype = compute_dtype if compute_dtype is not None else accumulation_dtype(U.dtype)
     L, B, dirs, D, k = shape.length, shape.batch, shape.directions, shape.hidden_size, shape.k

@@ -65,8 +65,7 @@ def _check_devices(U, **tensors) -> None:
 def _hidden_from_bias(bias, directions: int) -> int:
     if bias.dim() != 1 or bias.numel() % (2 * directions) != 0 or bias.numel() == 0:
         raise ValueError(
-            f"SRU recurrence: `bias` must have shape (2*dirs*D,) with dirs={directions}, "
-            f"got {_shape(bias)}"
+            f"SRU recurrence: `bias` must have shape (2*dirs*D,) with dirs={directions}, got {_shape(bias)}"
         )
     return bias.numel() // (2 * directions)
 
@@ -74,9 +73,7 @@ def _hidden_from_bias(bias, directions: int) -> int:
 def _k_from_U(U, directions: int, hidden: int) -> int:
     columns = directions * hidden
     if U.dim() not in (2, 3):
-        raise ValueError(
-            f"SRU recurrence: `U` must have shape (L, B, dirs*D*k) or (B, dirs*D*k), got {_shape(U)}"
-        )
+        raise ValueError(f"SRU recurrence: `U` must have shape (L, B, dirs*D*k) or (B, dirs*D*k), got {_shape(U)}")
     if U.shape[-1] not in (3 * columns, 4 * columns):
         raise ValueError(
             f"SRU recurrence: `U` last dimension must be dirs*D*k = {3 * columns} (k=3) or "
@@ -110,8 +107,7 @@ def _check_batch_tensors(c0, mask_c, mask_pad, lead: tuple, batch: int, columns:
     for name, value in (("c0", c0), ("mask_c", mask_c)):
         if value is not None and _shape(value) != (batch, columns):
             raise ValueError(
-                f"SRU recurrence: `{name}` must have shape ({batch}, {columns}) (batch, dirs*D), "
-                f"got {_shape(value)}"
+                f"SRU recurrence: `{name}` must have shape ({batch}, {columns}) (batch, dirs*D), got {_shape(value)}"
             )
     if mask_pad is not None and _shape(mask_pad) != lead:
         raise ValueError(f"SRU recurrence: `mask_pad` must have shape {lead} (L, B), got {_shape(mask_pad)}")
@@ -123,13 +119,11 @@ def _check_scale_x(scale_x) -> None:
     if isinstance(scale_x, torch.Tensor):
         if scale_x.numel() != 1:
             raise ValueError(
-                f"SRU recurrence: `scale_x` must be a float or a 1-element tensor, "
-                f"got shape {_shape(scale_x)}"
+                f"SRU recurrence: `scale_x` must be a float or a 1-element tensor, got shape {_shape(scale_x)}"
             )
     elif not isinstance(scale_x, (int, float)):
         raise TypeError(
-            f"SRU recurrence: `scale_x` must be None, a float or a 1-element tensor, "
-            f"got {type(scale_x).__name__}"
+            f"SRU recurrence: `scale_x` must be None, a float or a 1-element tensor, got {type(scale_x).__name__}"
         )
 
 

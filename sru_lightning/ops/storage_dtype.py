@@ -26,9 +26,7 @@ FLOATING_STORAGE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bf
 def validate_policy(policy, argument: str = "policy") -> str:
     """Return ``policy`` when it is one of :data:`POLICIES`, else raise naming ``argument``."""
     if not isinstance(policy, str):
-        raise TypeError(
-            f"`{argument}` must be a str, one of {POLICIES}, got {type(policy).__name__} {policy!r}"
-        )
+        raise TypeError(f"`{argument}` must be a str, one of {POLICIES}, got {type(policy).__name__} {policy!r}")
     if policy not in POLICIES:
         raise ValueError(f"`{argument}` must be one of {POLICIES}, got {policy!r}")
     return policy
@@ -43,9 +41,7 @@ def active_autocast_dtype(device_type: str | None = None) -> torch.dtype | None:
     return None
 
 
-def resolve_storage_dtype(
-    policy: str, u_dtype: torch.dtype, *, device_type: str | None = None
-) -> torch.dtype:
+def resolve_storage_dtype(policy: str, u_dtype: torch.dtype, *, device_type: str | None = None) -> torch.dtype:
     """Storage dtype of the recurrence for ``policy`` when ``U`` has dtype ``u_dtype``.
 
     ``device_type`` selects whose autocast state counts ("cpu", "cuda", ...); None looks at

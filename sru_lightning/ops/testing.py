@@ -25,16 +25,30 @@ def _check_choice(name: str, value, choices) -> None:
 def _fixed_padding(length: int, batch: int) -> torch.Tensor:
     pad = torch.zeros(length, batch, dtype=torch.bool)
     pad[length // 2 :, 0] = True  # a shorter sequence at the end
-    pad[0, batch - 1] = True      # and a padded first step
+    pad[0, batch - 1] = True  # and a padded first step
     return pad
 
 
 def recurrence_inputs(
-    length: int, batch: int, hidden: int, *, bidirectional: bool = False, k: int = 3,
-    single_step: bool = False, with_x: bool = True, per_step_weight_c: bool = False, with_c0: bool = True,
-    weight_c_scale: float = 1.0, bias_scale: float = 1.0, forget_bias: float | None = None,
-    c0_scale: float = 1.0, mask_c_drop: float | None = None, mask_pad: str | None = None,
-    with_grad_h: bool = False, draw_dtype: torch.dtype = torch.float64, dtype: torch.dtype = torch.float64,
+    length: int,
+    batch: int,
+    hidden: int,
+    *,
+    bidirectional: bool = False,
+    k: int = 3,
+    single_step: bool = False,
+    with_x: bool = True,
+    per_step_weight_c: bool = False,
+    with_c0: bool = True,
+    weight_c_scale: float = 1.0,
+    bias_scale: float = 1.0,
+    forget_bias: float | None = None,
+    c0_scale: float = 1.0,
+    mask_c_drop: float | None = None,
+    mask_pad: str | None = None,
+    with_grad_h: bool = False,
+    draw_dtype: torch.dtype = torch.float64,
+    dtype: torch.dtype = torch.float64,
     seed: int = 0,
 ) -> dict:
     """Random tensors of one recurrence call, drawn in `draw_dtype` from one generator seeded
@@ -77,15 +91,35 @@ def recurrence_inputs(
 
 
 def make_case(
-    length=5, batch=3, hidden=4, *, bidirectional=False, k=3, has_skip_term=True,
-    per_step_weight_c=False, with_c0=True, with_mask_c=False, with_mask_pad=False,
-    scale_x=0.8, dtype=torch.float64, seed=0,
+    length=5,
+    batch=3,
+    hidden=4,
+    *,
+    bidirectional=False,
+    k=3,
+    has_skip_term=True,
+    per_step_weight_c=False,
+    with_c0=True,
+    with_mask_c=False,
+    with_mask_pad=False,
+    scale_x=0.8,
+    dtype=torch.float64,
+    seed=0,
 ):
     """Positional tensors (U, x, weight_c, bias, c0) and keyword arguments of one call."""
     inputs = recurrence_inputs(
-        length, batch, hidden, bidirectional=bidirectional, k=k, per_step_weight_c=per_step_weight_c,
-        with_c0=with_c0, bias_scale=0.5, mask_c_drop=0.3 if with_mask_c else None,
-        mask_pad="fixed" if with_mask_pad else None, dtype=dtype, seed=seed,
+        length,
+        batch,
+        hidden,
+        bidirectional=bidirectional,
+        k=k,
+        per_step_weight_c=per_step_weight_c,
+        with_c0=with_c0,
+        bias_scale=0.5,
+        mask_c_drop=0.3 if with_mask_c else None,
+        mask_pad="fixed" if with_mask_pad else None,
+        dtype=dtype,
+        seed=seed,
     )
     kwargs = dict(bidirectional=bidirectional, has_skip_term=has_skip_term)
     if scale_x is not None:

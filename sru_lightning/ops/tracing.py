@@ -7,9 +7,7 @@ from collections import namedtuple
 
 import torch
 
-KernelCall = namedtuple(
-    "KernelCall", ["device_type", "storage_dtype", "accumulation_dtype", "backend", "direction"]
-)
+KernelCall = namedtuple("KernelCall", ["device_type", "storage_dtype", "accumulation_dtype", "backend", "direction"])
 KernelCall.__doc__ = """One recurrence kernel call. backend: "cpp" or "reference";
 direction: "forward", "backward" or "inference"."""
 

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 
@@ -66,7 +66,11 @@ def _amp_regime(config: Mapping, device_type: str) -> Regime:
     cast_model_type = torch.float16 if opt_level in ("O2", "O3") else torch.float32
     notes = amp_notes()
     return apex_regime(
-        opt_level, cast_model_type, device_type, "DeepSpeed config section 'amp'", notes,
+        opt_level,
+        cast_model_type,
+        device_type,
+        "DeepSpeed config section 'amp'",
+        notes,
         name_prefix="deepspeed-",
     )
 

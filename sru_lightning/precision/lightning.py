@@ -67,8 +67,7 @@ def plugin_regime(plugin, device_type: str) -> Regime:
             param_dtype=weights,
             autocast_dtype=autocast,
             device_type=device_type,
-            source=f"{plugin_name}(weights_dtype={dtype_name(weights)}, "
-            f"fallback_compute_dtype={dtype_name(fallback)})",
+            source=f"{plugin_name}(weights_dtype={dtype_name(weights)}, fallback_compute_dtype={dtype_name(fallback)})",
         )
     if isinstance(plugin, BitsandbytesPrecision):
         compute = plugin.dtype

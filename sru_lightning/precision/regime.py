@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-from typing import Mapping
+from collections.abc import Mapping
 
 import torch
 

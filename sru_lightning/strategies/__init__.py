@@ -24,4 +24,12 @@ from .deepspeed import DeepSpeedStrategy
 from .fsdp import FSDPStrategy
 from .fsdp2 import FSDP2Strategy, fsdp2_mixed_precision, shard_recurrent_model
 
-__all__ = ["AtomicCheckpointIO", "CheckpointWriteError", "DeepSpeedStrategy", "FSDPStrategy", "FSDP2Strategy", "fsdp2_mixed_precision", "shard_recurrent_model"]
+__all__ = [
+    "AtomicCheckpointIO",
+    "CheckpointWriteError",
+    "DeepSpeedStrategy",
+    "FSDPStrategy",
+    "FSDP2Strategy",
+    "fsdp2_mixed_precision",
+    "shard_recurrent_model",
+]

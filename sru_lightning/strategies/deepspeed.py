@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from lightning.pytorch.accelerators import CPUAccelerator
 from lightning.pytorch.strategies import DDPStrategy
@@ -114,7 +115,9 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
     def init_deepspeed(self) -> None:
         super().init_deepspeed()
         if self._on_cpu:
-            rank_zero_info(f"DeepSpeed ZeRO stage {self.config.get('zero_optimization', {}).get('stage')} on CPU (gloo)")
+            rank_zero_info(
+                f"DeepSpeed ZeRO stage {self.config.get('zero_optimization', {}).get('stage')} on CPU (gloo)"
+            )
 
 
 def _enabled(config: Any, key: str) -> bool:

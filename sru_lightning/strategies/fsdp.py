@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Optional
+from typing import Any
 
 import torch
 from lightning.pytorch.plugins.precision import FSDPPrecision
@@ -28,7 +28,7 @@ class ShardedClippingFSDPPrecision(FSDPPrecision):
     refuses norm clipping because it holds no reference to that module). In the mixed modes
     autocast runs on the device the model is on, so CPU runs autocast as CUDA runs do."""
 
-    root_module: Optional[nn.Module] = None
+    root_module: nn.Module | None = None
     device_type: str = "cuda"
     # Read by sru_lightning.precision: the forward context autocasts the model's own device.
     autocasts_on_model_device = True
@@ -45,7 +45,7 @@ class ShardedClippingFSDPPrecision(FSDPPrecision):
         return super().forward_context()
 
     @classmethod
-    def from_plugin(cls, plugin: FSDPPrecision) -> "ShardedClippingFSDPPrecision":
+    def from_plugin(cls, plugin: FSDPPrecision) -> ShardedClippingFSDPPrecision:
         # Lightning's constructor refuses a given scaler for '16-mixed' (it checks the class's
         # default precision before setting its own), so the plugin's scaler is carried over after.
         converted = cls(plugin.precision)
@@ -80,7 +80,7 @@ class FSDPStrategy(LightningFSDPStrategy):
         return LightningFSDPStrategy.precision_plugin.fget(self)
 
     @precision_plugin.setter
-    def precision_plugin(self, plugin: Optional[FSDPPrecision]) -> None:
+    def precision_plugin(self, plugin: FSDPPrecision | None) -> None:
         if plugin is not None and type(plugin) is FSDPPrecision:
             plugin = ShardedClippingFSDPPrecision.from_plugin(plugin)
         LightningFSDPStrategy.precision_plugin.fset(self, plugin)

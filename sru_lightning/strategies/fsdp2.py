@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Optional, Union
+from collections.abc import Iterable
+from typing import Any
 
 import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
@@ -39,7 +40,7 @@ def shard_recurrent_model(
     model: nn.Module,
     mesh,
     mp_policy=None,
-    layer_classes: Optional[Iterable[type[nn.Module]]] = None,
+    layer_classes: Iterable[type[nn.Module]] | None = None,
     reshard_after_forward: bool = True,
 ) -> list[nn.Module]:
     """``fully_shard`` every SRU / SRU++ layer (or every module of ``layer_classes``) of
@@ -84,8 +85,8 @@ class FSDP2Strategy(ModelParallelStrategy):
 
     def __init__(
         self,
-        data_parallel_size: Union[str, int] = "all",
-        tensor_parallel_size: Union[str, int] = 1,
+        data_parallel_size: str | int = "all",
+        tensor_parallel_size: str | int = 1,
         save_distributed_checkpoint: bool = False,
         reshard_after_forward: bool = True,
         **kwargs: Any,
@@ -115,7 +116,9 @@ class FSDP2Strategy(ModelParallelStrategy):
         if isinstance(model, FSDPModule):
             return self.sharded_layers
         self.sharded_layers = shard_recurrent_model(
-            model, self.device_mesh["data_parallel"], self.mixed_precision_policy,
+            model,
+            self.device_mesh["data_parallel"],
+            self.mixed_precision_policy,
             reshard_after_forward=self.reshard_after_forward,
         )
         return self.sharded_layers

@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import preloaded
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
-from helpers.tiny_run import TINY_RUN
-from helpers import preloaded
 
 TINY = TINY_RUN
 
@@ -37,7 +37,12 @@ def test_help_lists_commands_and_config_groups(capsys):
     out = capsys.readouterr().out
     for word in ("fit", "validate", "test", "bench", "build", "fidelity", "gpu-check"):
         assert f"  {word}" in out
-    for group, option in (("model", "sru_large"), ("trainer", "ddp_cpu"), ("data", "enwik8"), ("logger", "tensorboard")):
+    for group, option in (
+        ("model", "sru_large"),
+        ("trainer", "ddp_cpu"),
+        ("data", "enwik8"),
+        ("logger", "tensorboard"),
+    ):
         line = next(line for line in out.splitlines() if line.strip().startswith(group))
         assert option in line
 
@@ -80,7 +85,10 @@ def test_tool_commands_are_dispatched_with_their_arguments(monkeypatch):
 def test_a_missing_tool_module_gets_a_clear_message(monkeypatch, capsys):
     monkeypatch.setitem(cli.TOOL_COMMANDS, "gpu-check", ("sru_lightning.not_there", "test double"))
     assert run_cli("gpu-check") == 1
-    assert "command 'gpu-check' is not available: module sru_lightning.not_there is not installed" in capsys.readouterr().err
+    assert (
+        "command 'gpu-check' is not available: module sru_lightning.not_there is not installed"
+        in capsys.readouterr().err
+    )
 
 
 @pytest.mark.parametrize(
@@ -107,8 +115,9 @@ def python_m_sru_lightning(*args: str, cwd: Path) -> subprocess.CompletedProcess
     # Import this checkout's package whether or not it is installed.
     root = str(Path(cli.__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    return preloaded.run([sys.executable, "-m", "sru_lightning", *args], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=300)
+    return preloaded.run(
+        [sys.executable, "-m", "sru_lightning", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 @pytest.mark.slow  # starts a process

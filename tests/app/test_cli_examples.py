@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import preloaded
 from hydra import compose, initialize_config_dir
 
 from sru_lightning._resources import conf_dir
-from helpers import preloaded
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
@@ -26,9 +26,21 @@ def env_with_package():
 @pytest.mark.parametrize("precision,steps", [("bf16-mixed", 3), ("16-true", 32)])
 def test_callback_in_an_existing_script_trains(precision, steps, tmp_path):
     done = preloaded.run(
-        [sys.executable, str(EXAMPLES / "callback_in_existing_script.py"), "--max-steps", str(steps),
-         "--precision", precision, "--accelerator", "cpu"],
-        cwd=tmp_path, env=env_with_package(), capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            str(EXAMPLES / "callback_in_existing_script.py"),
+            "--max-steps",
+            str(steps),
+            "--precision",
+            precision,
+            "--accelerator",
+            "cpu",
+        ],
+        cwd=tmp_path,
+        env=env_with_package(),
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert done.returncode == 0, done.stderr[-2000:]
     assert re.search(r"val_loss=\d+\.\d+ nats/char", done.stdout)
@@ -39,9 +51,9 @@ def test_callback_in_an_existing_script_trains(precision, steps, tmp_path):
 def test_shell_examples_are_valid_bash_with_composable_overrides(script):
     text = (EXAMPLES / script).read_text()
     assert subprocess.run(["bash", "-n", str(EXAMPLES / script)]).returncode == 0
-    command = text[text.index("python -m sru_lightning fit", text.index("set -euo")):]
+    command = text[text.index("python -m sru_lightning fit", text.index("set -euo")) :]
     overrides = [
-        token.replace('"', '').replace("${STAGE}", "2").replace("${PRECISION}", "bf16-mixed")
+        token.replace('"', "").replace("${STAGE}", "2").replace("${PRECISION}", "bf16-mixed")
         for token in command.replace("\\\n", " ").split("\n")[0].split()[4:]
         if token not in ("-m", '"$@"', '"${PLACEMENT[@]}"')
     ]

@@ -32,8 +32,16 @@ def test_the_config_tree_has_the_documented_groups():
     groups = config_groups()
     assert set(groups["model"]) >= {"sru", "srupp", "lstm", "sru_large"}
     assert set(groups["data"]) >= {"pydoc", "stdlib", "enwik8", "text"}
-    assert set(groups["trainer"]) >= {"default", "cpu", "gpu", "ddp", "ddp_cpu", "deepspeed_stage_2",
-                                      "deepspeed_stage_3", "fsdp"}
+    assert set(groups["trainer"]) >= {
+        "default",
+        "cpu",
+        "gpu",
+        "ddp",
+        "ddp_cpu",
+        "deepspeed_stage_2",
+        "deepspeed_stage_3",
+        "fsdp",
+    }
     assert set(groups["logger"]) >= {"csv", "tensorboard"}
     assert "enwik8" in groups["experiment"]
     assert (CONF / "hydra" / "default.yaml").is_file()
@@ -91,9 +99,15 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
     callbacks = [instantiate(node) for node in cfg.callbacks.values()]
     names = {type(c).__name__ for c in callbacks}
     assert names == {
-        "SRUPrecisionCallback", "ModelCheckpoint", "LearningRateMonitor", "RichProgressBar",
+        "SRUPrecisionCallback",
+        "ModelCheckpoint",
+        "LearningRateMonitor",
+        "RichProgressBar",
         # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
-        "InterruptionCheckpoint", "GracefulInterrupt", "RestoreDataPosition", "SeedEveryBatch",
+        "InterruptionCheckpoint",
+        "GracefulInterrupt",
+        "RestoreDataPosition",
+        "SeedEveryBatch",
         # honest runs: a NaN loss stops the run
         "StopOnNonFiniteLoss",
     }

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import csv
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -31,9 +30,16 @@ TRAIN_LOSS_TOLERANCE = dict(rel=1e-5, abs=1e-5)
 WEIGHT_TOLERANCE = 1e-5
 
 TINY_FIT = [
-    "data.seq_len=16", "model.embedding_dim=16", "model.hidden_size=32", "model.num_layers=2",
-    "model.dropout=0", f"trainer.max_steps={MAX_STEPS}", f"trainer.val_check_interval={VALIDATE_EVERY}",
-    "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1", "seed=11",
+    "data.seq_len=16",
+    "model.embedding_dim=16",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.dropout=0",
+    f"trainer.max_steps={MAX_STEPS}",
+    f"trainer.val_check_interval={VALIDATE_EVERY}",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "seed=11",
 ]
 
 
@@ -50,8 +56,9 @@ def fit(run_dir: Path, *overrides: str) -> Path:
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     command = [sys.executable, "-m", "sru_lightning", "fit", f"hydra.run.dir={run_dir}", *TINY_FIT, *overrides]
-    completed = preloaded.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400,
-                              preload_children=True)
+    completed = preloaded.run(
+        command, cwd=REPO, env=env, capture_output=True, text=True, timeout=400, preload_children=True
+    )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     return run_dir
 
@@ -93,14 +100,20 @@ def test_ddp_cpu_matches_one_process_with_the_same_global_batch(tmp_path):
     for name, expected_curve in training_curves(single).items():
         got_curve = training_curves(ddp)[name]
         assert sorted(expected_curve) == sorted(got_curve) and len(expected_curve) == MAX_STEPS, name
-        differences = {step: (got_curve[step], loss) for step, loss in expected_curve.items()
-                       if got_curve[step] != pytest.approx(loss, **TRAIN_LOSS_TOLERANCE)}
+        differences = {
+            step: (got_curve[step], loss)
+            for step, loss in expected_curve.items()
+            if got_curve[step] != pytest.approx(loss, **TRAIN_LOSS_TOLERANCE)
+        }
         assert not differences, f"{name} (two processes, one process) differs at steps {differences}"
 
     single_weights, ddp_weights = final_weights(single), final_weights(ddp)
     assert single_weights.keys() == ddp_weights.keys()
-    largest = max((single_weights[k].float() - ddp_weights[k].float()).abs().max().item()
-                  for k in single_weights if single_weights[k].is_floating_point())
+    largest = max(
+        (single_weights[k].float() - ddp_weights[k].float()).abs().max().item()
+        for k in single_weights
+        if single_weights[k].is_floating_point()
+    )
     assert largest < WEIGHT_TOLERANCE, f"weights differ by up to {largest:.2e}"
     # the training really ran in two processes: Lightning's launcher gives rank 1 its own Hydra job
     assert (ddp / "train_ddp_process_1.log").exists()

@@ -9,7 +9,6 @@ import logging
 import os
 import re
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -18,16 +17,19 @@ import torch
 
 pytest.importorskip("onnxruntime", reason="needs the `export` extra: pip install 'sru_lightning[export]'")
 
-from sru_lightning.app import cli, generate  # noqa: E402
-from sru_lightning.data import TokenCodec  # noqa: E402
-from sru_lightning.app import export_command as command  # noqa: E402
-from sru_lightning.models import SRULanguageModel  # noqa: E402
 from helpers import preloaded
 
+from sru_lightning.app import cli, generate  # noqa: E402
+from sru_lightning.app import export_command as command  # noqa: E402
+from sru_lightning.data import TokenCodec  # noqa: E402
+from sru_lightning.models import SRULanguageModel  # noqa: E402
+
 ALPHABET = list("abcdefghij .,\nT")
-SIZES = {"sru": dict(sru_options={"highway_bias": -2.0, "rescale": True}),
-         "srupp": dict(sru_options={"proj_size": 8, "attention_last_n_layers": 1}, memory_length=6),
-         "lstm": {}}
+SIZES = {
+    "sru": dict(sru_options={"highway_bias": -2.0, "rescale": True}),
+    "srupp": dict(sru_options={"proj_size": 8, "attention_last_n_layers": 1}, memory_length=6),
+    "lstm": {},
+}
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +40,19 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     paths = {}
     for kind, options in SIZES.items():
         torch.manual_seed(0)
-        model = SRULanguageModel(vocab_size=len(ALPHABET), rnn=kind, embedding_dim=8, hidden_size=16, num_layers=2,
-                                 **options)
+        model = SRULanguageModel(
+            vocab_size=len(ALPHABET), rnn=kind, embedding_dim=8, hidden_size=16, num_layers=2, **options
+        )
         path = folder / f"{kind}.ckpt"
-        torch.save({"state_dict": model.state_dict(), "hyper_parameters": dict(model.hparams), "global_step": 7,
-                    "PydocDataModule": {"token_codec": codec.state_dict()}}, path)
+        torch.save(
+            {
+                "state_dict": model.state_dict(),
+                "hyper_parameters": dict(model.hparams),
+                "global_step": 7,
+                "PydocDataModule": {"token_codec": codec.state_dict()},
+            },
+            path,
+        )
         paths[kind] = path
     return paths
 
@@ -59,21 +69,35 @@ GREEDY = ["prompt=The ", "length=200", "temperature=0"]
 # lstm-pt2 after lstm-onnx in one process: the ONNX export leaves nn.LSTM's kernel cached, which the
 # torch.export of the PyTorch formats must not reuse (it would fix the length).
 # sru-onnx is the quick check (`make test-fast`); the other kinds and formats are `slow` exports.
-@pytest.mark.parametrize("kind,fmt", [("sru", "onnx"), *(pytest.param(kind, fmt, marks=pytest.mark.slow) for kind, fmt in
-                                                       [("srupp", "onnx"), ("lstm", "onnx"), ("lstm", "pt2"),
-                                                        ("srupp", "pt2")])])
+@pytest.mark.parametrize(
+    "kind,fmt",
+    [
+        ("sru", "onnx"),
+        *(
+            pytest.param(kind, fmt, marks=pytest.mark.slow)
+            for kind, fmt in [("srupp", "onnx"), ("lstm", "onnx"), ("lstm", "pt2"), ("srupp", "pt2")]
+        ),
+    ],
+)
 def test_export_folder_generates_the_checkpoints_greedy_text(kind, fmt, checkpoints, tmp_path, capsys):
     out = tmp_path / "export"
-    status, stdout, stderr = run_main(command.main, [f"ckpt_path={checkpoints[kind]}", f"format={fmt}", f"out={out}"],
-                                      capsys)
+    status, stdout, stderr = run_main(
+        command.main, [f"ckpt_path={checkpoints[kind]}", f"format={fmt}", f"out={out}"], capsys
+    )
     assert status == 0, stderr
     assert stdout.strip() == str(out) and f"{kind} model of {checkpoints[kind]} (step 7)" in stderr
     manifest = json.loads((out / "manifest.json").read_text())
-    assert manifest["model_kind"] == kind and manifest["format"] == fmt and manifest["torch_version"] == torch.__version__
+    assert (
+        manifest["model_kind"] == kind and manifest["format"] == fmt and manifest["torch_version"] == torch.__version__
+    )
     assert [spec["name"] for spec in manifest["inputs"]][0] == "tokens" and manifest["outputs"][0]["shape"] == [
-        "batch", "length", len(ALPHABET)]
-    assert sorted(path.name for path in out.iterdir()) == sorted(["manifest.json", "vocabulary.json",
-                                                                  manifest["files"]["model"]])
+        "batch",
+        "length",
+        len(ALPHABET),
+    ]
+    assert sorted(path.name for path in out.iterdir()) == sorted(
+        ["manifest.json", "vocabulary.json", manifest["files"]["model"]]
+    )
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")], "staging folders left behind"
 
     status, expected, _ = run_main(generate.main, [f"ckpt_path={checkpoints[kind]}", *GREEDY], capsys)
@@ -85,8 +109,9 @@ def test_export_folder_generates_the_checkpoints_greedy_text(kind, fmt, checkpoi
     assert f"backend={backend}" in stderr and re.search(r"200 tokens in [0-9.]+ s \([0-9]+ tokens/s", stderr)
 
 
-def test_existing_export_is_kept_unless_overwrite_and_a_failed_export_leaves_nothing(checkpoints, tmp_path, capsys,
-                                                                                     monkeypatch):
+def test_existing_export_is_kept_unless_overwrite_and_a_failed_export_leaves_nothing(
+    checkpoints, tmp_path, capsys, monkeypatch
+):
     out = tmp_path / "export"
     argv = [f"ckpt_path={checkpoints['sru']}", "format=onnx", f"out={out}"]
     assert run_main(command.main, argv, capsys)[0] == 0
@@ -200,15 +225,25 @@ def write_export_from_before_format_name(folder: Path, exports) -> str:
     return "it is an export made before manifests named their format and listed their files"
 
 
-@pytest.mark.parametrize("make", [write_foreign_manifest, write_no_manifest, write_text_manifest,
-                                  write_export_without_owned_files, write_export_from_before_format_name])
-def test_overwrite_refuses_a_folder_that_is_not_our_export_and_deletes_nothing(make, checkpoints, exports, tmp_path,
-                                                                             capsys):
+@pytest.mark.parametrize(
+    "make",
+    [
+        write_foreign_manifest,
+        write_no_manifest,
+        write_text_manifest,
+        write_export_without_owned_files,
+        write_export_from_before_format_name,
+    ],
+)
+def test_overwrite_refuses_a_folder_that_is_not_our_export_and_deletes_nothing(
+    make, checkpoints, exports, tmp_path, capsys
+):
     out = tmp_path / "webapp"
     reason = make(out, exports)
     before = tree(out)
     status, stdout, stderr = run_main(
-        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys)
+        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys
+    )
     assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr
     assert stderr.startswith(f"{command.PROG}: error: `out` {str(out)!r} cannot be replaced: ") and reason in stderr
     assert tree(out) == before
@@ -227,7 +262,8 @@ def test_overwrite_refuses_an_export_holding_a_file_it_does_not_own(foreign, che
         named = f"it holds {foreign!r}, which its manifest.json does not list as part of the export"
     before = tree(out)
     status, stdout, stderr = run_main(
-        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys)
+        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys
+    )
     assert status == 2 and stdout == "" and stderr.count("\n") == 1, stderr
     assert f"`out` {str(out)!r} cannot be replaced: {named}" in stderr
     assert tree(out) == before
@@ -236,17 +272,22 @@ def test_overwrite_refuses_an_export_holding_a_file_it_does_not_own(foreign, che
 def test_overwrite_replaces_an_export_that_holds_only_its_own_files(checkpoints, exports, tmp_path, capsys):
     out = Path(shutil.copytree(exports["pt2"], tmp_path / "export"))  # pt2 -> onnx: the old model file goes
     status, stdout, stderr = run_main(
-        command.main, [f"ckpt_path={checkpoints['sru']}", "format=onnx", f"out={out}", "overwrite=true"], capsys)
+        command.main, [f"ckpt_path={checkpoints['sru']}", "format=onnx", f"out={out}", "overwrite=true"], capsys
+    )
     assert status == 0, stderr
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["format_name"] == "sru_lightning-export" and manifest["export_format_version"] == 1
-    assert manifest["owned_files"] == sorted(p.name for p in out.iterdir()) == [
-        "manifest.json", "model.onnx", "vocabulary.json"]
+    assert (
+        manifest["owned_files"]
+        == sorted(p.name for p in out.iterdir())
+        == ["manifest.json", "model.onnx", "vocabulary.json"]
+    )
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # the replaced folder is gone, nothing hidden left
 
 
-def test_a_file_put_into_the_export_while_it_is_replaced_stops_the_swap(checkpoints, exports, tmp_path, capsys,
-                                                                      monkeypatch):
+def test_a_file_put_into_the_export_while_it_is_replaced_stops_the_swap(
+    checkpoints, exports, tmp_path, capsys, monkeypatch
+):
     from sru_lightning.export import exporter
 
     out = Path(shutil.copytree(exports["onnx"], tmp_path / "export"))
@@ -258,8 +299,9 @@ def test_a_file_put_into_the_export_while_it_is_replaced_stops_the_swap(checkpoi
         (out / "notes.txt").write_text("written during the export\n")
 
     monkeypatch.setitem(exporter._SAVERS, "onnx", save_while_the_user_writes)
-    status, _, stderr = run_main(command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"],
-                                 capsys)
+    status, _, stderr = run_main(
+        command.main, [f"ckpt_path={checkpoints['sru']}", f"out={out}", "overwrite=true"], capsys
+    )
     assert status == 2 and "it holds 'notes.txt', which its manifest.json does not list" in stderr
     assert tree(out) == {**before, "notes.txt": b"written during the export\n"}
     assert [p.name for p in tmp_path.iterdir()] == ["export"]
@@ -292,8 +334,9 @@ def write_other_onnx(path: Path) -> None:
     from onnx import TensorProto, helper
 
     x, y = (helper.make_tensor_value_info(name, TensorProto.FLOAT, [1]) for name in ("x", "y"))
-    onnx.save(helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "other", [x], [y])),
-              str(path))
+    onnx.save(
+        helper.make_model(helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "other", [x], [y])), str(path)
+    )
 
 
 @pytest.mark.parametrize(
@@ -301,22 +344,43 @@ def write_other_onnx(path: Path) -> None:
     [
         ("onnx", lambda out: truncate(out / "model.onnx"), "model.onnx': it is not an ONNX model that this runtime"),
         ("pt2", lambda out: truncate(out / "model.pt2"), "model.pt2': it is not a torch.export program that this"),
-        ("onnx", lambda out: (out / "vocabulary.json").write_text("[]"),
-         "vocabulary.json' is damaged: expected a JSON object with `level` and `itos`, got a list"),
+        (
+            "onnx",
+            lambda out: (out / "vocabulary.json").write_text("[]"),
+            "vocabulary.json' is damaged: expected a JSON object with `level` and `itos`, got a list",
+        ),
         ("onnx", lambda out: (out / "vocabulary.json").write_bytes(b"\x00\xffgarbage"), "vocabulary.json' is not JSON"),
-        ("onnx", lambda out: (out / "vocabulary.json").write_text('{"level": "char", "itos": [1, 2]}'),
-         "`itos` must be a non-empty list of strings"),
+        (
+            "onnx",
+            lambda out: (out / "vocabulary.json").write_text('{"level": "char", "itos": [1, 2]}'),
+            "`itos` must be a non-empty list of strings",
+        ),
         ("onnx", lambda out: (out / "manifest.json").write_text("{format: onnx"), "manifest.json' is not JSON"),
-        ("onnx", lambda out: (out / "manifest.json").write_text('{"name": "app"}'),
-         "is not an export folder: its manifest.json was not written by `python -m sru_lightning export`"),
-        ("onnx", lambda out: write_other_onnx(out / "model.onnx"),
-         "model.onnx' is not the model of this export: its inputs are ['x']"),
+        (
+            "onnx",
+            lambda out: (out / "manifest.json").write_text('{"name": "app"}'),
+            "is not an export folder: its manifest.json was not written by `python -m sru_lightning export`",
+        ),
+        (
+            "onnx",
+            lambda out: write_other_onnx(out / "model.onnx"),
+            "model.onnx' is not the model of this export: its inputs are ['x']",
+        ),
     ],
-    ids=["truncated-onnx", "truncated-pt2", "vocabulary-list", "vocabulary-garbage", "vocabulary-int-tokens",
-         "manifest-not-json", "foreign-manifest", "foreign-onnx"],
+    ids=[
+        "truncated-onnx",
+        "truncated-pt2",
+        "vocabulary-list",
+        "vocabulary-garbage",
+        "vocabulary-int-tokens",
+        "manifest-not-json",
+        "foreign-manifest",
+        "foreign-onnx",
+    ],
 )
-def test_a_damaged_or_foreign_file_in_an_export_gets_one_line_naming_it(fmt, damage, message, exports, tmp_path,
-                                                                        capfd, caplog):
+def test_a_damaged_or_foreign_file_in_an_export_gets_one_line_naming_it(
+    fmt, damage, message, exports, tmp_path, capfd, caplog
+):
     out = Path(shutil.copytree(exports[fmt], tmp_path / "export"))
     damage(out)
     # capfd: what onnxruntime's C++ prints counts too; caplog: what torch logs (the traceback of
@@ -332,8 +396,10 @@ def test_a_damaged_or_foreign_file_in_an_export_gets_one_line_naming_it(fmt, dam
 def test_generate_refuses_model_and_ckpt_path_together(ckpt_path, exports, capsys):
     status, stdout, stderr = run_main(generate.main, [f"model={exports['onnx']}", f"ckpt_path={ckpt_path}"], capsys)
     assert status == 2 and stdout == "" and stderr.count("\n") == 1
-    assert (f"`model` ({str(exports['onnx'])!r}, an export folder) and `ckpt_path` ({ckpt_path!r}) both name the "
-            "model to generate with; give only one of them") in stderr
+    assert (
+        f"`model` ({str(exports['onnx'])!r}, an export folder) and `ckpt_path` ({ckpt_path!r}) both name the "
+        "model to generate with; give only one of them"
+    ) in stderr
 
 
 LOAD_PT2 = """
@@ -349,16 +415,22 @@ print(tuple(logits.shape))
 
 
 @pytest.mark.slow
-def test_a_pt2_export_loads_in_a_fresh_process_with_one_line_or_names_the_missing_kernels(checkpoints, tmp_path,
-                                                                                        capsys):
+def test_a_pt2_export_loads_in_a_fresh_process_with_one_line_or_names_the_missing_kernels(
+    checkpoints, tmp_path, capsys
+):
     out = tmp_path / "export"
     assert run_main(command.main, [f"ckpt_path={checkpoints['sru']}", "format=pt2", f"out={out}"], capsys)[0] == 0
     root = str(Path(cli.__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": root}
 
     def load(**extra):
-        return preloaded.run([sys.executable, "-c", LOAD_PT2, str(out / "model.pt2")], env={**env, **extra},
-                              capture_output=True, text=True, timeout=300)
+        return preloaded.run(
+            [sys.executable, "-c", LOAD_PT2, str(out / "model.pt2")],
+            env={**env, **extra},
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     loaded = load()
     assert loaded.returncode == 0, loaded.stderr[-2000:]
@@ -367,8 +439,13 @@ def test_a_pt2_export_loads_in_a_fresh_process_with_one_line_or_names_the_missin
     assert missing.returncode == 3
     assert "needs sru_lightning's compiled recurrence kernels" in missing.stdout
     assert "install a C++ compiler (set CXX) and run `python -m sru_lightning build`" in missing.stdout
-    generated = preloaded.run([sys.executable, "-m", "sru_lightning", "generate", f"model={out}"],
-                               env={**env, "SRU_LIGHTNING_EXTENSION": "0"}, capture_output=True, text=True, timeout=300)
+    generated = preloaded.run(
+        [sys.executable, "-m", "sru_lightning", "generate", f"model={out}"],
+        env={**env, "SRU_LIGHTNING_EXTENSION": "0"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert generated.returncode == 2 and "Traceback" not in generated.stderr
     assert "needs sru_lightning's compiled recurrence kernels" in generated.stderr
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
-from helpers.tiny_run import TINY_RUN
 
 
 class Finished:
@@ -52,7 +52,10 @@ def generated(result: Finished, prompt: str) -> str:
         ("top_k=-1", "`top_k` must be an integer >= 0 (0 = no limit), got -1"),
         ("seed=1.5", "`seed` must be an integer, got '1.5'"),
         ("prompt", "expected key=value, got 'prompt'"),
-        ("ckpt_path=/no/such.ckpt", "`ckpt_path` must be a checkpoint file, a run directory or 'last', got '/no/such.ckpt'"),
+        (
+            "ckpt_path=/no/such.ckpt",
+            "`ckpt_path` must be a checkpoint file, a run directory or 'last', got '/no/such.ckpt'",
+        ),
     ],
 )
 def test_bad_settings_get_one_named_error_and_exit_2(argument, message, capsys, tmp_path, monkeypatch):

@@ -7,13 +7,18 @@ import json
 from pathlib import Path
 
 import pytest
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.folder import RunFolder
-from helpers.tiny_run import TINY_RUN
 
-STEPS = [*TINY_RUN, "+trainer.enable_progress_bar=false", "trainer.max_epochs=-1", "trainer.limit_train_batches=null",
-         "logger=none"]
+STEPS = [
+    *TINY_RUN,
+    "+trainer.enable_progress_bar=false",
+    "trainer.max_epochs=-1",
+    "trainer.limit_train_batches=null",
+    "logger=none",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -43,7 +48,9 @@ def test_a_requeued_slurm_job_continues_its_own_run_and_no_other_job_does(tmp_pa
     assert "ckpt_path" not in history(other)[-1] and RunFolder(other).latest.step == 2
     # a plain fit outside any job: ckpt_path=last does not take a job's run either
     monkeypatch.delenv("SLURM_JOB_ID")
-    assert cli.main(["fit", *STEPS, "trainer.max_steps=2", "ckpt_path=last", f"hydra.run.dir={tmp_path / 'local'}"]) == 0
+    assert (
+        cli.main(["fit", *STEPS, "trainer.max_steps=2", "ckpt_path=last", f"hydra.run.dir={tmp_path / 'local'}"]) == 0
+    )
     assert "ckpt_path" not in history(tmp_path / "local")[-1]
 
 
@@ -52,34 +59,82 @@ def test_a_sweep_job_with_ckpt_path_last_continues_only_its_own_folder(tmp_path)
     unrelated = tmp_path / "outputs" / "unrelated"
     assert cli.main(["fit", *STEPS, "trainer.max_steps=4", f"hydra.run.dir={unrelated}"]) == 0
     sweep = tmp_path / "sweep"
-    assert cli.main(["fit", "-m", *STEPS, "trainer.max_steps=2", "model.dropout=0.1", "ckpt_path=last",
-                     f"hydra.sweep.dir={sweep}"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit",
+                "-m",
+                *STEPS,
+                "trainer.max_steps=2",
+                "model.dropout=0.1",
+                "ckpt_path=last",
+                f"hydra.sweep.dir={sweep}",
+            ]
+        )
+        == 0
+    )
     job = sweep / "0"
     assert "ckpt_path" not in history(job)[-1], "a new sweep job starts its own run"
     assert history(job)[-1]["owner"] == {"sweep_job": str(job.absolute())}
     # the same sweep continued: each job continues its own folder
-    assert cli.main(["fit", "-m", *STEPS, "trainer.max_steps=3", "model.dropout=0.1", "ckpt_path=last",
-                     f"hydra.sweep.dir={sweep}"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit",
+                "-m",
+                *STEPS,
+                "trainer.max_steps=3",
+                "model.dropout=0.1",
+                "ckpt_path=last",
+                f"hydra.sweep.dir={sweep}",
+            ]
+        )
+        == 0
+    )
     assert history(job)[-1]["ckpt_step"] == 2 and Path(history(job)[-1]["ckpt_path"]).parent.parent == job.absolute()
 
 
-@pytest.mark.parametrize(("env", "expected"), [
-    ({}, "python -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r"),
-    ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "1", "WORLD_SIZE": "2", "MASTER_ADDR": "10.0.0.7",
-      "MASTER_PORT": "29400"},
-     "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.7 --master-port 29400 -m "
-     "sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r (on each of the 2 nodes, with its own --node-rank)"),
-    ({"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"},
-     "torchrun --nnodes 1 --nproc-per-node 2 -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r"),
-    ({"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"},
-     "srun --nodes 1 --ntasks-per-node 2 python -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r "
-     "(inside an allocation of the same size)"),
-])
+@pytest.mark.parametrize(
+    ("env", "expected"),
+    [
+        ({}, "python -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r"),
+        (
+            {
+                "TORCHELASTIC_RUN_ID": "x",
+                "LOCAL_WORLD_SIZE": "1",
+                "WORLD_SIZE": "2",
+                "MASTER_ADDR": "10.0.0.7",
+                "MASTER_PORT": "29400",
+            },
+            "torchrun --nnodes 2 --nproc-per-node 1 --node-rank 0 --master-addr 10.0.0.7 --master-port 29400 -m "
+            "sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r (on each of the 2 nodes, with its own --node-rank)",
+        ),
+        (
+            {"TORCHELASTIC_RUN_ID": "x", "LOCAL_WORLD_SIZE": "2", "WORLD_SIZE": "2"},
+            "torchrun --nnodes 1 --nproc-per-node 2 -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r",
+        ),
+        (
+            {"SLURM_STEP_ID": "0", "SLURM_NTASKS": "2", "SLURM_NNODES": "1", "SLURM_NTASKS_PER_NODE": "2"},
+            "srun --nodes 1 --ntasks-per-node 2 python -m sru_lightning fit a=1 hydra.run.dir=/r ckpt_path=/r "
+            "(inside an allocation of the same size)",
+        ),
+    ],
+)
 def test_the_printed_resume_command_starts_the_run_as_it_was_launched(monkeypatch, env, expected):
     from sru_lightning.app.runs.run import resume_command
 
-    for name in ("TORCHELASTIC_RUN_ID", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-                 "SLURM_STEP_ID", "SLURM_NTASKS", "SLURM_NPROCS", "SLURM_NNODES", "SLURM_NTASKS_PER_NODE"):
+    for name in (
+        "TORCHELASTIC_RUN_ID",
+        "LOCAL_WORLD_SIZE",
+        "WORLD_SIZE",
+        "MASTER_ADDR",
+        "MASTER_PORT",
+        "SLURM_STEP_ID",
+        "SLURM_NTASKS",
+        "SLURM_NPROCS",
+        "SLURM_NNODES",
+        "SLURM_NTASKS_PER_NODE",
+    ):
         monkeypatch.delenv(name, raising=False)
     for name, value in env.items():
         monkeypatch.setenv(name, value)
@@ -100,7 +155,9 @@ def test_a_scheduler_warning_before_the_run_watches_signals_does_not_kill_the_co
     import subprocess
     import sys
 
-    code = ("import os, signal\nfrom sru_lightning.app import cli\ncli.main(['--help'])\n"
-            "os.kill(os.getpid(), signal.SIGUSR1)\nos.kill(os.getpid(), signal.SIGUSR2)\nprint('still here')\n")
+    code = (
+        "import os, signal\nfrom sru_lightning.app import cli\ncli.main(['--help'])\n"
+        "os.kill(os.getpid(), signal.SIGUSR1)\nos.kill(os.getpid(), signal.SIGUSR2)\nprint('still here')\n"
+    )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and done.stdout.strip().endswith("still here"), done.stderr[-2000:]

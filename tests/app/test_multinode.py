@@ -13,7 +13,6 @@ import socket
 import sys
 
 import pytest
-
 from helpers.distributed_fits import TINY_DDP_FIT, finish, fit_command, start, step_losses
 
 MAX_STEPS = 12
@@ -37,11 +36,29 @@ def test_two_torchrun_nodes_match_ddp_cpu(tmp_path):
     fit_overrides = fit_command(nodes_dir, *COMMON, "trainer.devices=1", "trainer.num_nodes=2")[3:]
     assert fit_overrides[:2] == ["fit", f"hydra.run.dir={nodes_dir}"] and "trainer=ddp_cpu" in TINY_DDP_FIT
     nodes = [
-        start(nodes_dir, log=tmp_path / f"node{rank}.out", command=[
-            sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(rank),
-            "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(port),
-            "-m", "sru_lightning", *fit_overrides,
-        ], one_thread=False)
+        start(
+            nodes_dir,
+            log=tmp_path / f"node{rank}.out",
+            command=[
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes",
+                "2",
+                "--node-rank",
+                str(rank),
+                "--nproc-per-node",
+                "1",
+                "--master-addr",
+                "127.0.0.1",
+                "--master-port",
+                str(port),
+                "-m",
+                "sru_lightning",
+                *fit_overrides,
+            ],
+            one_thread=False,
+        )
         for rank in (0, 1)
     ]
     results = [finish(node, timeout=240) for node in nodes]

@@ -14,8 +14,8 @@ import sys
 
 import pytest
 import torch
-
 from helpers.distributed_fits import finish, result, run_fit, send_signal_callback, start, step_losses
+
 from sru_lightning.models.language_model import SRULanguageModel
 
 MAX_STEPS, SIGNAL_AT_STEP = 30, 6
@@ -35,8 +35,12 @@ def uninterrupted_losses(tmp_path_factory) -> dict[int, float]:
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_ddp_fit_stopped_and_resumed_has_the_uninterrupted_losses(tmp_path, signum, uninterrupted_losses):
     run_dir = tmp_path / "run"
-    stopped = run_fit(run_dir, f"trainer.max_steps={MAX_STEPS}",
-                      *send_signal_callback("on_before_backward", "group", signum, SIGNAL_AT_STEP), timeout=180)
+    stopped = run_fit(
+        run_dir,
+        f"trainer.max_steps={MAX_STEPS}",
+        *send_signal_callback("on_before_backward", "group", signum, SIGNAL_AT_STEP),
+        timeout=180,
+    )
     assert stopped.returncode == 1, stopped.stdout[-3000:]
     assert not stopped.leftover, "every rank must end"
     checkpoint = torch.load(run_dir / "checkpoints" / "interrupted.ckpt", map_location="cpu", weights_only=True)
@@ -51,14 +55,20 @@ def test_ddp_fit_stopped_and_resumed_has_the_uninterrupted_losses(tmp_path, sign
     assert name in result(run_dir)["error"]
 
     # The printed command, without the callback that sent the signal.
-    command = [word for word in shlex.split(stopped.stdout.split("resume with: ", 1)[1].splitlines()[0])
-               if not word.startswith("+callbacks.send_signal")]
+    command = [
+        word
+        for word in shlex.split(stopped.stdout.split("resume with: ", 1)[1].splitlines()[0])
+        if not word.startswith("+callbacks.send_signal")
+    ]
     resumed = finish(start(run_dir, command=[sys.executable, *command[1:]], log=tmp_path / "resumed.out"), timeout=240)
     assert resumed.returncode == 0, resumed.stdout[-3000:]
     losses = step_losses(run_dir)
     assert sorted(losses) == list(range(MAX_STEPS))
-    differing = {step: (losses[step], uninterrupted_losses[step]) for step in losses
-                 if losses[step] != uninterrupted_losses[step]}
+    differing = {
+        step: (losses[step], uninterrupted_losses[step])
+        for step in losses
+        if losses[step] != uninterrupted_losses[step]
+    }
     assert not differing, f"{len(differing)} of {MAX_STEPS} steps differ after the resume at {stop_step}: {differing}"
 
 

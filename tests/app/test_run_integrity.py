@@ -18,14 +18,20 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.folder import RunFolder, model_checkpoint, named_checkpoint
-from helpers.tiny_run import TINY_RUN
 
 # Steps, not epochs, bound these fits: each resume trains two more.
-STEPS = [*TINY_RUN, "+trainer.enable_progress_bar=false", "trainer.max_epochs=-1",
-         "trainer.limit_train_batches=null", "trainer.val_check_interval=2", "trainer.log_every_n_steps=1"]
+STEPS = [
+    *TINY_RUN,
+    "+trainer.enable_progress_bar=false",
+    "trainer.max_epochs=-1",
+    "trainer.limit_train_batches=null",
+    "trainer.val_check_interval=2",
+    "trainer.log_every_n_steps=1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -43,9 +49,15 @@ def resume(run: Path, max_steps: int, *extra: str) -> int:
 
 def interrupted_resume(run: Path, max_steps: int, at_step: int) -> int:
     """Resume, then stop by SIGTERM (to this process) at `at_step`: interrupted.ckpt is written."""
-    return resume(run, max_steps, "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
-                  "+callbacks.send_signal.hook=on_train_batch_start", "+callbacks.send_signal.target=rank0",
-                  f"+callbacks.send_signal.signum={int(signal.SIGTERM)}", f"+callbacks.send_signal.at_step={at_step}")
+    return resume(
+        run,
+        max_steps,
+        "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
+        "+callbacks.send_signal.hook=on_train_batch_start",
+        "+callbacks.send_signal.target=rank0",
+        f"+callbacks.send_signal.signum={int(signal.SIGTERM)}",
+        f"+callbacks.send_signal.at_step={at_step}",
+    )
 
 
 def result_of(run: Path) -> dict:
@@ -144,7 +156,10 @@ def test_validate_into_a_runs_own_directory_leaves_it_alone_and_reports_the_runs
     # a data override is applied and said
     capsys.readouterr()
     assert cli.main(["validate", f"ckpt_path={copy}", "data.batch_size=2", f"hydra.run.dir={tmp_path / 'b2'}"]) == 0
-    assert "batch_size=2" in capsys.readouterr().out and "except data.batch_size" in (tmp_path / "b2" / "sru_lightning.log").read_text()
+    assert (
+        "batch_size=2" in capsys.readouterr().out
+        and "except data.batch_size" in (tmp_path / "b2" / "sru_lightning.log").read_text()
+    )
 
 
 @pytest.mark.slow
@@ -263,10 +278,13 @@ def test_ckpt_path_last_takes_the_newest_run_the_configured_engine_can_read(tmp_
     other_model = tmp_path / "outputs" / "wide" / "checkpoints" / "last.ckpt"
     other_model.parent.mkdir(parents=True)
     torch.save({"global_step": 7, RUN_CONFIG_KEY: {**settings, "model": {"hidden_size": 32}}}, other_model)
-    cfg = OmegaConf.create({**settings, "ckpt_path": "last", "resume_dir": str(tmp_path / "outputs"),
-                            "trainer": {"strategy": "ddp"}})
+    cfg = OmegaConf.create(
+        {**settings, "ckpt_path": "last", "resume_dir": str(tmp_path / "outputs"), "trainer": {"strategy": "ddp"}}
+    )
     assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(older.absolute())
-    deepspeed = OmegaConf.merge(cfg, {"trainer": {"strategy": {"_target_": "sru_lightning.strategies.DeepSpeedStrategy"}}})
+    deepspeed = OmegaConf.merge(
+        cfg, {"trainer": {"strategy": {"_target_": "sru_lightning.strategies.DeepSpeedStrategy"}}}
+    )
     assert resolve_checkpoint(deepspeed, "fit", tmp_path / "new") == str(shards.parent.absolute())
 
 
@@ -295,6 +313,12 @@ def step_losses(run: Path) -> dict[int, float]:
 
 
 def interrupted_resume_fresh(run: Path, max_steps: int, at_step: int) -> int:
-    return fit(run, max_steps, "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
-               "+callbacks.send_signal.hook=on_train_batch_start", "+callbacks.send_signal.target=rank0",
-               f"+callbacks.send_signal.signum={int(signal.SIGTERM)}", f"+callbacks.send_signal.at_step={at_step}")
+    return fit(
+        run,
+        max_steps,
+        "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
+        "+callbacks.send_signal.hook=on_train_batch_start",
+        "+callbacks.send_signal.target=rank0",
+        f"+callbacks.send_signal.signum={int(signal.SIGTERM)}",
+        f"+callbacks.send_signal.at_step={at_step}",
+    )

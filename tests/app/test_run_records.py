@@ -11,10 +11,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.checkpoints import CHECKPOINT_NAME
-from helpers.tiny_run import TINY_RUN
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 REPO = Path(__file__).resolve().parents[2]
@@ -28,7 +28,8 @@ def digests(folder: Path) -> dict[str, str]:
     """Every file under `folder` (hidden ones included) and its content's digest."""
     return {
         str(path.relative_to(folder)): hashlib.sha256(path.read_bytes()).hexdigest()
-        for path in sorted(folder.rglob("*")) if path.is_file()
+        for path in sorted(folder.rglob("*"))
+        if path.is_file()
     }
 
 
@@ -56,8 +57,10 @@ def test_a_refused_or_mismatched_attempt_leaves_the_run_directory_byte_for_byte(
     err = capsys.readouterr().err
     assert "already holds checkpoints of an earlier run" in err and "model.hidden_size=16" in err
     # the run's own record still describes it: evaluating it needs no overrides
-    assert cli.main(["validate", f"ckpt_path={run}", "trainer.limit_val_batches=2",
-                     f"hydra.run.dir={tmp_path / 'check'}"]) == 0
+    assert (
+        cli.main(["validate", f"ckpt_path={run}", "trainer.limit_val_batches=2", f"hydra.run.dir={tmp_path / 'check'}"])
+        == 0
+    )
 
 
 @pytest.mark.slow
@@ -102,9 +105,17 @@ def test_summaries_print_integers_as_integers_and_overrides_as_typed(tmp_path):
     from sru_lightning.app.sweep import collect_results, write_summary
 
     (tmp_path / "0").mkdir()
-    write_result(tmp_path / "0", {"status": "completed", "overrides": ["data.path=my notes.txt", "~callbacks.x"],
-                                  "metrics": {"val_bpc": 2.5, "epoch": 3.0}, "optimizer_steps": 40,
-                                  "tokens_per_second": 1234.56, "wall_seconds": 9.54})
+    write_result(
+        tmp_path / "0",
+        {
+            "status": "completed",
+            "overrides": ["data.path=my notes.txt", "~callbacks.x"],
+            "metrics": {"val_bpc": 2.5, "epoch": 3.0},
+            "optimizer_steps": 40,
+            "tokens_per_second": 1234.56,
+            "wall_seconds": 9.54,
+        },
+    )
     write_summary(tmp_path, collect_results(tmp_path))
     line = (tmp_path / "summary.md").read_text().splitlines()[4]
     assert "| 'data.path=my notes.txt' '~callbacks.x' |" in line
@@ -119,12 +130,27 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
     from sru_lightning.app.runs.records import write_result
     from sru_lightning.app.sweep import collect_results, write_summary
 
-    metrics = {"lr": 2.9e-05, "val_bpc": 1.234567891, "grad_norm": 0.012345678, "val_ppl": 3.5e18,
-               "tiny": -7.25e-09, "epoch": 3.0, "steps": 40}
+    metrics = {
+        "lr": 2.9e-05,
+        "val_bpc": 1.234567891,
+        "grad_norm": 0.012345678,
+        "val_ppl": 3.5e18,
+        "tiny": -7.25e-09,
+        "epoch": 3.0,
+        "steps": 40,
+    }
     (tmp_path / "0").mkdir()
-    write_result(tmp_path / "0", {"status": "completed", "overrides": ["model.optimizer.lr=2.9e-05"],
-                                  "metrics": metrics, "optimizer_steps": 40, "tokens_per_second": 1234.56,
-                                  "wall_seconds": 0.04})
+    write_result(
+        tmp_path / "0",
+        {
+            "status": "completed",
+            "overrides": ["model.optimizer.lr=2.9e-05"],
+            "metrics": metrics,
+            "optimizer_steps": 40,
+            "tokens_per_second": 1234.56,
+            "wall_seconds": 0.04,
+        },
+    )
     markdown, table = write_summary(tmp_path, collect_results(tmp_path))
     with open(table, newline="") as handle:
         (row,) = list(csv.DictReader(handle))
@@ -134,7 +160,9 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
     assert row["lr"] == "2.9e-05" and row["tokens_per_second"] == "1234.56" and row["wall_seconds"] == "0.04"
 
     header, _, line = markdown.read_text().splitlines()[2:5]
-    shown = dict(zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in line.strip("|").split("|")]))
+    shown = dict(
+        zip([c.strip() for c in header.strip("|").split("|")], [c.strip() for c in line.strip("|").split("|")])
+    )
     assert shown["lr"] == "2.9e-05" and shown["tiny"] == "-7.25e-09"
     assert shown["val_bpc"] == "1.2346" and shown["grad_norm"] == "0.01235"
     assert shown["val_ppl"] == "3.5e+18" and shown["epoch"] == "3" and shown["steps"] == "40"
@@ -258,8 +286,9 @@ def test_bench_checks_the_plot_path_before_it_measures(monkeypatch, capsys):
 
 def _shell(command: str) -> subprocess.CompletedProcess:
     env = {"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"}
-    return subprocess.run(["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return subprocess.run(
+        ["bash", "-c", f"set -o pipefail; {command}"], capture_output=True, text=True, env=env, timeout=120
+    )
 
 
 @pytest.mark.slow  # starts a process

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import preloaded
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
 from sru_lightning.models.schedules import WarmupCosineLR
-from helpers.tiny_run import TINY_RUN
-from helpers import preloaded
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 
@@ -96,8 +96,15 @@ def test_fits_of_any_length_complete(overrides, steps, tmp_path):
 
 def test_a_time_limited_fit_without_epoch_limit_uses_the_fallback_schedule(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert fit("trainer.max_epochs=-1", "trainer.limit_train_batches=null", "trainer.max_time=00:00:00:02",
-               f"hydra.run.dir={run_dir}") == 0
+    assert (
+        fit(
+            "trainer.max_epochs=-1",
+            "trainer.limit_train_batches=null",
+            "trainer.max_time=00:00:00:02",
+            f"hydra.run.dir={run_dir}",
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert out.count("The number of optimizer steps is unknown") == 1, "announced once"
     assert result_of(run_dir)["status"] == "completed" and result_of(run_dir)["optimizer_steps"] >= 1
@@ -115,16 +122,32 @@ def test_max_steps_zero_is_a_usage_error(tmp_path, capsys):
 def test_the_final_numbers_describe_the_final_weights(tmp_path, capsys):
     """An epoch without validation (every 2nd epoch validates) ends the fit: the CLI validates."""
     run_dir = tmp_path / "run"
-    assert fit("callbacks=none", "trainer.limit_train_batches=5", "trainer.check_val_every_n_epoch=2",
-               f"hydra.run.dir={run_dir}") == 0
+    assert (
+        fit(
+            "callbacks=none",
+            "trainer.limit_train_batches=5",
+            "trainer.check_val_every_n_epoch=2",
+            f"hydra.run.dir={run_dir}",
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     record = result_of(run_dir)
     assert "Validating the final weights (step 5): no validation ran in this fit" in out
     final = record["metrics"]["val_bpc"]
     assert f"final val_bpc={final:.4f}" in out
     # the same number as evaluating the last checkpoint (written at the end of the fit)
-    assert cli.main(["validate", *TINY, f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
-                     f"hydra.run.dir={tmp_path / 'check'}"]) == 0
+    assert (
+        cli.main(
+            [
+                "validate",
+                *TINY,
+                f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}",
+                f"hydra.run.dir={tmp_path / 'check'}",
+            ]
+        )
+        == 0
+    )
     assert result_of(tmp_path / "check")["metrics"]["val_bpc"] == pytest.approx(final, rel=1e-5)
 
 
@@ -148,8 +171,15 @@ def test_a_max_steps_stop_validates_inside_the_fit_and_keeps_a_best_checkpoint(t
 # no silent NaN
 def test_a_nan_loss_stops_the_run_with_a_reason_and_a_failure_status(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert fit("model.optimizer.lr=1e30", "trainer.gradient_clip_val=null", "trainer.limit_train_batches=6",
-               f"hydra.run.dir={run_dir}") == 1
+    assert (
+        fit(
+            "model.optimizer.lr=1e30",
+            "trainer.gradient_clip_val=null",
+            "trainer.limit_train_batches=6",
+            f"hydra.run.dir={run_dir}",
+        )
+        == 1
+    )
     err = capsys.readouterr().err
     assert "the training loss is nan at optimizer step" in err and "Likely causes" in err
     assert "Traceback" not in err
@@ -159,8 +189,17 @@ def test_a_nan_loss_stops_the_run_with_a_reason_and_a_failure_status(tmp_path, c
 
 def test_a_sweep_marks_the_nan_job_failed_and_finishes_the_others(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
-    status = cli.main(["fit", "-m", *TINY, "model.optimizer.lr=3e-3,1e30", "trainer.gradient_clip_val=null",
-                       "trainer.limit_train_batches=6", f"hydra.sweep.dir={sweep_dir}"])
+    status = cli.main(
+        [
+            "fit",
+            "-m",
+            *TINY,
+            "model.optimizer.lr=3e-3,1e30",
+            "trainer.gradient_clip_val=null",
+            "trainer.limit_train_batches=6",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
     assert status == 1
     with open(sweep_dir / "summary.csv") as handle:
         rows = list(csv.DictReader(handle))
@@ -171,8 +210,16 @@ def test_a_sweep_marks_the_nan_job_failed_and_finishes_the_others(tmp_path, caps
 
 def test_16_true_trains_finite(tmp_path):
     run_dir = tmp_path / "run"
-    assert fit("trainer.precision=16-true", "trainer.limit_train_batches=null", "trainer.max_steps=32",
-               "trainer.log_every_n_steps=1", f"hydra.run.dir={run_dir}") == 0
+    assert (
+        fit(
+            "trainer.precision=16-true",
+            "trainer.limit_train_batches=null",
+            "trainer.max_steps=32",
+            "trainer.log_every_n_steps=1",
+            f"hydra.run.dir={run_dir}",
+        )
+        == 0
+    )
     losses = [float(row["train_loss"]) for row in csv_rows(run_dir) if row.get("train_loss")]
     assert len(losses) == 32 and all(math.isfinite(loss) for loss in losses)
     assert math.isfinite(result_of(run_dir)["metrics"]["val_bpc"])
@@ -236,8 +283,15 @@ def test_resuming_into_the_same_directory_keeps_metrics_and_history(tmp_path):
 def test_extending_a_finished_max_steps_run_continues_at_the_next_batch(tmp_path):
     run_dir = tmp_path / "run"
     assert fit("trainer.limit_train_batches=null", "trainer.max_steps=3", f"hydra.run.dir={run_dir}") == 0
-    assert fit("trainer.limit_train_batches=null", "trainer.max_steps=5", f"ckpt_path={run_dir}",
-               f"hydra.run.dir={run_dir}") == 0
+    assert (
+        fit(
+            "trainer.limit_train_batches=null",
+            "trainer.max_steps=5",
+            f"ckpt_path={run_dir}",
+            f"hydra.run.dir={run_dir}",
+        )
+        == 0
+    )
     state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert state["epoch"] == 0 and state["global_step"] == 5
     assert state["loops"]["fit_loop"]["state_dict"]["combined_loader"][0]["batches_yielded"] == 5
@@ -268,9 +322,11 @@ def test_logger_none_and_callbacks_none_work_and_keep_checkpoints_in_the_run(tmp
     assert fit("logger=none", f"hydra.run.dir={tmp_path / 'a'}") == 0
     assert (tmp_path / "a" / "checkpoints" / "last.ckpt").is_file()
     assert fit("callbacks=none", f"hydra.run.dir={tmp_path / 'b'}") == 0
-    assert sorted(p.name for p in (tmp_path / "b").rglob("*.ckpt")) == sorted(
-        p.name for p in (tmp_path / "b" / "checkpoints").glob("*.ckpt")
-    ) and (tmp_path / "b" / "checkpoints" / "last.ckpt").is_file()
+    assert (
+        sorted(p.name for p in (tmp_path / "b").rglob("*.ckpt"))
+        == sorted(p.name for p in (tmp_path / "b" / "checkpoints").glob("*.ckpt"))
+        and (tmp_path / "b" / "checkpoints" / "last.ckpt").is_file()
+    )
 
 
 def test_a_run_is_visible_on_the_console_and_in_its_log_file(tmp_path, capsys):
@@ -284,8 +340,12 @@ def test_a_run_is_visible_on_the_console_and_in_its_log_file(tmp_path, capsys):
 
 
 def test_known_noise_is_gone_and_real_warnings_appear_once(tmp_path, capsys):
-    assert fit("model=lstm", "trainer.limit_train_batches=null", "trainer.max_steps=3",
-               f"hydra.run.dir={tmp_path / 'run'}") == 0
+    assert (
+        fit(
+            "model=lstm", "trainer.limit_train_batches=null", "trainer.max_steps=3", f"hydra.run.dir={tmp_path / 'run'}"
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     text = captured.out + captured.err
     assert "IterableDataset` has `__len__`" not in text
@@ -295,8 +355,15 @@ def test_known_noise_is_gone_and_real_warnings_appear_once(tmp_path, capsys):
 
 
 def test_sru_large_does_not_warn_about_its_own_config(tmp_path, capsys):
-    assert fit("model=sru_large", "model.sru_options.projection_size=8", "trainer.max_steps=1",
-               f"hydra.run.dir={tmp_path / 'run'}") == 0
+    assert (
+        fit(
+            "model=sru_large",
+            "model.sru_options.projection_size=8",
+            "trainer.max_steps=1",
+            f"hydra.run.dir={tmp_path / 'run'}",
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     assert "rnn_dropout" not in captured.out + captured.err
 
@@ -339,8 +406,13 @@ def test_the_command_first_hint_does_not_repeat_the_command(capsys):
 # These default to the GPU; the engine configs' runs on CPU processes (accelerator=cpu,
 # devices=2) are the 2-process fits of tests/strategies/test_engines.py.
 GPU_ONLY = {("trainer", name) for name in ("gpu", "ddp", "deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2")}
-CPU_FORM = {"ddp": "trainer=ddp_cpu", **{name: "its run in tests/strategies/test_engines.py"
-                                         for name in ("deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2")}}
+CPU_FORM = {
+    "ddp": "trainer=ddp_cpu",
+    **{
+        name: "its run in tests/strategies/test_engines.py"
+        for name in ("deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2")
+    },
+}
 SUBPROCESS = {("trainer", "ddp_cpu")}  # launches processes that re-run the command line
 
 
@@ -357,11 +429,19 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         ("data", "enwik8"): enwik8_data,
         ("data", "text"): [f"data.path={text}"],
         ("model", "sru_large"): ["model.sru_options.projection_size=8"],
-        ("experiment", "enwik8"): [*enwik8_data, "trainer=cpu", "trainer.precision=32-true",
-                                   "model.sru_options.projection_size=8"],
+        ("experiment", "enwik8"): [
+            *enwik8_data,
+            "trainer=cpu",
+            "trainer.precision=32-true",
+            "model.sru_options.projection_size=8",
+        ],
         # one trial of the search, at the tiny sizes, written to the sweep folder's job 0
-        ("hparams_search", "lm_optuna"): ["hydra.sweeper.n_trials=1", "model.hidden_size=16", "model.num_layers=1",
-                                          f"hydra.sweep.dir={tmp_path / 'run'}"],
+        ("hparams_search", "lm_optuna"): [
+            "hydra.sweeper.n_trials=1",
+            "model.hidden_size=16",
+            "model.num_layers=1",
+            f"hydra.sweep.dir={tmp_path / 'run'}",
+        ],
     }
     return [f"{group}={option}", *extra.get((group, option), [])]
 
@@ -376,15 +456,31 @@ def _tiny_for(group: str) -> list[str]:
 
 OPTION_CASES = [
     pytest.param(
-        group, option,
+        group,
+        option,
         marks=[
-            *([pytest.mark.skipif(not torch.cuda.is_available(), reason=f"trainer={option} as configured needs a CUDA GPU "
-                                                                   f"({CPU_FORM.get(option, 'trainer=cpu')} is its CPU form)")]
-              if (group, option) in GPU_ONLY else []),
+            *(
+                [
+                    pytest.mark.skipif(
+                        not torch.cuda.is_available(),
+                        reason=f"trainer={option} as configured needs a CUDA GPU "
+                        f"({CPU_FORM.get(option, 'trainer=cpu')} is its CPU form)",
+                    )
+                ]
+                if (group, option) in GPU_ONLY
+                else []
+            ),
             *([pytest.mark.slow] if (group, option) in SUBPROCESS else []),
-            *([pytest.mark.skipif(importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
-                                  reason="needs the `sweepers` extra (hydra-optuna-sweeper)")]
-              if group == "hparams_search" else []),
+            *(
+                [
+                    pytest.mark.skipif(
+                        importlib.util.find_spec("hydra_plugins.hydra_optuna_sweeper") is None,
+                        reason="needs the `sweepers` extra (hydra-optuna-sweeper)",
+                    )
+                ]
+                if group == "hparams_search"
+                else []
+            ),
         ],
         id=f"{group}={option}",
     )
@@ -403,8 +499,15 @@ def test_every_option_of_every_group_runs_a_tiny_fit(group, option, tmp_path):
 
         root = str(Path(cli.__file__).resolve().parents[2])
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-        done = preloaded.run([sys.executable, "-m", "sru_lightning", "fit", *overrides], cwd=tmp_path, env=env,
-                             capture_output=True, text=True, timeout=600, preload_children=True)
+        done = preloaded.run(
+            [sys.executable, "-m", "sru_lightning", "fit", *overrides],
+            cwd=tmp_path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+            preload_children=True,
+        )
         assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     else:
         assert cli.main(["fit", *overrides]) == 0

@@ -38,15 +38,30 @@ def callbacks_override() -> str:
 
 
 TINY_FIT = [
-    "data.batch_size=4", "data.seq_len=16", "model.embedding_dim=16", "model.hidden_size=32",
-    "model.num_layers=2", "trainer.limit_val_batches=2", f"trainer.max_steps={MAX_STEPS}",
-    "trainer.log_every_n_steps=1", "+logger.csv.flush_logs_every_n_steps=1", "seed=7",
+    "data.batch_size=4",
+    "data.seq_len=16",
+    "model.embedding_dim=16",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "trainer.limit_val_batches=2",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.log_every_n_steps=1",
+    "+logger.csv.flush_logs_every_n_steps=1",
+    "seed=7",
 ]
 
 
 def fit_command(run_dir: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "sru_lightning", "fit", callbacks_override(), f"hydra.run.dir={run_dir}",
-            *TINY_FIT, *extra]
+    return [
+        sys.executable,
+        "-m",
+        "sru_lightning",
+        "fit",
+        callbacks_override(),
+        f"hydra.run.dir={run_dir}",
+        *TINY_FIT,
+        *extra,
+    ]
 
 
 def environment() -> dict:
@@ -66,16 +81,18 @@ def step_losses(run_dir: Path) -> dict[int, float]:
 
 
 def run_to_completion(run_dir: Path, *extra: str) -> dict[int, float]:
-    completed = preloaded.run(fit_command(run_dir, *extra), cwd=REPO, env=environment(),
-                               capture_output=True, text=True, timeout=300)
+    completed = preloaded.run(
+        fit_command(run_dir, *extra), cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300
+    )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     return step_losses(run_dir)
 
 
 def interrupt(run_dir: Path, signum: int) -> subprocess.CompletedProcess:
     """Start a fit, send `signum` once it has logged SIGNAL_AFTER_STEPS steps, wait for it."""
-    process = preloaded.Popen(fit_command(run_dir), cwd=REPO, env=environment(),
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    process = preloaded.Popen(
+        fit_command(run_dir), cwd=REPO, env=environment(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
     deadline = time.monotonic() + 240
     try:
         while len(step_losses(run_dir)) < SIGNAL_AFTER_STEPS:
@@ -110,7 +127,8 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
     stop_step = saved["global_step"]
     assert SIGNAL_AFTER_STEPS <= stop_step < MAX_STEPS - 5, f"stopped at step {stop_step}"
     assert saved["loops"]["fit_loop"]["epoch_loop.batch_progress"]["current"]["completed"] == stop_step, (
-        "the checkpoint must be taken mid-epoch, at a batch boundary")
+        "the checkpoint must be taken mid-epoch, at a batch boundary"
+    )
     # The steps logged before the stop are the uninterrupted run's too.
     before = step_losses(interrupted_dir)
     assert set(before) == set(range(stop_step))
@@ -132,13 +150,17 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
     # keeps the rows logged before the stop.
     command = shlex.split(stopped.stdout.split(announced, 1)[1].splitlines()[0])
     assert command[:4] == ["python", "-m", "sru_lightning", "fit"]
-    completed = preloaded.run([sys.executable, *command[1:]], cwd=REPO, env=environment(),
-                               capture_output=True, text=True, timeout=300)
+    completed = preloaded.run(
+        [sys.executable, *command[1:]], cwd=REPO, env=environment(), capture_output=True, text=True, timeout=300
+    )
     assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
     resumed = step_losses(interrupted_dir)
     assert sorted(resumed) == list(range(MAX_STEPS)), "earlier rows kept, the resumed fit continues at the next step"
-    mismatches = {step: (loss, uninterrupted_losses[step]) for step, loss in resumed.items()
-                  if loss != pytest.approx(uninterrupted_losses[step], **LOSS_TOLERANCE)}
+    mismatches = {
+        step: (loss, uninterrupted_losses[step])
+        for step, loss in resumed.items()
+        if loss != pytest.approx(uninterrupted_losses[step], **LOSS_TOLERANCE)
+    }
     assert not mismatches, f"resumed losses differ from the uninterrupted run at {mismatches}"
     attempts = [json.loads(line) for line in (interrupted_dir / "history.jsonl").read_text().splitlines()]
     assert [a["status"] for a in attempts] == ["interrupted", "completed"]
@@ -146,8 +168,13 @@ def test_killed_fit_resumes_with_the_uninterrupted_losses(tmp_path, signum, unin
 
 def _signal_at(name: str, hook: str, at_step: int) -> list[str]:
     prefix = f"+callbacks.{name}"
-    return [f"{prefix}._target_=signal_sender.SendSignal", f"{prefix}.hook={hook}", f"{prefix}.target=rank0",
-            f"{prefix}.signum={int(signal.SIGINT)}", f"{prefix}.at_step={at_step}"]
+    return [
+        f"{prefix}._target_=signal_sender.SendSignal",
+        f"{prefix}.hook={hook}",
+        f"{prefix}.target=rank0",
+        f"{prefix}.signum={int(signal.SIGINT)}",
+        f"{prefix}.at_step={at_step}",
+    ]
 
 
 @pytest.mark.slow
@@ -157,8 +184,9 @@ def test_a_second_ctrl_c_while_the_checkpoint_is_written_leaves_no_checkpoint_an
     run_dir = tmp_path / "run"
     env = environment()
     env["PYTHONPATH"] = os.pathsep.join([str(REPO / "tests" / "helpers"), env["PYTHONPATH"]])
-    command = fit_command(run_dir, *_signal_at("first", "on_train_batch_start", 3),
-                          *_signal_at("second", "on_save_checkpoint", 3))
+    command = fit_command(
+        run_dir, *_signal_at("first", "on_train_batch_start", 3), *_signal_at("second", "on_save_checkpoint", 3)
+    )
     stopped = preloaded.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert stopped.returncode != 0
     checkpoints = sorted(os.listdir(run_dir / "checkpoints")) if (run_dir / "checkpoints").is_dir() else []

@@ -23,7 +23,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers.distributed_fits import Ended, children, finish, result, send_signal_callback, start, step_losses
 from helpers.signal_sender import POINTS
 
@@ -95,8 +94,16 @@ CASES = {
     "startup/rank0/SIGINT": (signal_at_startup, "rank0", signal.SIGINT),
     "startup/rank1/SIGTERM": (signal_at_startup, "rank1", signal.SIGTERM),
     "stuck-peer/rank0/SIGTERM": (stuck_peer,),
-    "double-ctrl-c/rank0/SIGINT": (lambda run_dir: finish(start(run_dir, *FIT, *send_signal_callback(
-        "on_before_backward", "rank0", signal.SIGINT, SIGNAL_AT_STEP, count=2)), TIME_LIMIT),),
+    "double-ctrl-c/rank0/SIGINT": (
+        lambda run_dir: finish(
+            start(
+                run_dir,
+                *FIT,
+                *send_signal_callback("on_before_backward", "rank0", signal.SIGINT, SIGNAL_AT_STEP, count=2),
+            ),
+            TIME_LIMIT,
+        ),
+    ),
 }
 
 

@@ -6,11 +6,11 @@ import csv
 import json
 
 import pytest
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.records import write_result
 from sru_lightning.app.sweep import collect_results, record_lost_job, write_summary
-from helpers.tiny_run import TINY_RUN
 
 TINY = TINY_RUN
 
@@ -34,7 +34,10 @@ def test_precision_sweep_runs_both_jobs_and_writes_a_summary(tmp_path, monkeypat
     assert [row["overrides"].split()[0] for row in rows] == ["trainer.precision=32-true", "trainer.precision=bf16-true"]
     assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
     markdown = (sweep_dir / "summary.md").read_text()
-    assert "| job | status | overrides | val_bpc |" in markdown.replace(" val_ppl |", "").split("\n")[2] or "val_bpc" in markdown
+    assert (
+        "| job | status | overrides | val_bpc |" in markdown.replace(" val_ppl |", "").split("\n")[2]
+        or "val_bpc" in markdown
+    )
     assert "2 of 2 jobs completed." in markdown
     assert "2 of 2 jobs completed." in capsys.readouterr().out
 
@@ -55,16 +58,34 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     for job, overrides in (("0", ["lr=1"]), ("1", ["lr=2"]), ("10", ["lr=3"])):
         (tmp_path / job / ".hydra").mkdir(parents=True)
         (tmp_path / job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    write_result(tmp_path / "0", {"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5, "zeta": 1.0},
-                                  "optimizer_steps": 40, "tokens_per_second": 1234.5, "wall_seconds": 9.5})
+    write_result(
+        tmp_path / "0",
+        {
+            "status": "completed",
+            "overrides": ["lr=1"],
+            "metrics": {"val_bpc": 2.5, "zeta": 1.0},
+            "optimizer_steps": 40,
+            "tokens_per_second": 1234.5,
+            "wall_seconds": 9.5,
+        },
+    )
     write_result(tmp_path / "10", {"status": "failed", "overrides": ["lr=3"], "error": "ValueError: bad\nmore"})
     rows = collect_results(tmp_path)
     assert [row["job"] for row in rows] == ["0", "1", "10"]  # numeric order
     assert [row["status"] for row in rows] == ["completed", "missing", "failed"]
     markdown, table = write_summary(tmp_path, rows)
     lines = read_csv(table)
-    assert list(lines[0]) == ["job", "status", "overrides", "val_bpc", "zeta", "optimizer_steps",
-                              "tokens_per_second", "wall_seconds", "error"]
+    assert list(lines[0]) == [
+        "job",
+        "status",
+        "overrides",
+        "val_bpc",
+        "zeta",
+        "optimizer_steps",
+        "tokens_per_second",
+        "wall_seconds",
+        "error",
+    ]
     assert lines[0]["tokens_per_second"] == "1234.5" and lines[0]["wall_seconds"] == "9.5"  # every digit
     assert lines[1]["overrides"] == "lr=2" and lines[1]["val_bpc"] == "" and lines[1]["tokens_per_second"] == ""
     assert lines[2]["error"] == "ValueError: bad"
@@ -76,17 +97,30 @@ def test_summary_lists_jobs_their_launcher_gave_up_on_as_lost(tmp_path):
     # 2: the scheduler's SIGTERM interrupted the run, then the job died; 3: completed, then the
     # job died before it returned: the run's own outcome stands.
     for job, status in (("1", "running"), ("2", "interrupted"), ("3", "completed")):
-        write_result(tmp_path / job, {"status": status, "overrides": [f"lr={job}"],
-                                      **({"error": "stopped by SIGTERM"} if status == "interrupted" else {})})
+        write_result(
+            tmp_path / job,
+            {
+                "status": status,
+                "overrides": [f"lr={job}"],
+                **({"error": "stopped by SIGTERM"} if status == "interrupted" else {}),
+            },
+        )
     for job in "0123":
-        record_lost_job(tmp_path / job, [f"lr={job}"], f"SLURM job 7_{job} ended (CANCELLED) without a result", f"7_{job}")
+        record_lost_job(
+            tmp_path / job, [f"lr={job}"], f"SLURM job 7_{job} ended (CANCELLED) without a result", f"7_{job}"
+        )
     rows = collect_results(tmp_path)
     assert [(row["job"], row["status"], row["overrides"]) for row in rows] == [
-        ("0", "lost", "lr=0"), ("1", "lost", "lr=1"), ("2", "lost", "lr=2"), ("3", "completed", "lr=3")]
+        ("0", "lost", "lr=0"),
+        ("1", "lost", "lr=1"),
+        ("2", "lost", "lr=2"),
+        ("3", "completed", "lr=3"),
+    ]
     assert rows[0]["error"] == "SLURM job 7_0 ended (CANCELLED) without a result"
     assert rows[1]["error"] == "SLURM job 7_1 ended (CANCELLED) without a result; the run was running"
-    assert rows[2]["error"] == ("SLURM job 7_2 ended (CANCELLED) without a result; "
-                                "the run was interrupted: stopped by SIGTERM")
+    assert rows[2]["error"] == (
+        "SLURM job 7_2 ended (CANCELLED) without a result; the run was interrupted: stopped by SIGTERM"
+    )
 
 
 def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_path, capsys):
@@ -116,8 +150,24 @@ def test_a_continued_sweep_job_refused_shows_its_own_attempt_in_the_summary(tmp_
     assert cli.main(["fit", "-m", "model.dropout=0.0", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
     first = json.loads((sweep_dir / "0" / "result.json").read_text())
     # continuing the job with a data change its checkpoint cannot follow: refused
-    assert cli.main(["fit", "-m", "model.dropout=0.0", *TINY, "data.seq_len=8", "ckpt_path=last",
-                     f"hydra.sweep.dir={sweep_dir}"]) == 1
+    assert (
+        cli.main(
+            [
+                "fit",
+                "-m",
+                "model.dropout=0.0",
+                *TINY,
+                "data.seq_len=8",
+                "ckpt_path=last",
+                f"hydra.sweep.dir={sweep_dir}",
+            ]
+        )
+        == 1
+    )
     assert json.loads((sweep_dir / "0" / "result.json").read_text()) == first, "the run's outcome stays its own"
     [row] = read_csv(sweep_dir / "summary.csv")
-    assert row["status"] == "failed" and "data.seq_len=8" in row["overrides"] and "`data.seq_len` cannot change" in row["error"]
+    assert (
+        row["status"] == "failed"
+        and "data.seq_len=8" in row["overrides"]
+        and "`data.seq_len` cannot change" in row["error"]
+    )

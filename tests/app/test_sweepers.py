@@ -10,9 +10,9 @@ import math
 
 import pytest
 import yaml
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
-from helpers.tiny_run import TINY_RUN
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 
@@ -45,10 +45,18 @@ def test_the_task_returns_the_monitored_metric_and_nan_for_a_failure():
 @needs("hydra_optuna_sweeper")
 def test_optuna_tpe_search_over_the_shipped_space(tmp_path, capsys):
     sweep_dir = tmp_path / "search"
-    status = cli.main([
-        "fit", "hparams_search=lm_optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.n_startup_trials=2",
-        *TINY, "model.hidden_size=choice(8,16)", "model.num_layers=1", f"hydra.sweep.dir={sweep_dir}",
-    ])
+    status = cli.main(
+        [
+            "fit",
+            "hparams_search=lm_optuna",
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.sampler.n_startup_trials=2",
+            *TINY,
+            "model.hidden_size=choice(8,16)",
+            "model.num_layers=1",
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
     assert status == 0, capsys.readouterr().err
     rows = summary_rows(sweep_dir)
     assert [row["job"] for row in rows] == ["0", "1", "2"]
@@ -63,11 +71,19 @@ def test_optuna_tpe_search_over_the_shipped_space(tmp_path, capsys):
 @needs("hydra_optuna_sweeper")
 def test_optuna_with_a_failing_trial_lists_it_and_goes_on(tmp_path, capsys):
     sweep_dir = tmp_path / "search"
-    status = cli.main([
-        "fit", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=3", "hydra.sweeper.sampler.seed=1",
-        "hydra.sweeper.max_failure_rate=1.0",
-        "model.rnn=choice(sru,gru)", *TINY, f"hydra.sweep.dir={sweep_dir}",
-    ])
+    status = cli.main(
+        [
+            "fit",
+            "-m",
+            "hydra/sweeper=optuna",
+            "hydra.sweeper.n_trials=3",
+            "hydra.sweeper.sampler.seed=1",
+            "hydra.sweeper.max_failure_rate=1.0",
+            "model.rnn=choice(sru,gru)",
+            *TINY,
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
     rows = summary_rows(sweep_dir)
     assert len(rows) == 3
     tried = {row["overrides"].split()[0] for row in rows}
@@ -82,22 +98,44 @@ def test_optuna_with_a_failing_trial_lists_it_and_goes_on(tmp_path, capsys):
 @needs("hydra_optuna_sweeper")
 def test_optuna_stopped_by_a_failed_trial_still_writes_the_summary(tmp_path, capsys):
     sweep_dir = tmp_path / "search"
-    status = cli.main([  # seed 0 asks gru, then sru, in one batch: one fails, one completes
-        "fit", "-m", "hydra/sweeper=optuna", "hydra.sweeper.n_trials=2", "hydra.sweeper.sampler.seed=0",
-        "model.rnn=choice(sru,gru)", *TINY, f"hydra.sweep.dir={sweep_dir}",
-    ])
+    status = cli.main(
+        [  # seed 0 asks gru, then sru, in one batch: one fails, one completes
+            "fit",
+            "-m",
+            "hydra/sweeper=optuna",
+            "hydra.sweeper.n_trials=2",
+            "hydra.sweeper.sampler.seed=0",
+            "model.rnn=choice(sru,gru)",
+            *TINY,
+            f"hydra.sweep.dir={sweep_dir}",
+        ]
+    )
     assert status == 1 and "the sweep stopped" in capsys.readouterr().err
     rows = summary_rows(sweep_dir)
     assert sorted((row["overrides"].split()[0], row["status"]) for row in rows) == [
-        ("model.rnn=gru", "failed"), ("model.rnn=sru", "completed")]
+        ("model.rnn=gru", "failed"),
+        ("model.rnn=sru", "completed"),
+    ]
 
 
 @pytest.mark.slow
 @needs("hydra_joblib_launcher")
 def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    assert cli.main(["fit", "-m", "hydra/launcher=joblib", "hydra.launcher.n_jobs=2", "model.dropout=0.0,0.1",
-                     *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit",
+                "-m",
+                "hydra/launcher=joblib",
+                "hydra.launcher.n_jobs=2",
+                "model.dropout=0.0,0.1",
+                *TINY,
+                f"hydra.sweep.dir={sweep_dir}",
+            ]
+        )
+        == 0
+    )
     rows = summary_rows(sweep_dir)
     assert [row["overrides"].split()[0] for row in rows] == ["model.dropout=0.0", "model.dropout=0.1"]
     assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
@@ -107,8 +145,20 @@ def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path):
 @needs("hydra_submitit_launcher")
 def test_submitit_local_launcher_runs_the_jobs(tmp_path):
     sweep_dir = tmp_path / "sweep"
-    assert cli.main(["fit", "-m", "hydra/launcher=submitit_local", "model.dropout=0.0,0.1",
-                     *TINY, "~callbacks.lr_monitor", f"hydra.sweep.dir={sweep_dir}"]) == 0
+    assert (
+        cli.main(
+            [
+                "fit",
+                "-m",
+                "hydra/launcher=submitit_local",
+                "model.dropout=0.0,0.1",
+                *TINY,
+                "~callbacks.lr_monitor",
+                f"hydra.sweep.dir={sweep_dir}",
+            ]
+        )
+        == 0
+    )
     rows = summary_rows(sweep_dir)
     assert [row["job"] for row in rows] == ["0", "1"]
     assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)

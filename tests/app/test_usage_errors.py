@@ -7,12 +7,10 @@ bench, fidelity, build, gpu-check) through the real entry point, in-process.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
-from helpers.tiny_run import TINY_RUN
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 PROG = "python -m sru_lightning"
@@ -38,8 +36,12 @@ TRAINER_CASES = [
     ("fit", "trainer.max_time", ["trainer.max_time=00:00:00:00"], "`trainer.max_time` must be a duration"),
     ("validate", "ckpt_path", [], "`validate` needs the weights to evaluate"),
     ("fit", "trainer.max_time", ["trainer.max_time=soon"], "got 'soon'"),
-    ("fit", "trainer.log_every_n_steps", ["trainer.log_every_n_steps=-3"],
-     "`trainer.log_every_n_steps` must be a positive number of steps, 0 to log no training steps, or null"),
+    (
+        "fit",
+        "trainer.log_every_n_steps",
+        ["trainer.log_every_n_steps=-3"],
+        "`trainer.log_every_n_steps` must be a positive number of steps, 0 to log no training steps, or null",
+    ),
     ("fit", "trainer.precision", ["trainer.precision=8-true"], "`trainer.precision` must be"),
     ("fit", "trainer.gradient_clip_val", ["trainer.gradient_clip_val=abc"], "`trainer.gradient_clip_val` must be"),
     ("fit", "trainer.<unknown>", ["trainer.nokey=1"], "Could not override 'trainer.nokey'"),
@@ -49,28 +51,49 @@ TRAINER_CASES = [
     ("fit", "model.num_layers", ["model.num_layers=abc"], "`model.num_layers` must be a positive integer"),
     ("fit", "model.embedding_dim", ["model.embedding_dim=-1"], "`model.embedding_dim` must be a positive integer"),
     ("fit", "model.dropout", ["model.dropout=1.5"], "`model.dropout` must be in [0, 1)"),
-    ("fit", "model.sru_options.bidirectional", ["+model.sru_options.bidirectional=true"],
-     "`model.sru_options.bidirectional` must be false"),
+    (
+        "fit",
+        "model.sru_options.bidirectional",
+        ["+model.sru_options.bidirectional=true"],
+        "`model.sru_options.bidirectional` must be false",
+    ),
     ("fit", "data", ["data=nope"], "Could not find 'data/nope'"),
     ("fit", "data.batch_size", ["data.batch_size=0"], "`data.batch_size` must be a positive integer"),
     ("fit", "data.seq_len", ["data.seq_len=abc"], "`data.seq_len` must be a positive integer"),
     ("fit", "data.path", ["data=text", "data.path=/no/such.txt"], "`data.path` must point to"),
-    ("fit", "data.level", ["data=text", "data.path={other_text}", "data.level=sentence"], "`data.level` must be one of"),
-    ("fit", "data.encoding", ["data=text", "data.path={other_text}", "data.encoding=utf-99"],
-     "`data.encoding` must be a text encoding"),
+    (
+        "fit",
+        "data.level",
+        ["data=text", "data.path={other_text}", "data.level=sentence"],
+        "`data.level` must be one of",
+    ),
+    (
+        "fit",
+        "data.encoding",
+        ["data=text", "data.path={other_text}", "data.encoding=utf-99"],
+        "`data.encoding` must be a text encoding",
+    ),
     ("fit", "logger", ["logger=nope"], "Could not find 'logger/nope'"),
     ("fit", "model.rnn_dropout", ["model.rnn_dropout=2"], "`rnn_dropout` must be in [0, 1)"),
     ("fit", "model.tie_weights", ["model.tie_weights=maybe"], "`model.tie_weights` must be true or false"),
     ("fit", "model.optimizer.lr", ["model.optimizer.lr=abc"], "torch.optim.adamw.AdamW"),
-    ("fit", "model.lr_scheduler.warmup_fraction", ["model.lr_scheduler.warmup_fraction=2"],
-     "`warmup_fraction` must be in [0, 1)"),
+    (
+        "fit",
+        "model.lr_scheduler.warmup_fraction",
+        ["model.lr_scheduler.warmup_fraction=2"],
+        "`warmup_fraction` must be in [0, 1)",
+    ),
     ("fit", "data.eval_batch_size", ["data.eval_batch_size=0"], "`data.eval_batch_size` must be a positive integer"),
     ("fit", "trainer.accelerator", ["trainer.accelerator=tpu9"], "invalid accelerator name: `accelerator='tpu9'`"),
     ("fit", "trainer.devices", ["trainer.devices=0"], "`Trainer(devices=0)` value is not a valid input"),
     ("validate", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
     ("validate", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
-    ("validate", "data.path", ["ckpt_path={run}", "data=text", "data.path={other_text}", "data.batch_size=4",
-                               "data.seq_len=16"], "not in the checkpoint's vocabulary"),
+    (
+        "validate",
+        "data.path",
+        ["ckpt_path={run}", "data=text", "data.path={other_text}", "data.batch_size=4", "data.seq_len=16"],
+        "not in the checkpoint's vocabulary",
+    ),
     ("validate", "resume_dir", ["ckpt_path=last", "resume_dir=/nonexistent"], "`resume_dir` must be a folder"),
     ("test", "ckpt_path", ["ckpt_path={empty_dir}"], "holds no readable checkpoint"),
     ("test", "model.hidden_size", ["ckpt_path={run}", "model.hidden_size=24"], "was trained with model.hidden_size=16"),

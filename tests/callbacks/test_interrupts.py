@@ -9,10 +9,10 @@ import signal
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers import preloaded
 from helpers.interruptible_fit import DropoutRegressor, SignalAtStep, make_trainer
 
 from sru_lightning.callbacks.interrupts import GracefulInterrupt, InterruptionCheckpoint, interruption_cause
-from helpers import preloaded
 
 
 class DoubleSigint(pl.Callback):
@@ -41,8 +41,11 @@ def test_a_second_ctrl_c_aborts_at_once_without_a_checkpoint(tmp_path):
 @pytest.mark.parametrize("signum, name", [(signal.SIGINT, "SIGINT (Ctrl+C)"), (signal.SIGTERM, "SIGTERM")])
 def test_the_record_names_the_signal_that_stopped_the_fit(tmp_path, signum, name):
     pl.seed_everything(0)
-    callbacks = [InterruptionCheckpoint(tmp_path / "ckpt", filename="interrupted"), GracefulInterrupt(),
-                 SignalAtStep(5, signum)]
+    callbacks = [
+        InterruptionCheckpoint(tmp_path / "ckpt", filename="interrupted"),
+        GracefulInterrupt(),
+        SignalAtStep(5, signum),
+    ]
     trainer = make_trainer(tmp_path, callbacks)
     with pytest.raises(SystemExit) as stopped:
         trainer.fit(DropoutRegressor())
@@ -76,7 +79,6 @@ def test_the_stop_watchdog_stands_down_when_the_fit_has_ended():
     """A stop that completed must not end the process later: a script, a notebook or a test
     process goes on after an interrupted fit. Inside a fit that cannot finish stopping, the
     same watchdog ends its process (checked in a child process)."""
-    import subprocess
     import sys
     import time
 
@@ -111,8 +113,11 @@ trainer.fit(BoringModel())
 def _interrupted_fit(root, stop_at: int) -> str:
     """A user's script, first part: a fit stopped by SIGTERM after `stop_at` steps; the checkpoint."""
     pl.seed_everything(0)
-    callbacks = [InterruptionCheckpoint(root / "ckpt", filename="interrupted"), GracefulInterrupt(),
-                 SignalAtStep(stop_at, signal.SIGTERM)]
+    callbacks = [
+        InterruptionCheckpoint(root / "ckpt", filename="interrupted"),
+        GracefulInterrupt(),
+        SignalAtStep(stop_at, signal.SIGTERM),
+    ]
     with pytest.raises(SystemExit):
         make_trainer(root, callbacks).fit(DropoutRegressor())
     checkpoint = root / "ckpt" / "interrupted.ckpt"
@@ -125,8 +130,13 @@ def _readme_callbacks(root) -> list[pl.Callback]:
     from sru_lightning.callbacks.nonfinite_loss import StopOnNonFiniteLoss
     from sru_lightning.callbacks.resume import RestoreDataPosition, SeedEveryBatch
 
-    return [InterruptionCheckpoint(root / "ckpt", filename="interrupted"), GracefulInterrupt(),
-            RestoreDataPosition(), SeedEveryBatch(seed=0), StopOnNonFiniteLoss()]
+    return [
+        InterruptionCheckpoint(root / "ckpt", filename="interrupted"),
+        GracefulInterrupt(),
+        RestoreDataPosition(),
+        SeedEveryBatch(seed=0),
+        StopOnNonFiniteLoss(),
+    ]
 
 
 def test_a_new_model_fitted_after_an_interruption_starts_fresh(tmp_path, recwarn):

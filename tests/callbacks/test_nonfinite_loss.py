@@ -45,9 +45,16 @@ class LossWithAnOffset(pl.LightningModule):
 
 def fit(model, callback, tmp_path, **trainer_args):
     trainer = pl.Trainer(
-        max_epochs=2, accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, default_root_dir=tmp_path,
-        callbacks=[callback], **trainer_args,
+        max_epochs=2,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+        callbacks=[callback],
+        **trainer_args,
     )
     trainer.fit(model)
     return trainer

@@ -63,8 +63,15 @@ def token_data():
 def fit(precision, callback, max_steps=12, model=None):
     model = model or TinyLM()
     trainer = Trainer(
-        accelerator="cpu", devices=1, precision=precision, max_steps=max_steps, callbacks=[callback],
-        logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        max_steps=max_steps,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
     )
     with trace_storage_dtypes() as calls:
         trainer.fit(model, token_data())
@@ -104,10 +111,14 @@ def test_policy_reaches_every_sru_layer_in_nested_user_modules():
     callback = SRUPrecisionCallback("fp32")
     model = TinyLM()
     callback.setup(Trainer(accelerator="cpu", logger=False, enable_progress_bar=False), model, "fit")
-    assert callback.layers == ["encoder.blocks.recurrent.rnn_lst.0", "encoder.blocks.recurrent.rnn_lst.1",
-                               "encoder.refine.0"]
-    assert {cell.recurrence_policy for cell in (model.encoder.refine[0], *model.encoder.blocks["recurrent"].rnn_lst)} \
-        == {"fp32"}
+    assert callback.layers == [
+        "encoder.blocks.recurrent.rnn_lst.0",
+        "encoder.blocks.recurrent.rnn_lst.1",
+        "encoder.refine.0",
+    ]
+    assert {
+        cell.recurrence_policy for cell in (model.encoder.refine[0], *model.encoder.blocks["recurrent"].rnn_lst)
+    } == {"fp32"}
 
 
 class BuiltLate(TinyLM):
@@ -156,8 +167,15 @@ def test_model_without_sru_layers_is_warned_about():
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 4)), batch_size=2)
-    trainer = Trainer(accelerator="cpu", max_steps=1, callbacks=[SRUPrecisionCallback()], logger=False,
-                      enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        callbacks=[SRUPrecisionCallback()],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     with pytest.warns(UserWarning, match="NoSRU holds no SRU layer"):
         trainer.fit(NoSRU(), data)
 
@@ -181,8 +199,15 @@ def test_cuda_fit_runs_half_storage_and_advises_on_shapes(precision, storage):
     callback = SRUPrecisionCallback()
     model = TinyLM()
     trainer = Trainer(
-        accelerator="cuda", devices=1, precision=precision, max_steps=12, callbacks=[callback],
-        logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        accelerator="cuda",
+        devices=1,
+        precision=precision,
+        max_steps=12,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
     )
     with trace_storage_dtypes() as calls, pytest.warns(TensorCoreShapeWarning, match="input_size=12"):
         trainer.fit(model, token_data())

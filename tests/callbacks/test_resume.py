@@ -95,7 +95,8 @@ def test_without_restore_data_position_a_step_schedule_loses_the_data_position(t
 
     for name, extra in (("lightning only", []), ("with RestoreDataPosition", [RestoreDataPosition()])):
         make_trainer(tmp_path / name, [RecordPosition(name), *extra]).fit(
-            DropoutRegressor(step_schedule=True), ckpt_path=str(checkpoint_dir / "on_exception.ckpt"))
+            DropoutRegressor(step_schedule=True), ckpt_path=str(checkpoint_dir / "on_exception.ckpt")
+        )
     # 12 batches per epoch: step 17 is the 6th batch of the second epoch
     assert positions == {"lightning only": 1, "with RestoreDataPosition": STOP_AT_STEP % 12 + 1}
 

@@ -10,7 +10,6 @@ import signal
 import sys
 
 import pytest
-
 from helpers import preloaded
 
 LAUNCHED_RANK_EXITS_WITH_1 = """
@@ -50,8 +49,12 @@ print(rank.wait(timeout=30), ended[0][1])
 @pytest.mark.slow  # starts processes
 @pytest.mark.parametrize("release", [True, False])
 def test_released_ranks_do_not_get_rank_0_killed_while_it_ends(release):
-    ended = preloaded.run([sys.executable, "-c", LAUNCHED_RANK_EXITS_WITH_1, "release" if release else "keep"],
-                          capture_output=True, text=True, timeout=120)
+    ended = preloaded.run(
+        [sys.executable, "-c", LAUNCHED_RANK_EXITS_WITH_1, "release" if release else "keep"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     if release:
         assert ended.returncode == 0 and "rank 0 ended on its own" in ended.stdout, ended.stderr[-2000:]
     else:  # what the release prevents: Lightning's watcher kills rank 0
@@ -62,8 +65,9 @@ def test_released_ranks_do_not_get_rank_0_killed_while_it_ends(release):
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
 def test_a_signal_before_training_ends_the_launched_ranks_with_sigterm(signum):
     """A rank still starting its interpreter would print a KeyboardInterrupt traceback on SIGINT."""
-    ended = preloaded.run([sys.executable, "-c", SIGNAL_BEFORE_TRAINING, str(int(signum))],
-                          capture_output=True, text=True, timeout=120)
+    ended = preloaded.run(
+        [sys.executable, "-c", SIGNAL_BEFORE_TRAINING, str(int(signum))], capture_output=True, text=True, timeout=120
+    )
     assert ended.returncode == 0, ended.stderr[-2000:]
     rank_status, exit_status = map(int, ended.stdout.split()[-2:])
     assert rank_status == -signal.SIGTERM

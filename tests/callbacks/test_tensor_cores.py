@@ -85,8 +85,12 @@ def test_rows_advice_is_given_once_per_distinct_shape():
 
 @pytest.mark.parametrize(
     "u_dtype, device, expected",
-    [(torch.float16, "cuda", True), (torch.bfloat16, "cuda", True), (torch.float32, "cuda", False),
-     (torch.float16, "cpu", False)],
+    [
+        (torch.float16, "cuda", True),
+        (torch.bfloat16, "cuda", True),
+        (torch.float32, "cuda", False),
+        (torch.float16, "cpu", False),
+    ],
 )
 def test_advice_only_in_half_regimes_on_cuda(u_dtype, device, expected):
     regime = regime_from_dtypes("r", param_dtype=u_dtype, autocast_dtype=None, device_type=device, source="test")
@@ -110,9 +114,16 @@ class Awkward(pl.LightningModule):
 
 def fit_awkward(callback, precision="bf16-mixed", max_steps=3):
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(9, 7, 12)), batch_size=3)
-    trainer = Trainer(accelerator="cpu", precision=precision, max_steps=max_steps, callbacks=[callback],
-                      logger=False, enable_progress_bar=False, enable_checkpointing=False,
-                      enable_model_summary=False)
+    trainer = Trainer(
+        accelerator="cpu",
+        precision=precision,
+        max_steps=max_steps,
+        callbacks=[callback],
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
     trainer.fit(Awkward(), data)
 
 

@@ -8,7 +8,6 @@ Skipped with the reason where the SLURM packages are missing or the tests do not
 from __future__ import annotations
 
 import pytest
-
 from helpers.slurm_cluster import SlurmCluster, unavailable
 
 

@@ -7,7 +7,6 @@ import os
 import time
 
 import pytest
-
 from helpers.slurm_cluster import SlurmCluster, cluster_processes, unavailable
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -19,7 +18,9 @@ def test_batch_job_and_two_task_step(slurm_cluster, tmp_path):
         "#SBATCH --ntasks=2\n"
         'echo "batch $SLURM_JOB_ID on $SLURMD_NODENAME in $PWD"\n'
         "srun -N1 -n2 bash -c 'echo \"task $SLURM_PROCID of $SLURM_NTASKS\"'\n",
-        f"--chdir={tmp_path}", f"--output={tmp_path}/%j.out")
+        f"--chdir={tmp_path}",
+        f"--output={tmp_path}/%j.out",
+    )
     assert slurm_cluster.wait(job, timeout=60) == "COMPLETED"
     record = slurm_cluster.job(job)
     assert record["ExitCode"] == "0:0" and record["NodeList"] == slurm_cluster.node
@@ -45,10 +46,12 @@ def test_job_states(slurm_cluster, tmp_path):
     assert slurm_cluster.job_state(10**6) is None  # a job the controller never had
 
 
-
 def test_partitions(slurm_cluster):
     listed = slurm_cluster.run(["sinfo", "--noheader", "--format=%P %a %D %N"]).stdout.split("\n")
-    assert listed[:2] == [f"debug* up 1 {slurm_cluster.node}", f"urgent up 1 {slurm_cluster.node}"]  # debug: the default
+    assert listed[:2] == [
+        f"debug* up 1 {slurm_cluster.node}",
+        f"urgent up 1 {slurm_cluster.node}",
+    ]  # debug: the default
     tiers = {}
     for name in ("debug", "urgent"):
         shown = slurm_cluster.run(["scontrol", "--oneliner", "show", "partition", name]).stdout

@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.distributed_fits import step_losses
 from helpers.slurm_cluster import FOREIGN_ENVIRONMENT, free_ports
 
@@ -38,21 +37,42 @@ EXAMPLE = REPO / "examples" / "slurm_requeue.sbatch"
 MAX_STEPS = 30
 PAUSE_AT = 6
 FIT = [
-    "model.embedding_dim=16", "model.hidden_size=32", "model.num_layers=2", "data.batch_size=4",
-    "data.seq_len=16", "trainer.limit_val_batches=2", "trainer.val_check_interval=10",
-    f"trainer.max_steps={MAX_STEPS}", "trainer.log_every_n_steps=1", "+logger.csv.flush_logs_every_n_steps=1",
-    "seed=7", "threads=1", "~callbacks.rich_progress_bar",
+    "model.embedding_dim=16",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "data.batch_size=4",
+    "data.seq_len=16",
+    "trainer.limit_val_batches=2",
+    "trainer.val_check_interval=10",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.log_every_n_steps=1",
+    "+logger.csv.flush_logs_every_n_steps=1",
+    "seed=7",
+    "threads=1",
+    "~callbacks.rich_progress_bar",
 ]
 TRAINERS = {1: "cpu", 2: "ddp_cpu"}
 TIMEOUT = 120  # for any one wait: a job that hangs fails the test instead of blocking the run
 LOSS_TOLERANCE = dict(rel=1e-7, abs=0.0)
-DISTRIBUTED = ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK", "PL_GLOBAL_SEED",
-               "OMP_NUM_THREADS", "PYTHON", "TRAINER", "EXTRA_OVERRIDES")
+DISTRIBUTED = (
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "WORLD_SIZE",
+    "RANK",
+    "LOCAL_RANK",
+    "NODE_RANK",
+    "PL_GLOBAL_SEED",
+    "OMP_NUM_THREADS",
+    "PYTHON",
+    "TRAINER",
+    "EXTRA_OVERRIDES",
+)
 
 
 def _environment(base: dict[str, str]) -> dict[str, str]:
-    env = {key: value for key, value in base.items()
-           if key not in DISTRIBUTED and not key.startswith(FOREIGN_ENVIRONMENT)}
+    env = {
+        key: value for key, value in base.items() if key not in DISTRIBUTED and not key.startswith(FOREIGN_ENVIRONMENT)
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), str(HELPERS), base.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -63,12 +83,26 @@ def _environment(base: dict[str, str]) -> dict[str, str]:
 class Reference:
     def __init__(self, root: Path, tasks: int) -> None:
         self.run_dir = root / f"reference-{tasks}"
-        command = [sys.executable, "-m", "sru_lightning", "fit", f"trainer={TRAINERS[tasks]}",
-                   f"trainer.devices={tasks}", *FIT, f"hydra.run.dir={self.run_dir}"]
+        command = [
+            sys.executable,
+            "-m",
+            "sru_lightning",
+            "fit",
+            f"trainer={TRAINERS[tasks]}",
+            f"trainer.devices={tasks}",
+            *FIT,
+            f"hydra.run.dir={self.run_dir}",
+        ]
         self.log = root / f"reference-{tasks}.out"
-        self.process = subprocess.Popen(command, cwd=root, env=_environment(dict(os.environ)),
-                                        stdin=subprocess.DEVNULL, stdout=open(self.log, "w"),
-                                        stderr=subprocess.STDOUT, start_new_session=True)
+        self.process = subprocess.Popen(
+            command,
+            cwd=root,
+            env=_environment(dict(os.environ)),
+            stdin=subprocess.DEVNULL,
+            stdout=open(self.log, "w"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
         self._losses: dict[int, float] | None = None
 
     def losses(self) -> dict[int, float]:
@@ -108,12 +142,23 @@ class Job:
         workdir.mkdir(parents=True, exist_ok=True)
         env = _environment(cluster.env)
         env["SLURM_CONF"] = cluster.env["SLURM_CONF"]
-        env.update(PYTHON=sys.executable, TRAINER=TRAINERS[tasks], EXTRA_OVERRIDES=" ".join([*FIT, *extra]),
-                   # The node's name resolves nowhere here; the port is a free one, kept by the requeue.
-                   MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_ports(1)[0]))
+        env.update(
+            PYTHON=sys.executable,
+            TRAINER=TRAINERS[tasks],
+            EXTRA_OVERRIDES=" ".join([*FIT, *extra]),
+            # The node's name resolves nowhere here; the port is a free one, kept by the requeue.
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(free_ports(1)[0]),
+        )
         self.submitted = time.monotonic()
-        self.id = cluster.sbatch(EXAMPLE, f"--chdir={workdir}", f"--output={workdir}/job-%j.out",
-                                 f"--ntasks-per-node={tasks}", *sbatch, env=env)
+        self.id = cluster.sbatch(
+            EXAMPLE,
+            f"--chdir={workdir}",
+            f"--output={workdir}/job-%j.out",
+            f"--ntasks-per-node={tasks}",
+            *sbatch,
+            env=env,
+        )
 
     @property
     def run_dir(self) -> Path:
@@ -151,8 +196,11 @@ class Job:
 
 
 def pause(marker: Path) -> list[str]:
-    return ["+callbacks.pause._target_=pause_for_signal.PauseForSignal", f"+callbacks.pause.at_step={PAUSE_AT}",
-            f"+callbacks.pause.marker={marker}"]
+    return [
+        "+callbacks.pause._target_=pause_for_signal.PauseForSignal",
+        f"+callbacks.pause.at_step={PAUSE_AT}",
+        f"+callbacks.pause.marker={marker}",
+    ]
 
 
 def assert_continued_exactly(job: Job, reference: Reference, stop_signal: str, requeue_asked: bool) -> None:
@@ -161,8 +209,10 @@ def assert_continued_exactly(job: Job, reference: Reference, stop_signal: str, r
     assert sorted(os.listdir(job.workdir / "outputs")) == [f"slurm-{job.id}"]
     assert job.field("Restarts") == "1", job.cluster.job(job.id)
     attempts = [line for line in job.output.splitlines() if line.startswith("sru-fit: job")]
-    assert [line.split(" on ")[0] for line in attempts] == [f"sru-fit: job {job.id} attempt 1",
-                                                            f"sru-fit: job {job.id} attempt 2"], job.output[-3000:]
+    assert [line.split(" on ")[0] for line in attempts] == [
+        f"sru-fit: job {job.id} attempt 1",
+        f"sru-fit: job {job.id} attempt 2",
+    ], job.output[-3000:]
 
     stopped, completed = job.history()
     assert stopped["status"] == "interrupted", stopped
@@ -182,8 +232,11 @@ def assert_continued_exactly(job: Job, reference: Reference, stop_signal: str, r
 
     expected, got = reference.losses(), step_losses(job.run_dir)
     assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
-    differing = {step: (got[step], expected[step]) for step in expected
-                 if got[step] != pytest.approx(expected[step], **LOSS_TOLERANCE)}
+    differing = {
+        step: (got[step], expected[step])
+        for step in expected
+        if got[step] != pytest.approx(expected[step], **LOSS_TOLERANCE)
+    }
     assert not differing, f"train_loss differs at {len(differing)} steps (requeued job, uninterrupted): {differing}"
 
 
@@ -233,8 +286,13 @@ def test_partition_preemption_requeues_and_continues(slurm_cluster, references, 
     marker = tmp_path / "paused"
     job = Job(slurm_cluster, tmp_path, 1, *pause(marker), sbatch=("--exclusive",))
     job.wait_for(marker)
-    urgent = slurm_cluster.sbatch("#!/bin/bash\ntrue\n", "--partition=urgent", "--exclusive", f"--chdir={tmp_path}",
-                                  f"--output={tmp_path}/urgent-%j.out")
+    urgent = slurm_cluster.sbatch(
+        "#!/bin/bash\ntrue\n",
+        "--partition=urgent",
+        "--exclusive",
+        f"--chdir={tmp_path}",
+        f"--output={tmp_path}/urgent-%j.out",
+    )
     assert slurm_cluster.wait(urgent, timeout=TIMEOUT) == "COMPLETED"
     job.finish()
     assert_continued_exactly(job, references[1], "SIGTERM", requeue_asked=False)
@@ -254,9 +312,17 @@ if os.environ.get("SRU_PREEMPTION_ALL_MOMENTS") == "1":
 @pytest.mark.parametrize("hook, at_step", MOMENTS)
 def test_sigusr1_at_any_moment_never_hangs(slurm_cluster, references, tmp_path, hook, at_step):
     prefix = "+callbacks.signal_once"
-    job = Job(slurm_cluster, tmp_path, 2, f"{prefix}._target_=pause_for_signal.SignalOnce",
-              f"{prefix}.marker={tmp_path / 'signalled'}", f"{prefix}.hook={hook}", f"{prefix}.target=group",
-              f"{prefix}.signum=10", f"{prefix}.at_step={at_step}")
+    job = Job(
+        slurm_cluster,
+        tmp_path,
+        2,
+        f"{prefix}._target_=pause_for_signal.SignalOnce",
+        f"{prefix}.marker={tmp_path / 'signalled'}",
+        f"{prefix}.hook={hook}",
+        f"{prefix}.target=group",
+        f"{prefix}.signum=10",
+        f"{prefix}.at_step={at_step}",
+    )
     seconds = job.finish()
     assert (tmp_path / "signalled").exists(), job.output[-3000:]
     assert_continued_exactly(job, references[2], "SIGUSR1", requeue_asked=True)

@@ -17,7 +17,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from helpers.distributed_fits import result, step_losses
 from helpers.slurm_cluster import FOREIGN_ENVIRONMENT, free_ports
 from helpers.tiny_run import TINY_RUN
@@ -25,17 +24,37 @@ from helpers.tiny_run import TINY_RUN
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parents[2]
-FIT = ["fit", "trainer=ddp_cpu", "trainer.accelerator=cpu", "trainer.devices=2", "threads=1", *TINY_RUN,
-       "trainer.log_every_n_steps=1", "seed=7"]
+FIT = [
+    "fit",
+    "trainer=ddp_cpu",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "threads=1",
+    *TINY_RUN,
+    "trainer.log_every_n_steps=1",
+    "seed=7",
+]
 TIMEOUT = 240
 
 
 def fit_environment(base: dict[str, str]) -> dict[str, str]:
     """`base` with the working tree's package first on the path, one thread per process, and no
     distributed settings left over from whoever runs the tests."""
-    env = {key: value for key, value in base.items()
-           if key not in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "LOCAL_RANK", "NODE_RANK",
-                          "PL_GLOBAL_SEED", "OMP_NUM_THREADS")}
+    env = {
+        key: value
+        for key, value in base.items()
+        if key
+        not in (
+            "MASTER_ADDR",
+            "MASTER_PORT",
+            "WORLD_SIZE",
+            "RANK",
+            "LOCAL_RANK",
+            "NODE_RANK",
+            "PL_GLOBAL_SEED",
+            "OMP_NUM_THREADS",
+        )
+    }
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), base.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     return env
@@ -59,8 +78,15 @@ def job_script(run_dir: Path, port: int) -> str:
 def run_local(command: list[str], **options) -> tuple[int | None, str]:
     """Run `command` in a session of its own (a real interpreter); on timeout kill the session,
     Lightning's rank 1 with it. Its exit status (None: timed out) and output."""
-    process = subprocess.Popen(command, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                               text=True, start_new_session=True, **options)
+    process = subprocess.Popen(
+        command,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        **options,
+    )
     try:
         output = process.communicate(timeout=TIMEOUT)[0]
     except subprocess.TimeoutExpired:
@@ -75,12 +101,18 @@ def test_ddp_under_srun_equals_local(slurm_cluster, tmp_path):
     local_cwd.mkdir()
     srun_run, local_run = tmp_path / "srun_run", tmp_path / "local_run"
 
-    job = slurm_cluster.sbatch(job_script(srun_run, free_ports(1)[0]), f"--chdir={job_cwd}",
-                               f"--output={tmp_path}/job-%j.out", env=fit_environment(slurm_cluster.env))
-    local_env = fit_environment({key: value for key, value in os.environ.items()
-                                 if not key.startswith(FOREIGN_ENVIRONMENT)})
-    returncode, output = run_local([sys.executable, "-m", "sru_lightning", *FIT, f"hydra.run.dir={local_run}"],
-                                   cwd=local_cwd, env=local_env)
+    job = slurm_cluster.sbatch(
+        job_script(srun_run, free_ports(1)[0]),
+        f"--chdir={job_cwd}",
+        f"--output={tmp_path}/job-%j.out",
+        env=fit_environment(slurm_cluster.env),
+    )
+    local_env = fit_environment(
+        {key: value for key, value in os.environ.items() if not key.startswith(FOREIGN_ENVIRONMENT)}
+    )
+    returncode, output = run_local(
+        [sys.executable, "-m", "sru_lightning", *FIT, f"hydra.run.dir={local_run}"], cwd=local_cwd, env=local_env
+    )
     assert returncode == 0, output[-3000:]
     state = slurm_cluster.wait(job, timeout=TIMEOUT)
     job_output = (tmp_path / f"job-{job}.out").read_text()
@@ -88,7 +120,9 @@ def test_ddp_under_srun_equals_local(slurm_cluster, tmp_path):
     # Two ranks of one process group, both started by srun (had Lightning not taken them for
     # SLURM tasks, each would have launched a rank of its own: four lines).
     assert sorted(re.findall(r"Initializing distributed: (GLOBAL_RANK: \d, MEMBER: \d/\d)", job_output)) == [
-        "GLOBAL_RANK: 0, MEMBER: 1/2", "GLOBAL_RANK: 1, MEMBER: 2/2"]
+        "GLOBAL_RANK: 0, MEMBER: 1/2",
+        "GLOBAL_RANK: 1, MEMBER: 2/2",
+    ]
 
     expected, got = step_losses(local_run), step_losses(srun_run)
     assert sorted(expected) == sorted(got) == [0, 1, 2], (expected, got)

@@ -21,15 +21,19 @@ import time
 from pathlib import Path
 
 import pytest
-
 from helpers.tiny_run import TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 REPO = Path(__file__).resolve().parents[2]
 # The cluster's one node has the machine's cores; a job asks for one and no memory.
-LAUNCHER = ["hydra/launcher=slurm", "hydra.launcher.partition=debug", "hydra.launcher.cpus_per_task=1",
-            "hydra.launcher.mem_gb=null", "hydra.launcher.timeout_min=15"]
+LAUNCHER = [
+    "hydra/launcher=slurm",
+    "hydra.launcher.partition=debug",
+    "hydra.launcher.cpus_per_task=1",
+    "hydra.launcher.mem_gb=null",
+    "hydra.launcher.timeout_min=15",
+]
 TIMEOUT = 180
 
 
@@ -43,10 +47,28 @@ def sweep_environment(cluster) -> dict[str, str]:
 
 def start_sweep(cluster, tmp_path: Path, sweep: list[str]) -> subprocess.Popen:
     # The swept keys last: TINY_RUN's own trainer.max_epochs=1 must not override them.
-    command = [sys.executable, "-m", "sru_lightning", "fit", "-m", *LAUNCHER, "threads=1", *TINY_RUN, *sweep,
-               f"hydra.sweep.dir={tmp_path / 'sweep'}"]
-    return subprocess.Popen(command, cwd=tmp_path, env=sweep_environment(cluster), stdin=subprocess.DEVNULL,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    command = [
+        sys.executable,
+        "-m",
+        "sru_lightning",
+        "fit",
+        "-m",
+        *LAUNCHER,
+        "threads=1",
+        *TINY_RUN,
+        *sweep,
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]
+    return subprocess.Popen(
+        command,
+        cwd=tmp_path,
+        env=sweep_environment(cluster),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
 
 
 def finish(process: subprocess.Popen, timeout: float = TIMEOUT) -> tuple[int | None, str, str]:
@@ -99,9 +121,12 @@ def test_b_a_cancelled_job_is_lost_and_the_sweep_still_ends(slurm_cluster, tmp_p
         deadline = time.monotonic() + TIMEOUT
         while cancelled is None and time.monotonic() < deadline and process.poll() is None:
             tasks = array_tasks(sweep_dir)
-            if 1 in tasks and (sweep_dir / "1" / ".hydra" / "overrides.yaml").exists() \
-                    and slurm_cluster.job_state(int(tasks[1].split("_")[0])) is not None \
-                    and _task_state(slurm_cluster, tasks[1]) == "RUNNING":
+            if (
+                1 in tasks
+                and (sweep_dir / "1" / ".hydra" / "overrides.yaml").exists()
+                and slurm_cluster.job_state(int(tasks[1].split("_")[0])) is not None
+                and _task_state(slurm_cluster, tasks[1]) == "RUNNING"
+            ):
                 time.sleep(1.0)  # into its fit
                 done = slurm_cluster.run(["scancel", tasks[1]], timeout=30)
                 assert done.returncode == 0, done.stderr
@@ -138,7 +163,9 @@ def test_b_a_cancelled_job_is_lost_and_the_sweep_still_ends(slurm_cluster, tmp_p
 
 
 def _task_state(cluster, task: str) -> str | None:
-    done = cluster.run(["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T",
-                        f"--jobs={task.split('_')[0]}"], timeout=15)
+    done = cluster.run(
+        ["squeue", "--noheader", "--array", "--states=all", "--format=%i|%T", f"--jobs={task.split('_')[0]}"],
+        timeout=15,
+    )
     states = dict(line.strip().split("|", 1) for line in done.stdout.splitlines() if "|" in line)
     return states.get(task)

@@ -7,7 +7,22 @@ import torch
 
 from sru_lightning.diagnostics import bench
 
-TINY = ["--length", "4", "--batch", "2", "--hidden", "8", "--layers", "2", "--repeats", "2", "--warmup", "1", "--threads", "1"]
+TINY = [
+    "--length",
+    "4",
+    "--batch",
+    "2",
+    "--hidden",
+    "8",
+    "--layers",
+    "2",
+    "--repeats",
+    "2",
+    "--warmup",
+    "1",
+    "--threads",
+    "1",
+]
 
 
 def test_saved_tensor_bytes_counts_each_storage_once():
@@ -67,8 +82,11 @@ def test_bench_includes_the_sru_package(capsys):
 
 def test_bench_restores_the_thread_count():
     before = torch.get_num_threads()
-    bench.run_benchmark(bench.BenchConfig(length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0,
-                                          threads=before + 1, include_peer=False))
+    bench.run_benchmark(
+        bench.BenchConfig(
+            length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0, threads=before + 1, include_peer=False
+        )
+    )
     assert torch.get_num_threads() == before
 
 

@@ -31,8 +31,12 @@ def test_without_cuda_it_says_so_and_exits_non_zero(monkeypatch, capsys):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_the_one_command_refuses_cleanly_without_cuda():
     completed = subprocess.run(
-        ["bash", str(REPO / "examples" / "gpu_check.sh")], cwd=REPO, capture_output=True, text=True,
-        timeout=120, env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
+        ["bash", str(REPO / "examples" / "gpu_check.sh")],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"PYTHON": sys.executable, "PATH": "/usr/bin:/bin"},
     )
     assert completed.returncode == 2, completed.stderr
     assert "gpu-check: no CUDA device" in completed.stderr
@@ -157,8 +161,17 @@ def test_summary_and_exit_status():
 @pytest.mark.slow
 def test_fit_worker_runs_in_its_own_process_and_reports(tmp_path):
     # The worker the GPU check launches per precision, here on CPU with bf16-mixed.
-    spec = FitSpec("fit bf16-mixed (cpu)", "bf16-mixed", expected_storage="bf16", steps=6, batch=4,
-                   seq_len=16, hidden=32, layers=1, accelerator="cpu")
+    spec = FitSpec(
+        "fit bf16-mixed (cpu)",
+        "bf16-mixed",
+        expected_storage="bf16",
+        steps=6,
+        batch=4,
+        seq_len=16,
+        hidden=32,
+        layers=1,
+        accelerator="cpu",
+    )
     process = gpu_fits.launch_fit(spec)
     check, report = gpu_fits.collect_fit(spec, process, timeout_s=120)
     assert report["storage"] == ["bf16"] and report["backends"] == ["cpp"], report
@@ -179,15 +192,20 @@ def test_bandwidth_counts_the_bytes_of_every_tensor_the_kernels_touch(k, bidirec
     width = (2 if bidirectional else 1) * hidden
     U = torch.randn(length, batch, k * width, dtype=dtype)
     x = torch.randn(length, batch, width, dtype=dtype) if k == 3 else None
-    weight_c, bias, c0 = torch.randn(2 * width, dtype=dtype), torch.randn(2 * width, dtype=dtype), torch.randn(
-        batch, width, dtype=dtype)
+    weight_c, bias, c0 = (
+        torch.randn(2 * width, dtype=dtype),
+        torch.randn(2 * width, dtype=dtype),
+        torch.randn(batch, width, dtype=dtype),
+    )
     forward_in = [U, x, weight_c, bias, c0]
-    forward_out = torch.ops.sru_lightning.recurrence_forward(U, x, weight_c, bias, c0, None, 1.0, None, None,
-                                                             bidirectional, True, True)
+    forward_out = torch.ops.sru_lightning.recurrence_forward(
+        U, x, weight_c, bias, c0, None, 1.0, None, None, bidirectional, True, True
+    )
     h, c_last, c_all = forward_out
     backward_in = [torch.randn_like(h), torch.randn_like(c_last), U, x, weight_c, bias, c0, c_all]
-    backward_out = torch.ops.sru_lightning.recurrence_backward(*backward_in[:7], None, 1.0, None, None, c_all,
-                                                               bidirectional, True)
+    backward_out = torch.ops.sru_lightning.recurrence_backward(
+        *backward_in[:7], None, 1.0, None, None, c_all, bidirectional, True
+    )
 
     def nbytes(tensors):
         return sum(t.numel() * t.element_size() for t in tensors if t is not None)
@@ -200,9 +218,12 @@ def test_bandwidth_counts_the_bytes_of_every_tensor_the_kernels_touch(k, bidirec
 
 def test_speed_lines_name_sizes_and_ratios():
     bandwidth = gpu_speed.describe_bandwidth(
-        {(256, 64, 1024): {"forward_gbps": 1800.4, "forward_ms": 0.5, "backward_gbps": 1500.0, "backward_ms": 1.2}})
+        {(256, 64, 1024): {"forward_gbps": 1800.4, "forward_ms": 0.5, "backward_gbps": 1500.0, "backward_ms": 1.2}}
+    )
     assert bandwidth == "L=256 B=64 D=1024: forward 1800 GB/s (0.500 ms), backward 1500 GB/s (1.200 ms)"
-    models = gpu_speed.describe_models((256, 64, 1024), {"SRU": 2.0, "cuDNN LSTM": 8.0}, {"SRU": 1.0, "cuDNN LSTM": 3.0})
+    models = gpu_speed.describe_models(
+        (256, 64, 1024), {"SRU": 2.0, "cuDNN LSTM": 8.0}, {"SRU": 1.0, "cuDNN LSTM": 3.0}
+    )
     assert models == "L=256 B=64 D=1024: SRU 2.00/1.00 ms (0.25x LSTM), cuDNN LSTM 8.00/3.00 ms (1.00x LSTM)"
     assert gpu_speed.BENCH_SIZES[0] == (256, 64, 1024)
 
@@ -262,7 +283,10 @@ def test_parts_past_the_time_budget_are_skipped_in_order(monkeypatch):
     bf16_fits = [spec.name for spec in gpu_fits.FITS if "bf16" in spec.precision]
     other_fits = [spec.name for spec in gpu_fits.FITS if "bf16" not in spec.precision]
     assert [(c.name, c.status) for c in checks] == [
-        *((name, SKIP) for name in bf16_fits + other_fits), ("bench fp32", SKIP), ("bench fp16", SKIP),
-        ("compute-sanitizer memcheck", SKIP)]
+        *((name, SKIP) for name in bf16_fits + other_fits),
+        ("bench fp32", SKIP),
+        ("bench fp16", SKIP),
+        ("compute-sanitizer memcheck", SKIP),
+    ]
     assert [c.detail for c in checks][-3:] == ["time budget spent"] * 3
-    assert all(c.detail == "this GPU has no bf16 support" for c in checks[:len(bf16_fits)])
+    assert all(c.detail == "this GPU has no bf16 support" for c in checks[: len(bf16_fits)])

@@ -39,8 +39,15 @@ class StackWithPadding(nn.Module):
 
 def onnx_session(module: nn.Module, example: tuple, dynamic_shapes: tuple, path) -> onnxruntime.InferenceSession:
     with torch.no_grad():
-        program = torch.onnx.export(module, example, dynamic_shapes=dynamic_shapes, dynamo=True, verbose=False,
-                                    custom_translation_table=translation_table(), opset_version=OPSET)
+        program = torch.onnx.export(
+            module,
+            example,
+            dynamic_shapes=dynamic_shapes,
+            dynamo=True,
+            verbose=False,
+            custom_translation_table=translation_table(),
+            opset_version=OPSET,
+        )
     program.save(str(path))
     onnx.checker.check_model(str(path), full_check=True)
     nodes = onnx.load(str(path)).graph.node
@@ -56,25 +63,32 @@ def onnx_session(module: nn.Module, example: tuple, dynamic_shapes: tuple, path)
         (dict(has_skip_term=False, bidirectional=True, layer_norm=True, normalize_after=True), 16, False),
         (dict(projection_size=4, highway_bias=1.0, rescale=True, bidirectional=True), 12, True),
     ],
-    ids=["bidirectional-k4-layernorm-maskpad", "k3-rescale-highway-maskpad", "noskip-bidirectional-normafter",
-         "projection-bidirectional-maskpad"],
+    ids=[
+        "bidirectional-k4-layernorm-maskpad",
+        "k3-rescale-highway-maskpad",
+        "noskip-bidirectional-normafter",
+        "projection-bidirectional-maskpad",
+    ],
 )
 def test_every_inference_option_matches_eager_at_untraced_shapes(options, input_size, padded, tmp_path):
     module = StackWithPadding(SRU(input_size, 16, num_layers=2, **options), padded).eval()
     width = module.rnn.output_size
     batch, length = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("length", min=1, max=1 << 16)
-    example = (torch.randn(TRACED[1], TRACED[0], input_size), torch.randn(2, TRACED[0], width),
-               torch.tensor([TRACED[1], 2]))
+    example = (
+        torch.randn(TRACED[1], TRACED[0], input_size),
+        torch.randn(2, TRACED[0], width),
+        torch.tensor([TRACED[1], 2]),
+    )
     session = onnx_session(module, example, ({0: length, 1: batch}, {1: batch}, {0: batch}), tmp_path / "sru.onnx")
-    for b, l in CHECKED:
-        x, c0 = torch.randn(l, b, input_size), torch.randn(2, b, width)
-        lengths = torch.randint(1, l + 1, (b,))
+    for b, steps in CHECKED:
+        x, c0 = torch.randn(steps, b, input_size), torch.randn(2, b, width)
+        lengths = torch.randint(1, steps + 1, (b,))
         with torch.no_grad():
             expected = module(x, c0, lengths)
         got = session.run(None, {"x": x.numpy(), "c0": c0.numpy(), "lengths": lengths.numpy()})
         for name, e, g in zip(("h", "c_last"), expected, got):
             assert g.shape == tuple(e.shape)
-            assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={l}"
+            assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={steps}"
 
 
 def test_training_only_inputs_are_refused_with_a_clear_error():
@@ -111,15 +125,24 @@ def test_onnxruntime_runs_an_exported_language_model_with_only_numpy(tmp_path):
     from sru_lightning.export import export_language_model
     from sru_lightning.models import SRULanguageModel
 
-    model = SRULanguageModel(vocab_size=13, embedding_dim=8, hidden_size=16, num_layers=2,
-                             sru_options={"highway_bias": -2.0, "rescale": True}).eval()
+    model = SRULanguageModel(
+        vocab_size=13,
+        embedding_dim=8,
+        hidden_size=16,
+        num_layers=2,
+        sru_options={"highway_bias": -2.0, "rescale": True},
+    ).eval()
     folder = export_language_model(model, tmp_path / "lm", "onnx")
     tokens = torch.randint(0, 13, (3, 29))
     with torch.no_grad():
         logits, _ = model(tokens)
     np.savez(tmp_path / "expected.npz", tokens=tokens.numpy(), logits=logits.numpy())
-    result = subprocess.run([sys.executable, "-I", "-c", ONNXRUNTIME_ONLY, str(folder), str(tmp_path / "expected.npz")],
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", ONNXRUNTIME_ONLY, str(folder), str(tmp_path / "expected.npz")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr[-2000:]
     report = json.loads(result.stdout)
     assert report["foreign"] == [] and report["error"] < 1e-5

@@ -10,8 +10,13 @@ from sru_lightning.models import SRULanguageModel
 
 
 def test_the_projection_moves_into_a_linear_without_changing_outputs_and_quantises():
-    model = SRULanguageModel(vocab_size=17, embedding_dim=8, hidden_size=16, num_layers=2,
-                             sru_options={"highway_bias": -2.0, "rescale": True}).eval()
+    model = SRULanguageModel(
+        vocab_size=17,
+        embedding_dim=8,
+        hidden_size=16,
+        num_layers=2,
+        sru_options={"highway_bias": -2.0, "rescale": True},
+    ).eval()
     tokens = torch.randint(0, 17, (3, 11))
     with torch.no_grad():
         expected, expected_c = model(tokens)

@@ -23,9 +23,16 @@ REPO = Path(__file__).resolve().parents[2]
 TESTS = Path(__file__).resolve().parent
 
 TINY_DDP_FIT = [
-    "trainer=ddp_cpu", "data.batch_size=4", "data.seq_len=16", "model.embedding_dim=16", "model.hidden_size=32",
-    "model.num_layers=2", "trainer.limit_val_batches=2", "trainer.log_every_n_steps=1",
-    "+logger.csv.flush_logs_every_n_steps=1", "seed=7",
+    "trainer=ddp_cpu",
+    "data.batch_size=4",
+    "data.seq_len=16",
+    "model.embedding_dim=16",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "trainer.limit_val_batches=2",
+    "trainer.log_every_n_steps=1",
+    "+logger.csv.flush_logs_every_n_steps=1",
+    "seed=7",
 ]
 
 
@@ -52,16 +59,23 @@ class Ended:
     leftover: list[int]  # processes of the fit's session still alive after rank 0 ended
 
 
-def start(run_dir: Path, *overrides: str, command: list[str] | None = None, log: Path | None = None,
-          one_thread: bool = True) -> subprocess.Popen:
+def start(
+    run_dir: Path, *overrides: str, command: list[str] | None = None, log: Path | None = None, one_thread: bool = True
+) -> subprocess.Popen:
     """Start the fit (or `command`) in a new session; its output goes to `log` (default `<run_dir>.out`).
 
     `one_thread=False` leaves OMP_NUM_THREADS unset, for runs that choose threads themselves.
     """
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     log = log or Path(f"{run_dir}.out")
-    process = preloaded.Popen(command or fit_command(run_dir, *overrides), cwd=REPO, env=environment(one_thread),
-                               stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+    process = preloaded.Popen(
+        command or fit_command(run_dir, *overrides),
+        cwd=REPO,
+        env=environment(one_thread),
+        stdout=open(log, "w"),
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     process.log = log
     return process
 
@@ -138,5 +152,11 @@ def children(pid: int) -> list[int]:
 def send_signal_callback(hook: str, target: str, signum: int, at_step: int, count: int = 1) -> list[str]:
     """Overrides adding tests/signal_sender.SendSignal to the fit's callbacks."""
     prefix = "+callbacks.send_signal"
-    return [f"{prefix}._target_=signal_sender.SendSignal", f"{prefix}.hook={hook}", f"{prefix}.target={target}",
-            f"{prefix}.signum={int(signum)}", f"{prefix}.at_step={at_step}", f"{prefix}.count={count}"]
+    return [
+        f"{prefix}._target_=signal_sender.SendSignal",
+        f"{prefix}.hook={hook}",
+        f"{prefix}.target={target}",
+        f"{prefix}.signum={int(signum)}",
+        f"{prefix}.at_step={at_step}",
+        f"{prefix}.count={count}",
+    ]

@@ -12,7 +12,6 @@ import json
 import math
 from pathlib import Path
 
-import torch
 from lightning.pytorch.callbacks import Callback
 
 from sru_lightning.callbacks import SRUPrecisionCallback
@@ -71,7 +70,9 @@ class EngineProbe(Callback):
             "strategy": type(trainer.strategy).__name__,
             "losses": self.losses,
             "finite": all(math.isfinite(value) for value in self.losses),
-            "traced": sorted({f"{call.direction}:{str(call.storage_dtype).replace('torch.', '')}" for call in self._calls}),
+            "traced": sorted(
+                {f"{call.direction}:{str(call.storage_dtype).replace('torch.', '')}" for call in self._calls}
+            ),
             "reported_storage": str(regime.storage_dtype(precision.policy)).replace("torch.", ""),
             "reported_device": regime.device_type,
             "reported_autocast": str(regime.autocast_dtype).replace("torch.", ""),

@@ -47,7 +47,8 @@ class DropoutRegressor(pl.LightningModule):
             return optimizer
         # Reading estimated_stepping_batches sets the dataloaders up before the restore.
         schedule = torch.optim.lr_scheduler.OneCycleLR(
-            optimizer, max_lr=0.02, total_steps=self.trainer.estimated_stepping_batches)
+            optimizer, max_lr=0.02, total_steps=self.trainer.estimated_stepping_batches
+        )
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
 
@@ -64,7 +65,13 @@ class SignalAtStep(pl.Callback):
 
 def make_trainer(root, callbacks):
     return pl.Trainer(
-        max_steps=MAX_STEPS, max_epochs=10, accelerator="cpu", devices=1, logger=False,
-        enable_progress_bar=False, enable_model_summary=False,
-        default_root_dir=root, callbacks=callbacks,
+        max_steps=MAX_STEPS,
+        max_epochs=10,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=root,
+        callbacks=callbacks,
     )

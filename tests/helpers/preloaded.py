@@ -46,8 +46,15 @@ IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA"
 # TORCH_WARM_POOL and KMP_DUPLICATE_LIB_OK in the process that compiles, and joblib's import
 # sets KMP_INIT_AT_FORK (Intel OpenMP's fork handling, read at fork), so every process a test
 # worker starts after either would otherwise look different.
-RUNTIME_ONLY = {"PYTHONPATH", "OMP_NUM_THREADS", "TORCH_EXTENSIONS_DIR", "TORCHINDUCTOR_CACHE_DIR",
-                "TORCH_WARM_POOL", "KMP_DUPLICATE_LIB_OK", "KMP_INIT_AT_FORK"}
+RUNTIME_ONLY = {
+    "PYTHONPATH",
+    "OMP_NUM_THREADS",
+    "TORCH_EXTENSIONS_DIR",
+    "TORCHINDUCTOR_CACHE_DIR",
+    "TORCH_WARM_POOL",
+    "KMP_DUPLICATE_LIB_OK",
+    "KMP_INIT_AT_FORK",
+}
 FRESH = "SRU_LIGHTNING_TEST_FRESH_INTERPRETERS"
 
 # `sys.executable` of a child started with preload_children=True: the Python processes its
@@ -86,6 +93,7 @@ sys.exit(code)
 
 # --- the client: what tests call --------------------------------------------------------
 
+
 class Popen:
     """A `subprocess.Popen` stand-in for a Python command line (see the module docstring).
 
@@ -100,8 +108,20 @@ class Popen:
             return subprocess.Popen(args, **options)
         return super().__new__(cls)
 
-    def __init__(self, args, *, cwd=None, env=None, stdin=None, stdout=None, stderr=None, text=False,
-                 start_new_session=False, universal_newlines=None, preload_children=False) -> None:
+    def __init__(
+        self,
+        args,
+        *,
+        cwd=None,
+        env=None,
+        stdin=None,
+        stdout=None,
+        stderr=None,
+        text=False,
+        start_new_session=False,
+        universal_newlines=None,
+        preload_children=False,
+    ) -> None:
         self.args = list(args)
         self.text = bool(text or universal_newlines)
         self.returncode: int | None = None
@@ -129,8 +149,10 @@ class Popen:
             fds = [descriptor(stdin, "stdin", 0), descriptor(stdout, "stdout", 1)]
             fds.append(fds[1] if stderr == subprocess.STDOUT else descriptor(stderr, "stderr", 2))
             request = {
-                "argv": self.args[1:], "cwd": str(cwd or os.getcwd()),
-                "env": dict(os.environ if env is None else env), "new_session": bool(start_new_session),
+                "argv": self.args[1:],
+                "cwd": str(cwd or os.getcwd()),
+                "env": dict(os.environ if env is None else env),
+                "new_session": bool(start_new_session),
                 "preload_children": bool(preload_children),
             }
             self._connection = _server().connect()
@@ -191,8 +213,9 @@ class Popen:
         return tuple(outputs)
 
 
-def run(args, *, capture_output: bool = False, timeout: float | None = None, check: bool = False,
-        **options) -> subprocess.CompletedProcess:
+def run(
+    args, *, capture_output: bool = False, timeout: float | None = None, check: bool = False, **options
+) -> subprocess.CompletedProcess:
     """`subprocess.run` for a Python command line, through the fork server."""
     if capture_output:
         options.setdefault("stdout", subprocess.PIPE)
@@ -226,8 +249,17 @@ def fresh_interpreter_reason(args, **options) -> str | None:
         return "not a command line of this Python"
     if args[1] not in ("-m", "-c") and args[1].startswith("-"):
         return f"interpreter option {args[1]}"
-    unsupported = set(options) - {"cwd", "env", "stdin", "stdout", "stderr", "text", "start_new_session",
-                                  "universal_newlines", "preload_children"}
+    unsupported = set(options) - {
+        "cwd",
+        "env",
+        "stdin",
+        "stdout",
+        "stderr",
+        "text",
+        "start_new_session",
+        "universal_newlines",
+        "preload_children",
+    }
     if unsupported:
         return f"Popen options {sorted(unsupported)}"
     env = options.get("env")
@@ -236,8 +268,11 @@ def fresh_interpreter_reason(args, **options) -> str | None:
 
 
 def _import_time_differences(env: dict, server_env: dict) -> list[str]:
-    return [key for key in set(env) | set(server_env)
-            if key.startswith(IMPORT_TIME_PREFIXES) and key not in RUNTIME_ONLY and env.get(key) != server_env.get(key)]
+    return [
+        key
+        for key in set(env) | set(server_env)
+        if key.startswith(IMPORT_TIME_PREFIXES) and key not in RUNTIME_ONLY and env.get(key) != server_env.get(key)
+    ]
 
 
 class _Server:
@@ -251,12 +286,23 @@ class _Server:
         self.env = {key: value for key, value in os.environ.items() if key not in RUNTIME_ONLY}
         self.proxy = os.path.join(self.folder, "python")
         imported_with = {key: value for key, value in self.env.items() if key.startswith(IMPORT_TIME_PREFIXES)}
-        Path(self.proxy).write_text(PROXY.format(
-            python=sys.executable, server=self.path, imported_with=json.dumps(imported_with),
-            prefixes=IMPORT_TIME_PREFIXES, runtime_only=sorted(RUNTIME_ONLY)))
+        Path(self.proxy).write_text(
+            PROXY.format(
+                python=sys.executable,
+                server=self.path,
+                imported_with=json.dumps(imported_with),
+                prefixes=IMPORT_TIME_PREFIXES,
+                runtime_only=sorted(RUNTIME_ONLY),
+            )
+        )
         os.chmod(self.proxy, 0o755)
-        self.process = subprocess.Popen([sys.executable, __file__, self.path, self.proxy], env=self.env,
-                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        self.process = subprocess.Popen(
+            [sys.executable, __file__, self.path, self.proxy],
+            env=self.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
         printed = []  # what the imports print (DeepSpeed names its accelerator), then "ready"
         for line in self.process.stdout:
             if line.strip() == "ready":
@@ -295,6 +341,7 @@ def _server() -> _Server:
 
 
 # --- the server: a preloaded interpreter that forks -------------------------------------
+
 
 def serve(path: str, proxy: str) -> None:
     import importlib

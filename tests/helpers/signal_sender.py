@@ -13,7 +13,6 @@ or after optimizer step `at_step`; `count=2` sends the signal twice (a double Ct
 from __future__ import annotations
 
 import os
-import signal
 
 import lightning.pytorch as pl
 

@@ -47,10 +47,20 @@ DAEMON_NAMES = {b"(munged)", b"(slurmctld)", b"(slurmscriptd)", b"(slurmd)", b"(
 INSTALL = "apt-get install slurmctld slurmd slurm-client munge"
 PREFIX = "sru-slurm-"
 # States after which a job never runs again (a requeued job passes through PENDING instead).
-FINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY",
-    "BOOT_FAIL", "DEADLINE", "SPECIAL_EXIT",
-})
+FINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "OUT_OF_MEMORY",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "SPECIAL_EXIT",
+    }
+)
 # Environment variables of an enclosing SLURM job or of the user's SLURM set-up, which would
 # point the clients at another cluster or change what sbatch/srun ask for.
 FOREIGN_ENVIRONMENT = ("SLURM_", "SBATCH_", "SRUN_", "SALLOC_", "SQUEUE_", "SINFO_", "SCANCEL_")
@@ -208,7 +218,7 @@ class SlurmCluster:
         if self._running:
             return self
         self.root = Path(self._make_root())
-        self.node = "sru-" + re.sub(r"[^a-z0-9]", "-", self.root.name[len(PREFIX):].lower())
+        self.node = "sru-" + re.sub(r"[^a-z0-9]", "-", self.root.name[len(PREFIX) :].lower())
         for name in ("munge", "run", "log", "state", "spool", "jobs"):
             (self.root / name).mkdir()
         os.chmod(self.root / "munge", 0o700)  # munged refuses a key others could read
@@ -220,9 +230,16 @@ class SlurmCluster:
         self._start_watcher()
         try:
             self._check(["mungekey", "--create", f"--keyfile={self.root / 'munge' / 'munge.key'}"])
-            self._check(["munged", f"--socket={self.munge_socket}", f"--key-file={self.root / 'munge' / 'munge.key'}",
-                         f"--pid-file={self.root / 'run' / 'munged.pid'}", f"--log-file={self.logs['munged']}",
-                         f"--seed-file={self.root / 'munge' / 'munged.seed'}"])
+            self._check(
+                [
+                    "munged",
+                    f"--socket={self.munge_socket}",
+                    f"--key-file={self.root / 'munge' / 'munge.key'}",
+                    f"--pid-file={self.root / 'run' / 'munged.pid'}",
+                    f"--log-file={self.logs['munged']}",
+                    f"--seed-file={self.root / 'munge' / 'munged.seed'}",
+                ]
+            )
             self.pids["munged"] = self._pid_from_file("munged.pid", timeout)
             # Both daemonize and write their pid files; slurmctld -i: no earlier state to insist on.
             self._check(["slurmctld", "-i", "-f", str(self.conf)])
@@ -323,8 +340,14 @@ class SlurmCluster:
         while True:
             fields = self.job(job_id)
             state = None if fields is None else fields["JobState"]
-            if state is None or (state in states and not (state == "PREEMPTED" and states is FINAL_STATES
-                                                            and fields.get("Requeue") == fields.get("BatchFlag") == "1")):
+            if state is None or (
+                state in states
+                and not (
+                    state == "PREEMPTED"
+                    and states is FINAL_STATES
+                    and fields.get("Requeue") == fields.get("BatchFlag") == "1"
+                )
+            ):
                 return state  # (a preempted job that will be requeued has not ended for good)
             if time.monotonic() >= deadline:
                 record = self.run(["scontrol", "show", "job", str(job_id)]).stdout
@@ -347,7 +370,10 @@ class SlurmCluster:
         (self.root / "owner").write_text(str(os.getpid()))
         self._watcher = subprocess.Popen(
             [sys.executable, os.path.abspath(__file__), "watch", str(self.root), *(["--keep"] if self.keep else [])],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, start_new_session=True)
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
 
     def _stop_watcher(self) -> None:
         if self._watcher is None:
@@ -433,10 +459,18 @@ class SlurmCluster:
         binary = find_binary(args[0])
         if binary is None:
             raise SlurmError(f"{args[0]} is not installed ({INSTALL})")
-        done = subprocess.run([binary, *args[1:]], capture_output=True, text=True, timeout=timeout,
-                              env=self.env if env is None else env, stdin=subprocess.DEVNULL)
+        done = subprocess.run(
+            [binary, *args[1:]],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=self.env if env is None else env,
+            stdin=subprocess.DEVNULL,
+        )
         if done.returncode != 0:
-            raise SlurmError(f"`{' '.join(args)}` exited with {done.returncode}: {(done.stderr or done.stdout).strip()}")
+            raise SlurmError(
+                f"`{' '.join(args)}` exited with {done.returncode}: {(done.stderr or done.stdout).strip()}"
+            )
         return done
 
     def _client(self, args: list[str], timeout: float = 30) -> None:

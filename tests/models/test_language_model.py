@@ -78,8 +78,12 @@ def test_bad_arguments_name_the_config_key():
 def test_optimizer_and_schedule_from_config_fill_total_steps():
     model = tiny(
         optimizer={"_target_": "torch.optim.SGD", "lr": 0.5},
-        lr_scheduler={"_target_": "torch.optim.lr_scheduler.OneCycleLR", "max_lr": 0.5,
-                      "total_steps": None, "interval": "step"},
+        lr_scheduler={
+            "_target_": "torch.optim.lr_scheduler.OneCycleLR",
+            "max_lr": 0.5,
+            "total_steps": None,
+            "interval": "step",
+        },
     )
     model._trainer = SimpleNamespace(estimated_stepping_batches=7)
     config = model.configure_optimizers()
@@ -93,8 +97,14 @@ def test_validation_metrics_are_bits_and_perplexity_of_the_token_mean_loss(tmp_p
     model = tiny()
     data = PydocDataModule(batch_size=2, seq_len=8)
     model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=3, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=3,
+        default_root_dir=tmp_path,
+    )
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
     assert result["val_bpc"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-5)
     assert result["val_ppl"] == pytest.approx(math.exp(result["val_loss"]), rel=1e-5)
@@ -105,8 +115,15 @@ def test_validation_metrics_are_bits_and_perplexity_of_the_token_mean_loss(tmp_p
 def test_metric_states_stay_float32_when_the_model_is_cast_to_bf16(tmp_path):
     data = PydocDataModule(batch_size=2, seq_len=8)
     model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
-    trainer = pl.Trainer(precision="bf16-true", logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=3, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        precision="bf16-true",
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=3,
+        default_root_dir=tmp_path,
+    )
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
     assert model.embedding.weight.dtype == torch.bfloat16
     assert model.mean_nats["val_nats"].mean_value.dtype == torch.float32
@@ -117,10 +134,23 @@ def test_metric_states_stay_float32_when_the_model_is_cast_to_bf16(tmp_path):
 @pytest.mark.slow
 def test_a_short_fit_beats_the_unigram_baseline(tmp_path):
     data = PydocDataModule(batch_size=16, seq_len=32)
-    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=32, hidden_size=64, num_layers=2,
-                             dropout=0.0, optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2})
-    trainer = pl.Trainer(max_steps=150, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=10, default_root_dir=tmp_path)
+    model = SRULanguageModel(
+        vocab_size=data.vocab_size,
+        embedding_dim=32,
+        hidden_size=64,
+        num_layers=2,
+        dropout=0.0,
+        optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2},
+    )
+    trainer = pl.Trainer(
+        max_steps=150,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=10,
+        default_root_dir=tmp_path,
+    )
     trainer.fit(model, datamodule=data)
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
     assert result["val_bpc"] < data.unigram_bpc("val") - 0.5
@@ -146,8 +176,13 @@ def test_predict_step_gives_next_token_log_probabilities_through_trainer_predict
     model = tiny()
     windows = [torch.randint(0, 11, (3, 6)) for _ in range(2)]
     loader = torch.utils.data.DataLoader(windows, batch_size=None)
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, default_root_dir=tmp_path)
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
     predictions = trainer.predict(model, dataloaders=loader)
     assert len(predictions) == 2 and predictions[0].shape == (3, 6, 11) and predictions[0].dtype == torch.float32
     with torch.no_grad():
@@ -166,10 +201,17 @@ def test_word_level_models_log_bits_per_word_and_word_perplexity(tmp_path):
     from sru_lightning.data import TextDataModule
 
     data = TextDataModule(path=str(corpus), level="word", batch_size=2, seq_len=8)
-    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1,
-                             token_unit=data.token_unit)
-    trainer = pl.Trainer(logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                         enable_model_summary=False, limit_val_batches=3, default_root_dir=tmp_path)
+    model = SRULanguageModel(
+        vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1, token_unit=data.token_unit
+    )
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=3,
+        default_root_dir=tmp_path,
+    )
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
     assert set(result) == {"val_loss", "val_bpw", "val_word_ppl"}
     assert result["val_bpw"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-5)

@@ -17,8 +17,14 @@ VOCAB = 11
 
 def tiny(**kwargs):
     options = dict(
-        vocab_size=VOCAB, rnn="srupp", embedding_dim=8, hidden_size=12, num_layers=2, dropout=0.0,
-        memory_length=6, sru_options={"proj_size": 4, "num_heads": 2},
+        vocab_size=VOCAB,
+        rnn="srupp",
+        embedding_dim=8,
+        hidden_size=12,
+        num_layers=2,
+        dropout=0.0,
+        memory_length=6,
+        sru_options={"proj_size": 4, "num_heads": 2},
     )
     options.update(kwargs)
     model = SRULanguageModel(**options)
@@ -110,14 +116,26 @@ class LossRecorder(pl.Callback):
 def test_a_tiny_srupp_lm_learns(precision, tmp_path):
     torch.manual_seed(0)
     model = SRULanguageModel(
-        vocab_size=VOCAB, rnn="srupp", embedding_dim=16, hidden_size=32, num_layers=2, dropout=0.0,
-        carry_hidden=False, sru_options={"proj_size": 16, "num_heads": 2},
+        vocab_size=VOCAB,
+        rnn="srupp",
+        embedding_dim=16,
+        hidden_size=32,
+        num_layers=2,
+        dropout=0.0,
+        carry_hidden=False,
+        sru_options={"proj_size": 16, "num_heads": 2},
         optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2},
     )
     recorder, precision_callback = LossRecorder(), SRUPrecisionCallback(verbose=False)
     trainer = pl.Trainer(
-        max_steps=120, precision=precision, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, callbacks=[recorder, precision_callback], default_root_dir=tmp_path,
+        max_steps=120,
+        precision=precision,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        callbacks=[recorder, precision_callback],
+        default_root_dir=tmp_path,
         limit_val_batches=0,
     )
     loader = DataLoader(PeriodicText(32 * 120), batch_size=32)
@@ -165,8 +183,9 @@ def test_advisor_checks_input_size_and_u_width_of_srupp_layers():
 def test_model_sweep_compares_sru_srupp_and_lstm(tmp_path, monkeypatch):
     import csv
 
-    from sru_lightning.app import cli
     from helpers.tiny_run import TINY_RUN
+
+    from sru_lightning.app import cli
 
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sweep"

@@ -53,10 +53,18 @@ def test_valid_arguments_run(entry):
     "name, value, pattern",
     [
         # wrong rank
-        ("U", torch.randn(1, L, B, 3 * D), r"`U` must have shape \(L, B, dirs\*D\*k\) or \(B, dirs\*D\*k\), got \(1, 4, 2, 9\)"),
+        (
+            "U",
+            torch.randn(1, L, B, 3 * D),
+            r"`U` must have shape \(L, B, dirs\*D\*k\) or \(B, dirs\*D\*k\), got \(1, 4, 2, 9\)",
+        ),
         ("U", torch.randn(3 * D), r"`U` must have shape .* got \(9,\)"),
         # sizes that do not divide into dirs * D * k
-        ("U", torch.randn(L, B, 3 * D + 1), r"`U` last dimension must be dirs\*D\*k = 9 \(k=3\) or 12 \(k=4\) .* got \(4, 2, 10\)"),
+        (
+            "U",
+            torch.randn(L, B, 3 * D + 1),
+            r"`U` last dimension must be dirs\*D\*k = 9 \(k=3\) or 12 \(k=4\) .* got \(4, 2, 10\)",
+        ),
         ("bias", torch.zeros(2 * D + 1), r"`bias` must have shape \(2\*dirs\*D,\) with dirs=1, got \(7,\)"),
         ("weight_c", torch.randn(2 * D + 2), r"`weight_c` must have shape \(6,\) or \(4, 2, 6\), got \(8,\)"),
         # mismatched sizes
@@ -64,7 +72,11 @@ def test_valid_arguments_run(entry):
         ("c0", torch.zeros(D), r"`c0` must have shape \(2, 3\) \(batch, dirs\*D\), got \(3,\)"),
         ("c0", torch.zeros(B + 1, D), r"`c0` must have shape \(2, 3\) .* got \(3, 3\)"),
         ("mask_c", torch.ones(B, 2 * D), r"`mask_c` must have shape \(2, 3\) .* got \(2, 6\)"),
-        ("mask_pad", torch.zeros(B, L, dtype=torch.bool), r"`mask_pad` must have shape \(4, 2\) \(L, B\), got \(2, 4\)"),
+        (
+            "mask_pad",
+            torch.zeros(B, L, dtype=torch.bool),
+            r"`mask_pad` must have shape \(4, 2\) \(L, B\), got \(2, 4\)",
+        ),
         # integer input
         ("U", torch.ones(L, B, 3 * D, dtype=torch.int64), r"`U` must be a floating tensor, got dtype torch.int64"),
         # not a tensor
@@ -146,7 +158,9 @@ class Tagger(nn.Module):
 
 
 def test_a_mistake_inside_a_model_surfaces_with_the_layer_message():
-    with pytest.raises(ValueError, match=re.escape("SRU: `input` last dimension must be input_size=6, got shape (4, 2, 5)")):
+    with pytest.raises(
+        ValueError, match=re.escape("SRU: `input` last dimension must be input_size=6, got shape (4, 2, 5)")
+    ):
         Tagger()(torch.zeros(L, B, dtype=torch.long))
 
 
@@ -157,7 +171,10 @@ def test_token_ids_fed_to_the_layer_are_refused_as_integer_input():
 
 def test_c0_from_a_different_stack_shape_is_named():
     model = SRU(5, 4, num_layers=3, bidirectional=True)
-    with pytest.raises(ValueError, match=r"SRU: `c0` must have shape \(3, 2, 8\) \(num_layers, batch, dirs\*hidden_size\), got \(2, 2, 8\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"SRU: `c0` must have shape \(3, 2, 8\) \(num_layers, batch, dirs\*hidden_size\), got \(2, 2, 8\)",
+    ):
         model(torch.randn(L, B, 5), torch.zeros(2, B, 8))
 
 
@@ -183,8 +200,10 @@ class Wrapper(nn.Module):
 def test_torchscript_is_refused_with_what_to_use_instead(name, how, inside):
     layer = TORCHSCRIPT_LAYERS[name]()
     module = Wrapper(layer) if inside else layer
-    expected = (f"{name}: TorchScript ({how}) is not supported for sru_lightning layers (SRU, SRUCell, SRUpp); "
-                "use torch.compile, torch.export.export, or `python -m sru_lightning export`")
+    expected = (
+        f"{name}: TorchScript ({how}) is not supported for sru_lightning layers (SRU, SRUCell, SRUpp); "
+        "use torch.compile, torch.export.export, or `python -m sru_lightning export`"
+    )
     with pytest.raises(RuntimeError, match=re.escape(expected)):
         if how == "torch.jit.script":
             torch.jit.script(module)

@@ -55,9 +55,7 @@ def train(regime: str) -> tuple[list[float], set]:
             targets = torch.roll(tokens, DELAY, dims=0)
             with torch.autocast("cpu", dtype=autocast_dtype or torch.bfloat16, enabled=autocast_dtype is not None):
                 logits = model(tokens)
-            loss = nn.functional.cross_entropy(
-                logits[DELAY:].float().reshape(-1, VOCAB), targets[DELAY:].reshape(-1)
-            )
+            loss = nn.functional.cross_entropy(logits[DELAY:].float().reshape(-1, VOCAB), targets[DELAY:].reshape(-1))
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()

@@ -141,8 +141,15 @@ def test_sru_stack_parity_random_options(sru, case):
 @pytest.mark.parametrize("bidirectional", [False, True])
 def test_eval_no_grad_parity(sru, bidirectional):
     """No grad: sru runs its C++ CPU kernel, we run the inference entry point."""
-    options = dict(input_size=5, hidden_size=4, num_layers=2, bidirectional=bidirectional,
-                   layer_norm=True, rescale=True, highway_bias=-1.0)
+    options = dict(
+        input_size=5,
+        hidden_size=4,
+        num_layers=2,
+        bidirectional=bidirectional,
+        layer_norm=True,
+        rescale=True,
+        highway_bias=-1.0,
+    )
     peer = sru.SRU(**options).eval()
     perturb_(peer, seed=3)
     model = ours.SRU(**options).eval()
@@ -163,8 +170,7 @@ def test_eval_no_grad_parity(sru, bidirectional):
         dict(input_size=4, hidden_size=4),
         dict(input_size=6, hidden_size=4, n_proj=3, dropout=0.3),
         dict(input_size=8, hidden_size=4, bidirectional=True, layer_norm=True, highway_bias=-2.0),
-        dict(input_size=5, hidden_size=3, has_skip_term=False, rescale=False, layer_norm=True,
-             normalize_after=True),
+        dict(input_size=5, hidden_size=3, has_skip_term=False, rescale=False, layer_norm=True, normalize_after=True),
     ],
 )
 @pytest.mark.parametrize("one_step", [False, True])

@@ -33,8 +33,15 @@ def test_sru_shapes(bidirectional, num_layers):
 def test_all_options_together_forward_backward():
     """bidirectional + mask_pad + c0 + projection + layer norm + dropout in one model."""
     model = SRU(
-        D_IN, H, num_layers=3, dropout=0.2, bidirectional=True, projection_size=3,
-        layer_norm=True, highway_bias=-1.0, rescale=True,
+        D_IN,
+        H,
+        num_layers=3,
+        dropout=0.2,
+        bidirectional=True,
+        projection_size=3,
+        layer_norm=True,
+        highway_bias=-1.0,
+        rescale=True,
     )
     assert all(cell.weight_proj is not None for _, cell in iter_sru_cells(model))
     x = torch.randn(L, B, D_IN, requires_grad=True)
@@ -202,8 +209,14 @@ def test_cell_matches_reference_recurrence(options, k):
     h, c = cell(x, c0)
     U = (x.reshape(L * B, -1) @ cell.weight).view(L, B, -1)
     h_ref, c_ref = sru_recurrence_reference(
-        U, x if cell.has_skip_term and k == 3 else None, cell.weight_c, cell.bias, c0,
-        scale_x=cell.scale_x, bidirectional=cell.bidirectional, has_skip_term=cell.has_skip_term,
+        U,
+        x if cell.has_skip_term and k == 3 else None,
+        cell.weight_c,
+        cell.bias,
+        c0,
+        scale_x=cell.scale_x,
+        bidirectional=cell.bidirectional,
+        has_skip_term=cell.has_skip_term,
     )
     torch.testing.assert_close(h, h_ref)
     torch.testing.assert_close(c, c_ref)

@@ -92,13 +92,22 @@ def test_tensors_on_different_devices(layer):
         (dict(dropout=-0.1), ValueError, r"`dropout` must be in \[0, 1\), got -0.1"),
         (dict(projection_size=-1), ValueError, r"SRU: `projection_size` must be >= 0, got -1"),
         (dict(use_tanh=True), ValueError, r"`use_tanh` must be False .* got True"),
-        (dict(recurrence_policy="fp16"), ValueError,
-         r"`recurrence_policy` must be one of \('auto', 'fp32', 'half'\), got 'fp16'"),
+        (
+            dict(recurrence_policy="fp16"),
+            ValueError,
+            r"`recurrence_policy` must be one of \('auto', 'fp32', 'half'\), got 'fp16'",
+        ),
         (dict(recurrence_policy=None), TypeError, r"`recurrence_policy` must be a str"),
-        (dict(amp_recurrence_fp16=True, recurrence_policy="fp32"), ValueError,
-         r"`amp_recurrence_fp16=True`.*got 'fp32'"),
-        (dict(custom_m=[torch.nn.Linear(2, 2)]), ValueError,
-         r"`custom_m` as a list must hold one module per layer \(2\), got 1"),
+        (
+            dict(amp_recurrence_fp16=True, recurrence_policy="fp32"),
+            ValueError,
+            r"`amp_recurrence_fp16=True`.*got 'fp32'",
+        ),
+        (
+            dict(custom_m=[torch.nn.Linear(2, 2)]),
+            ValueError,
+            r"`custom_m` as a list must hold one module per layer \(2\), got 1",
+        ),
     ],
 )
 def test_bad_construction(kwargs, error, pattern):
@@ -149,8 +158,11 @@ def test_nan_input_propagates_like_lstm():
 @pytest.mark.parametrize("layer_class", [SRU, SRUCell])
 def test_input_dtype_other_than_the_weights_is_named_outside_autocast(layer_class):
     layer = layer_class(D_IN, H)
-    with pytest.raises(TypeError, match=rf"{layer_class.__name__}: `input` has dtype torch.float16, but the "
-                                        r"layer's weights are torch.float32"):
+    with pytest.raises(
+        TypeError,
+        match=rf"{layer_class.__name__}: `input` has dtype torch.float16, but the "
+        r"layer's weights are torch.float32",
+    ):
         layer(torch.randn(L, B, D_IN, dtype=torch.float16))
     with torch.autocast("cpu", dtype=torch.bfloat16):  # autocast casts for the matmul: allowed
         out = layer(torch.randn(L, B, D_IN, dtype=torch.bfloat16))[0]

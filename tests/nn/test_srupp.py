@@ -151,7 +151,9 @@ def test_batch_first_matches_time_major():
     _, _, bank = time_major(memory_x)
     h, c, new_bank = time_major(x, mask_pad=mask, attn_mask=causal_mask(L, 2), memory=bank["saved_inputs"])
     h_bf, c_bf, new_bank_bf = batch_first(
-        x.transpose(0, 1), mask_pad=mask.t(), attn_mask=causal_mask(L, 2),
+        x.transpose(0, 1),
+        mask_pad=mask.t(),
+        attn_mask=causal_mask(L, 2),
         memory=[t.transpose(0, 1) for t in bank["saved_inputs"]],
     )
     torch.testing.assert_close(h_bf, h.transpose(0, 1))
@@ -316,7 +318,9 @@ def test_gradcheck_float64():
 
     def run(x, memory1, *parameters):
         h, c, _ = torch.func.functional_call(
-            model, dict(zip(names, parameters)), (x,),
+            model,
+            dict(zip(names, parameters)),
+            (x,),
             dict(mask_pad=mask, attn_mask=attn_mask, memory=[memory[0], memory1]),
         )
         return h, c

@@ -145,7 +145,7 @@ def test_failed_cuda_build_keeps_cpu_kernels_and_warns_once_with_cause_and_fix(c
     assert len(cuda_warnings) == 1
     message = str(cuda_warnings[0].message)
     assert "torch was built with CUDA 12.8" in message and "nvcc 13.0" in message  # the cause
-    assert 'nvidia-cuda-nvcc-cu12==12.8.*' in message and "sru_lightning[cuda12]" in message  # the fix
+    assert "nvidia-cuda-nvcc-cu12==12.8.*" in message and "sru_lightning[cuda12]" in message  # the fix
     assert build.REQUIRE_ENV in message
     # The CPU kernels stay: CPU tensors still run the C++ kernel.
     assert build.extension_available()
@@ -175,7 +175,10 @@ def test_cuda_torch_without_gpu_or_archs_says_what_to_pass(cuda_torch_with_misma
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     assert build_command.main([]) == 0
-    assert 'CUDA : NOT built: sru_lightning: no GPU is visible and no CUDA architectures were given' in capsys.readouterr().out
+    assert (
+        "CUDA : NOT built: sru_lightning: no GPU is visible and no CUDA architectures were given"
+        in capsys.readouterr().out
+    )
 
 
 def test_cuda_compiler_failure_keeps_the_tail_and_names_the_host_compiler_fix():

@@ -8,10 +8,9 @@ import sys
 import textwrap
 
 import pytest
-
+from helpers import preloaded
 
 from sru_lightning._resources import csrc_dir
-from helpers import preloaded
 
 PROBE_SOURCE = """
 #include <torch/library.h>
@@ -30,7 +29,8 @@ PROBE_RUN = textwrap.dedent("""
     if sys.argv[2] == "global":
         build.load_extension()
     else:  # the CPU library loaded the default (local) way
-        torch.ops.load_library(build.build_cache.library_file(build.cpu_build_spec().directory(), build.cpu_build_spec().name))
+        spec = build.cpu_build_spec()
+        torch.ops.load_library(build.build_cache.library_file(spec.directory(), spec.name))
     cpp_extension.load(name="sru_lightning_link_probe", sources=[sys.argv[1] + "/probe.cpp"],
                        extra_include_paths=[{csrc!r}], build_directory=sys.argv[1], is_python_module=False)
     print(tuple(torch.ops.sru_lightning_link_probe.probe(torch.ones(3, 4)).shape))
@@ -44,8 +44,9 @@ def test_a_second_library_uses_the_cpu_librarys_plumbing(tmp_path):
     script = PROBE_RUN.format(csrc=str(csrc_dir()))
 
     def run(mode):
-        return preloaded.run([sys.executable, "-c", script, str(tmp_path), mode],
-                              capture_output=True, text=True, timeout=1200)
+        return preloaded.run(
+            [sys.executable, "-c", script, str(tmp_path), mode], capture_output=True, text=True, timeout=1200
+        )
 
     loaded = run("global")
     assert loaded.returncode == 0 and loaded.stdout.strip().endswith("(3, 4)"), loaded.stderr[-3000:]

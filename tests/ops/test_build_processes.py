@@ -21,7 +21,6 @@ from pathlib import Path
 import pytest
 from helpers import preloaded
 
-
 REPO = Path(__file__).resolve().parents[2]
 COMPILING = "compiling the CPU recurrence kernels"
 # A generous bound for one CPU build on a loaded two-core machine; a hang fails, slowness not.
@@ -41,21 +40,38 @@ def environment(tree: Path, cache: Path) -> dict:
     if not unoptimised.exists():
         unoptimised.write_text(f'#!/bin/sh\nexec {shlex.quote(os.environ.get("CXX", "c++"))} "$@" -O0\n')
         unoptimised.chmod(0o755)
-    return {**os.environ, "PYTHONPATH": str(tree), "TORCH_EXTENSIONS_DIR": str(cache), "OMP_NUM_THREADS": "1",
-            "CXX": str(unoptimised)}
+    return {
+        **os.environ,
+        "PYTHONPATH": str(tree),
+        "TORCH_EXTENSIONS_DIR": str(cache),
+        "OMP_NUM_THREADS": "1",
+        "CXX": str(unoptimised),
+    }
 
 
 def start_build(tree: Path, cache: Path, **options) -> subprocess.Popen:
     return preloaded.Popen(
-        [sys.executable, "-m", "sru_lightning", "build"], cwd=tree, env=environment(tree, cache),
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **options,
+        [sys.executable, "-m", "sru_lightning", "build"],
+        cwd=tree,
+        env=environment(tree, cache),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **options,
     )
 
 
 def build_folder(tree: Path, cache: Path) -> str:
     code = "from sru_lightning.ops import build; print(build.cpu_build_spec().directory())"
-    result = preloaded.run([sys.executable, "-c", code], cwd=tree, env=environment(tree, cache),
-                            capture_output=True, text=True, timeout=300, check=True)
+    result = preloaded.run(
+        [sys.executable, "-c", code],
+        cwd=tree,
+        env=environment(tree, cache),
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
     return result.stdout.strip()
 
 

@@ -7,15 +7,14 @@ import os
 import sys
 
 import pytest
-
 import torch
+from helpers import preloaded
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from sru_lightning import ops
 from sru_lightning.ops import op
 from sru_lightning.ops.testing import make_case, relative_error, run_with_grads
-from helpers import preloaded
 
 VARIANTS = {
     "uni-k3-skip": dict(),
@@ -29,8 +28,9 @@ VARIANTS = {
 }
 
 
-def cpp_forward(U, x, weight_c, bias, c0, *, scale_x=None, mask_c=None, mask_pad=None,
-                bidirectional=False, has_skip_term=True):
+def cpp_forward(
+    U, x, weight_c, bias, c0, *, scale_x=None, mask_c=None, mask_pad=None, bidirectional=False, has_skip_term=True
+):
     return op.sru_forward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term)
 
 
@@ -107,13 +107,17 @@ def test_low_precision_storage_against_float64(storage, variant):
     tensors64, kwargs64 = make_case(length=16, batch=4, hidden=24, **VARIANTS[variant])
     # The reference sees exactly the values the kernel sees: the inputs rounded to storage.
     rounded = [None if t is None else t.to(storage).to(torch.float64) for t in tensors64]
-    kwargs_storage = {k: (v.to(storage) if torch.is_tensor(v) and v.is_floating_point() else v)
-                      for k, v in kwargs64.items()}
-    kwargs_rounded = {k: (v.to(torch.float64) if torch.is_tensor(v) and v.is_floating_point() else v)
-                      for k, v in kwargs_storage.items()}
+    kwargs_storage = {
+        k: (v.to(storage) if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs64.items()
+    }
+    kwargs_rounded = {
+        k: (v.to(torch.float64) if torch.is_tensor(v) and v.is_floating_point() else v)
+        for k, v in kwargs_storage.items()
+    }
     with ops.trace_storage_dtypes() as calls:
-        h, c_last, grads = run_with_grads(cpp_forward, [None if t is None else t.to(storage) for t in tensors64],
-                                          kwargs_storage)
+        h, c_last, grads = run_with_grads(
+            cpp_forward, [None if t is None else t.to(storage) for t in tensors64], kwargs_storage
+        )
     assert {call.storage_dtype for call in calls} == {storage}
     assert {call.accumulation_dtype for call in calls} == {torch.float32}
     h_ref, c_ref, grads_ref = run_with_grads(ops.sru_recurrence_reference, rounded, kwargs_rounded)
@@ -133,9 +137,11 @@ def test_inference_does_not_store_states_and_matches_training_forward():
     (U, x, weight_c, bias, c0), kwargs = make_case(dtype=torch.float32, bidirectional=True, with_mask_pad=True)
     scale = kwargs["scale_x"]
     h_all, c_all_last, c_all = torch.ops.sru_lightning.recurrence_forward(
-        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], True, True, True)
+        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], True, True, True
+    )
     h_inf, c_inf_last, no_states = torch.ops.sru_lightning.recurrence_forward(
-        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], True, True, False)
+        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], True, True, False
+    )
     assert c_all.shape == h_all.shape and no_states.numel() == 0
     assert torch.equal(h_all, h_inf) and torch.equal(c_all_last, c_inf_last)
     with ops.trace_storage_dtypes() as calls:
@@ -149,15 +155,16 @@ def test_backward_without_stored_states_is_a_clear_error():
     (U, x, weight_c, bias, c0), kwargs = make_case(dtype=torch.float32)
     with pytest.raises(ValueError, match="c_all"):
         torch.ops.sru_lightning.recurrence_backward(
-            torch.ones(5, 3, 4), None, U, x, weight_c, bias, c0, None, 1.0, None, None,
-            torch.empty(0), False, True)
+            torch.ones(5, 3, 4), None, U, x, weight_c, bias, c0, None, 1.0, None, None, torch.empty(0), False, True
+        )
 
 
 def test_cpp_op_rejects_mixed_dtypes_with_the_argument_name():
     (U, x, weight_c, bias, c0), _ = make_case(dtype=torch.float32)
     with pytest.raises(TypeError, match="`x` must have U's dtype"):
         torch.ops.sru_lightning.recurrence_forward(
-            U, x.double(), weight_c, bias, c0, None, 1.0, None, None, False, True, True)
+            U, x.double(), weight_c, bias, c0, None, 1.0, None, None, False, True, True
+        )
 
 
 @pytest.mark.parametrize("length,batch", [(0, 3), (4, 0)])
@@ -231,11 +238,21 @@ def test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named()
         "del h, c\n"
         "print('freed', op.release_cached_buffers())\n"
     )
-    off = preloaded.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "0"})
+    off = preloaded.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "0"},
+    )
     assert off.returncode == 0, off.stderr[-2000:]
     assert off.stdout.split()[-1] == "0"  # nothing was kept
-    bad = preloaded.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "lots"})
+    bad = preloaded.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB": "lots"},
+    )
     assert bad.returncode != 0
     assert "SRU_LIGHTNING_CPU_BUFFER_CACHE_MB must be a whole number of MiB >= 0, got 'lots'" in bad.stderr

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils import cpp_extension
 
-from sru_lightning._resources import csrc_dir
 from sru_lightning import ops
+from sru_lightning._resources import csrc_dir
 from sru_lightning.ops.testing import make_case, run_with_grads
 
 NVCC = shutil.which("nvcc")
@@ -37,8 +37,15 @@ def test_nvcc_compiles_the_kernels(arch, tmp_path):
         includes += ["-isystem", str(path)]
     compute = arch.replace("sm_", "compute_")
     command = [
-        NVCC, "-c", str(csrc_dir() / "sru_cuda_kernels.cu"), "-o", str(tmp_path / "kernels.o"),
-        "-std=c++17", "-O1", f"-gencode=arch={compute},code={arch}", *includes,
+        NVCC,
+        "-c",
+        str(csrc_dir() / "sru_cuda_kernels.cu"),
+        "-o",
+        str(tmp_path / "kernels.o"),
+        "-std=c++17",
+        "-O1",
+        f"-gencode=arch={compute},code={arch}",
+        *includes,
     ]
     result = subprocess.run(command, capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-4000:]

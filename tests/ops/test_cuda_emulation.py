@@ -51,8 +51,20 @@ def test_the_variants_fill_whole_blocks_and_end_in_partial_ones():
 def test_the_emulated_ops_have_their_own_namespace_and_the_cpu_kernels_come_back(emulated_ops):
     ops = emulated_ops
     tensors = kernel_parity.make_inputs(kernel_parity.Variant("basic"), torch.float32)
-    args = (tensors["U"], tensors["x"], tensors["weight_c"], tensors["bias"], tensors["c0"], None, 1.0, None, None,
-            False, True, False)
+    args = (
+        tensors["U"],
+        tensors["x"],
+        tensors["weight_c"],
+        tensors["bias"],
+        tensors["c0"],
+        None,
+        1.0,
+        None,
+        None,
+        False,
+        True,
+        False,
+    )
     emulated = ops.recurrence_forward(*args)
     cpu = torch.ops.sru_lightning.recurrence_forward(*args)
     with cuda_emulation.emulated_cuda_kernels():
@@ -119,13 +131,17 @@ SMALL_VARIANTS = [v.name for v in kernel_parity.VARIANTS if v.name != "large"]
 
 INJECTED_BUGS = {
     # forward: the reset gate reads the forget gate's weight
-    1: ("forward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, now.wr,",
-        "forward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, sru_injected_bug() == 1 ? now.wf : now.wr,"),
+    1: (
+        "forward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, now.wr,",
+        "forward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, sru_injected_bug() == 1 ? now.wf : now.wr,",
+    ),
     # backward: the reset bias collects the forget gate's gradient
     2: ("sum_br += g.u2;", "sum_br += sru_injected_bug() == 2 ? g.u1 : g.u2;"),
     # indexing: the last column reads one column past the end of U
-    3: ("const T* u = U + s.offset * dims.k;",
-        "const T* u = U + (s.offset + (sru_injected_bug() == 3 ? 1 : 0)) * dims.k;"),
+    3: (
+        "const T* u = U + s.offset * dims.k;",
+        "const T* u = U + (s.offset + (sru_injected_bug() == 3 ? 1 : 0)) * dims.k;",
+    ),
 }
 BUG_SWITCH = """#include <cstdlib>
 static int sru_injected_bug() {
@@ -138,7 +154,11 @@ static int sru_injected_bug() {
 def run_emulation(arguments, environment, timeout=900):
     return subprocess.run(
         [sys.executable, "-m", "sru_lightning.diagnostics.cuda_emulation", *arguments],
-        cwd=REPO, env=environment, capture_output=True, text=True, timeout=timeout,
+        cwd=REPO,
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
     )
 
 
@@ -163,8 +183,17 @@ def test_bugs_injected_into_the_cuda_source_fail_the_tier(tmp_path):
         text = text.replace(original, injected)
     kernels.write_text(text.replace("namespace sru_lightning {", BUG_SWITCH + "namespace sru_lightning {", 1))
 
-    arguments = ["--kernels-dir", str(kernels_dir), "--dtypes", "fp32", "bf16",
-                 "--variants", "basic", "k4 (skip from U)", "mask_pad"]
+    arguments = [
+        "--kernels-dir",
+        str(kernels_dir),
+        "--dtypes",
+        "fp32",
+        "bf16",
+        "--variants",
+        "basic",
+        "k4 (skip from U)",
+        "mask_pad",
+    ]
     # Wrong math needs only the comparison; reading out of bounds needs AddressSanitizer.
     plain, sanitized = dict(os.environ), cuda_emulation.sanitizer_environment()
     outcomes = {bug: run_emulation(arguments, {**plain, "SRU_INJECTED_BUG": str(bug)}) for bug in (0, 1, 2)}

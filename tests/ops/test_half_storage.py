@@ -22,7 +22,6 @@ import sys
 import pytest
 from helpers import preloaded
 
-
 CHECK = r"""
 import torch
 from sru_lightning import ops

@@ -8,8 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
-from sru_lightning.ops import op  # noqa: F401  (registers the fake kernels and autograd)
+from sru_lightning.ops import (
+    functional,
+    op,  # noqa: F401  (registers the fake kernels and autograd)
+    sru_recurrence_reference,
+    trace_storage_dtypes,
+)
 from sru_lightning.ops.testing import make_case
 
 LAYOUTS = ("contiguous", "transposed", "expanded")
@@ -33,16 +37,36 @@ def laid_out(tensor, layout, lead_dims):
 
 def forward_arguments(layout, *, k=3, bidirectional=False, per_step_weight_c=False, dtype=torch.float64):
     (U, x, weight_c, bias, c0), kwargs = make_case(
-        length=4, batch=3, hidden=5, k=k, bidirectional=bidirectional, per_step_weight_c=per_step_weight_c,
-        with_mask_c=True, with_mask_pad=True, dtype=dtype)
+        length=4,
+        batch=3,
+        hidden=5,
+        k=k,
+        bidirectional=bidirectional,
+        per_step_weight_c=per_step_weight_c,
+        with_mask_c=True,
+        with_mask_pad=True,
+        dtype=dtype,
+    )
     U, x = laid_out(U, layout, 2), laid_out(x, layout, 2)
     weight_c = laid_out(weight_c, layout, 2) if per_step_weight_c else weight_c
     c0, mask_c = laid_out(c0, layout, 1), laid_out(kwargs["mask_c"], layout, 1)
     mask_pad = laid_out(kwargs["mask_pad"], layout, 2)
     differentiable = [t.detach().requires_grad_() for t in (U, x, weight_c, bias, c0)]
     U, x, weight_c, bias, c0 = differentiable
-    return (U, x if k == 3 else None, weight_c, bias, c0, kwargs["scale_x"], 1.0, mask_c, mask_pad,
-            bidirectional, True, True)
+    return (
+        U,
+        x if k == 3 else None,
+        weight_c,
+        bias,
+        c0,
+        kwargs["scale_x"],
+        1.0,
+        mask_c,
+        mask_pad,
+        bidirectional,
+        True,
+        True,
+    )
 
 
 VARIANTS = [dict(), dict(k=4, bidirectional=True), dict(per_step_weight_c=True)]
@@ -64,22 +88,43 @@ def test_opcheck_recurrence_backward(layout, variant):
     (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, bidirectional, skip, _) = forward
     grad_h = laid_out(torch.randn_like(h), layout, 2)
     grad_c_last = laid_out(torch.randn_like(c_last), layout, 1)
-    arguments = (grad_h, grad_c_last, U.detach(), None if x is None else x.detach(), weight_c.detach(),
-                 bias.detach(), c0.detach(), scale_x, scale_value, mask_c, mask_pad, c_all, bidirectional, skip)
+    arguments = (
+        grad_h,
+        grad_c_last,
+        U.detach(),
+        None if x is None else x.detach(),
+        weight_c.detach(),
+        bias.detach(),
+        c0.detach(),
+        scale_x,
+        scale_value,
+        mask_c,
+        mask_pad,
+        c_all,
+        bidirectional,
+        skip,
+    )
     torch.library.opcheck(torch.ops.sru_lightning.recurrence_backward.default, arguments)
 
 
 @pytest.mark.parametrize("name", ["cpu_vector_level", "cpu_vector_levels", "release_cached_buffers"])
 def test_opcheck_of_the_utility_ops(name):
-    torch.library.opcheck(getattr(torch.ops.sru_lightning, name).default, (),
-                          test_utils=("test_schema", "test_autograd_registration"))
+    torch.library.opcheck(
+        getattr(torch.ops.sru_lightning, name).default, (), test_utils=("test_schema", "test_autograd_registration")
+    )
 
 
 def test_every_op_of_the_namespace_is_checked():
-    checked = {"recurrence_forward", "recurrence_backward", "cpu_vector_level", "cpu_vector_levels",
-               "release_cached_buffers"}
-    registered = {name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names()
-                  if name.startswith("sru_lightning::")}
+    checked = {
+        "recurrence_forward",
+        "recurrence_backward",
+        "cpu_vector_level",
+        "cpu_vector_levels",
+        "release_cached_buffers",
+    }
+    registered = {
+        name.split("::", 1)[1] for name in torch._C._dispatch_get_all_op_names() if name.startswith("sru_lightning::")
+    }
     assert registered == checked
 
 
@@ -94,8 +139,10 @@ def test_registered_schema_is_the_one_signature_describes(name):
 
 
 def test_a_schema_that_differs_from_signature_fails_loudly(monkeypatch):
-    changed = dict(signature.SCHEMAS, recurrence_forward=signature.SCHEMAS["recurrence_forward"].replace(
-        "bool store_c", "bool store_c, bool extra"))
+    changed = dict(
+        signature.SCHEMAS,
+        recurrence_forward=signature.SCHEMAS["recurrence_forward"].replace("bool store_c", "bool store_c, bool extra"),
+    )
     monkeypatch.setattr(signature, "SCHEMAS", changed)
     with pytest.raises(RuntimeError, match=r"recurrence_forward differs from sru_lightning/ops/signature.py"):
         signature.check_registered_schemas()
@@ -154,9 +201,11 @@ def second_order(recurrence, tensors, kwargs):
     return first, torch.autograd.grad(penalty, present, allow_unused=True)
 
 
-@pytest.mark.parametrize("variant", [dict(), dict(bidirectional=True, k=4, with_mask_pad=True),
-                                     dict(per_step_weight_c=True, with_mask_c=True)],
-                         ids=["k3", "bidirectional-k4-mask_pad", "per-step-weight_c"])
+@pytest.mark.parametrize(
+    "variant",
+    [dict(), dict(bidirectional=True, k=4, with_mask_pad=True), dict(per_step_weight_c=True, with_mask_c=True)],
+    ids=["k3", "bidirectional-k4-mask_pad", "per-step-weight_c"],
+)
 def test_second_order_gradients_match_the_reference(variant):
     tensors, kwargs = make_case(dtype=torch.float64, **variant)
     if variant.get("k") == 4:
@@ -193,7 +242,20 @@ def test_differentiating_the_backward_op_itself_is_refused_by_name():
     (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, bidirectional, skip, _) = forward
     grad_h = torch.randn_like(h).requires_grad_()
     grads = torch.ops.sru_lightning.recurrence_backward(
-        grad_h, None, U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, c_all.detach(),
-        bidirectional, skip)
+        grad_h,
+        None,
+        U,
+        x,
+        weight_c,
+        bias,
+        c0,
+        scale_x,
+        scale_value,
+        mask_c,
+        mask_pad,
+        c_all.detach(),
+        bidirectional,
+        skip,
+    )
     with pytest.raises(RuntimeError, match="create_graph=True"):
         grads[0].sum().backward()

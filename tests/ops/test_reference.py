@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from sru_lightning.ops import sru_recurrence_reference
-
 from sru_lightning.ops.testing import make_case
 
 
@@ -73,15 +72,29 @@ def test_reference_matches_sru_package_layout(bidirectional, k, has_skip_term, p
         warnings.simplefilter("ignore")
         from sru.ops import elementwise_recurrence_naive
     (U, x, weight_c, bias, c0), kwargs = make_case(
-        bidirectional=bidirectional, k=k, has_skip_term=has_skip_term, per_step_weight_c=per_step,
-        with_mask_c=True, with_mask_pad=True,
+        bidirectional=bidirectional,
+        k=k,
+        has_skip_term=has_skip_term,
+        per_step_weight_c=per_step,
+        with_mask_c=True,
+        with_mask_pad=True,
     )
     hidden = 4
     with torch.enable_grad(), warnings.catch_warnings():
         warnings.simplefilter("ignore")
         h_sru, c_sru = elementwise_recurrence_naive(
-            U, x, weight_c, bias, c0, 0, hidden, bidirectional, has_skip_term,
-            kwargs["scale_x"], kwargs["mask_c"], kwargs["mask_pad"],
+            U,
+            x,
+            weight_c,
+            bias,
+            c0,
+            0,
+            hidden,
+            bidirectional,
+            has_skip_term,
+            kwargs["scale_x"],
+            kwargs["mask_c"],
+            kwargs["mask_pad"],
         )
     h, c_last = sru_recurrence_reference(U, x, weight_c, bias, c0, **kwargs)
     assert torch.allclose(h, h_sru, atol=1e-12)

@@ -10,7 +10,6 @@ import sys
 import pytest
 from helpers import preloaded
 
-
 CHECK = r"""
 import torch
 from sru_lightning import ops
@@ -23,8 +22,9 @@ for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloa
         fn = lambda U, x, w, b, c0, **kw: op.sru_forward(U, x, w, b, c0, kw.get("scale_x"), kw.get("mask_c"),
                                                          kw.get("mask_pad"), kw["bidirectional"], kw["has_skip_term"])
         got = run_with_grads(fn, tensors, kwargs)
+        doubled = {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()}
         ref = run_with_grads(ops.sru_recurrence_reference, [t.double() if t is not None else None for t in tensors],
-                             {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()})
+                             doubled)
         pairs = [(got[0], ref[0]), (got[1], ref[1])] + [(g, r) for g, r in zip(got[2], ref[2]) if r is not None]
         for g, r in pairs:
             error = ((g.double() - r).abs().max() / r.abs().max().clamp_min(1)).item()

@@ -64,7 +64,9 @@ def make_standin_apex():
     def initialize(models, optimizers=None, enabled=True, opt_level="O1"):
         cast_model_type = {"O0": torch.float32, "O1": None}.get(opt_level, torch.float16)
         amp._amp_state.opt_properties = types.SimpleNamespace(
-            enabled=enabled, opt_level=opt_level, cast_model_type=cast_model_type,
+            enabled=enabled,
+            opt_level=opt_level,
+            cast_model_type=cast_model_type,
             patch_torch_functions=opt_level == "O1",
         )
         if enabled and opt_level == "O1":
@@ -95,8 +97,16 @@ def standin_apex(monkeypatch):
 
 
 def cpu_trainer(precision="32-true", **kwargs):
-    return Trainer(accelerator="cpu", devices=1, precision=precision, logger=False, enable_progress_bar=False,
-                   enable_checkpointing=False, enable_model_summary=False, **kwargs)
+    return Trainer(
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+        **kwargs,
+    )
 
 
 def recurrence_inputs(u_dtype=torch.float16, other_dtype=torch.float32, length=5, batch=3, hidden=4):
@@ -169,8 +179,10 @@ def test_policy_picks_half_or_float_registration(standin_apex, policy, dtype):
     done = sru_apex.register_with_apex(policy)
     kind = "float" if dtype == torch.float32 else "half"
     assert done == [("sru_recurrence", kind), ("sru_recurrence_inference", kind)]
-    assert standin_apex.amp.queued == [(functional, "sru_recurrence", dtype),
-                                       (functional, "sru_recurrence_inference", dtype)]
+    assert standin_apex.amp.queued == [
+        (functional, "sru_recurrence", dtype),
+        (functional, "sru_recurrence_inference", dtype),
+    ]
 
 
 def test_bad_policy_is_rejected_before_anything_is_registered(standin_apex):
@@ -212,8 +224,8 @@ def test_changing_the_registration_kind_warns(standin_apex):
 
 
 @pytest.mark.parametrize(
-    "opt_level, weights, u_dtype", [("O1", torch.float32, torch.float16), ("O2", torch.float16, torch.float16),
-                                    ("O0", torch.float32, torch.float32)]
+    "opt_level, weights, u_dtype",
+    [("O1", torch.float32, torch.float16), ("O2", torch.float16, torch.float16), ("O0", torch.float32, torch.float32)],
 )
 def test_user_initialised_apex_resolves_on_a_32_true_trainer(standin_apex, opt_level, weights, u_dtype):
     trainer = cpu_trainer("32-true")
@@ -272,7 +284,9 @@ def test_callback_registers_before_apex_initialize_in_a_fit(standin_apex):
         cpu_trainer(max_steps=2, callbacks=[callback]).fit(model, data)
     assert callback.apex_registrations == [("sru_recurrence", "half"), ("sru_recurrence_inference", "half")]
     assert [(name, dtype) for _, name, dtype in standin_apex.amp.applied] == [
-        ("sru_recurrence", torch.float16), ("sru_recurrence_inference", torch.float16)]
+        ("sru_recurrence", torch.float16),
+        ("sru_recurrence_inference", torch.float16),
+    ]
     assert callback.regime.name == "apex-O1"  # detected at fit start, after configure_optimizers
     assert "apex.amp" in callback.report
     assert {call.storage_dtype for call in calls} == {torch.float16}

@@ -21,8 +21,7 @@ class Tagger(nn.Module):
         return self.head(h)
 
 
-@pytest.mark.parametrize("policy, storage", [("fp32", torch.float32), ("half", torch.float16),
-                                             ("auto", torch.float16)])
+@pytest.mark.parametrize("policy, storage", [("fp32", torch.float32), ("half", torch.float16), ("auto", torch.float16)])
 def test_autocast_fp16_training_steps(policy, storage):
     model = Tagger()
     assert len(set_recurrence_policy(model, policy)) == 2

@@ -17,8 +17,14 @@ pytestmark = pytest.mark.skipif(
 
 def deepspeed_trainer(config, precision="32-true", accelerator="cpu", **kwargs):
     return Trainer(
-        accelerator=accelerator, devices=1, strategy=DeepSpeedStrategy(config=config), precision=precision,
-        logger=False, enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        accelerator=accelerator,
+        devices=1,
+        strategy=DeepSpeedStrategy(config=config),
+        precision=precision,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
         **kwargs,
     )
 
@@ -31,8 +37,12 @@ def deepspeed_trainer(config, precision="32-true", accelerator="cpu", **kwargs):
         ({"bfloat16": {"enabled": True}}, "deepspeed-bf16", torch.bfloat16, torch.bfloat16),
         ({"amp": {"enabled": True, "opt_level": "O1"}}, "deepspeed-apex-O1", torch.float32, torch.float16),
         ({"amp": {"enabled": True, "opt_level": "O2"}}, "deepspeed-apex-O2", torch.float16, torch.float16),
-        ({"torch_autocast": {"enabled": True, "dtype": "bfloat16"}}, "deepspeed-torch_autocast",
-         torch.float32, torch.bfloat16),
+        (
+            {"torch_autocast": {"enabled": True, "dtype": "bfloat16"}},
+            "deepspeed-torch_autocast",
+            torch.float32,
+            torch.bfloat16,
+        ),
         ({"fp16": {"enabled": False}}, "deepspeed-fp32", torch.float32, torch.float32),
         ({}, "deepspeed-fp32", torch.float32, torch.float32),
     ],
@@ -55,8 +65,13 @@ def test_amp_section_registers_as_apex_and_warns_when_deepspeed_dropped_it():
 
 
 @pytest.mark.parametrize(
-    "precision, name", [("16-mixed", "deepspeed-fp16"), ("16-true", "deepspeed-fp16"),
-                        ("bf16-mixed", "deepspeed-bf16"), ("bf16-true", "deepspeed-bf16")]
+    "precision, name",
+    [
+        ("16-mixed", "deepspeed-fp16"),
+        ("16-true", "deepspeed-fp16"),
+        ("bf16-mixed", "deepspeed-bf16"),
+        ("bf16-true", "deepspeed-bf16"),
+    ],
 )
 def test_precision_flag_counts_as_the_section_lightning_adds_at_setup(precision, name):
     regime = detect_regime(deepspeed_trainer({}, precision=precision))
@@ -109,8 +124,12 @@ def test_deepspeed_fit_runs_the_recurrence_in_the_config_dtype(section, dtype):
     tokens = torch.randint(0, 32, (16, 8))
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(tokens, (tokens + 1) % 32), batch_size=8)
     model, callback = TinyLM(), SRUPrecisionCallback()
-    trainer = deepspeed_trainer({section: {"enabled": True}, "train_micro_batch_size_per_gpu": 8},
-                                accelerator="cuda", max_steps=20, callbacks=[callback])
+    trainer = deepspeed_trainer(
+        {section: {"enabled": True}, "train_micro_batch_size_per_gpu": 8},
+        accelerator="cuda",
+        max_steps=20,
+        callbacks=[callback],
+    )
     with trace_storage_dtypes() as calls:
         trainer.fit(model, data)
     assert callback.regime.name == f"deepspeed-{section}"

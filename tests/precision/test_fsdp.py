@@ -28,15 +28,20 @@ def test_mixed_precision_param_dtype_sets_weights_and_storage(param_dtype):
 
 
 def test_mixed_precision_without_param_dtype_keeps_the_plugins_dtype():
-    strategy = FSDPStrategy(mixed_precision=MixedPrecision(reduce_dtype=torch.float16),
-                            precision_plugin=FSDPPrecision("bf16-true"))
+    strategy = FSDPStrategy(
+        mixed_precision=MixedPrecision(reduce_dtype=torch.float16), precision_plugin=FSDPPrecision("bf16-true")
+    )
     assert detect_regime(strategy).param_dtype == torch.bfloat16
 
 
 @pytest.mark.parametrize(
     "precision, weights, autocast",
-    [("bf16-mixed", torch.bfloat16, torch.bfloat16), ("16-mixed", torch.float16, torch.float16),
-     ("bf16-true", torch.bfloat16, None), ("32-true", torch.float32, None)],
+    [
+        ("bf16-mixed", torch.bfloat16, torch.bfloat16),
+        ("16-mixed", torch.float16, torch.float16),
+        ("bf16-true", torch.bfloat16, None),
+        ("32-true", torch.float32, None),
+    ],
 )
 def test_fsdp_precision_plugin_alone(precision, weights, autocast):
     regime = detect_regime(FSDPStrategy(precision_plugin=FSDPPrecision(precision)))

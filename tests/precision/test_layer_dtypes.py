@@ -41,6 +41,7 @@ def test_public_names_are_kept():
 
     assert detect_regime is precision.detect_regime and callable(register_with_apex)
     assert set(precision.__all__) == {"Regime", "detect_regime", "regime_from_dtypes", "dtype_name"}
-    regime = precision.regime_from_dtypes("bf16-mixed", param_dtype=torch.float32, autocast_dtype=torch.bfloat16,
-                                          device_type="cpu", source="test")
+    regime = precision.regime_from_dtypes(
+        "bf16-mixed", param_dtype=torch.float32, autocast_dtype=torch.bfloat16, device_type="cpu", source="test"
+    )
     assert isinstance(regime, precision.Regime) and regime.storage_dtype("auto") == torch.bfloat16

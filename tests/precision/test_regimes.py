@@ -21,8 +21,13 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 
 def cpu_trainer(precision):
     return Trainer(
-        accelerator="cpu", devices=1, precision=precision, logger=False,
-        enable_progress_bar=False, enable_checkpointing=False, enable_model_summary=False,
+        accelerator="cpu",
+        devices=1,
+        precision=precision,
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
     )
 
 
@@ -42,7 +47,10 @@ def test_trainer_precision_flags_map_to_the_design_table(flag):
     regime = detect_regime(cpu_trainer(flag))
     assert isinstance(regime, Regime)
     assert (regime.name, regime.param_dtype, regime.autocast_dtype, regime.u_dtype) == (
-        name, weights, autocast, u_dtype,
+        name,
+        weights,
+        autocast,
+        u_dtype,
     )
     assert regime.device_type == "cpu"
     assert regime.storage_dtypes == {"auto": auto, "fp32": fp32, "half": half}
@@ -85,7 +93,10 @@ def test_transformer_engine_regime_uses_weights_and_fallback_compute_dtype():
     plugin.fallback_compute_dtype = BF16
     regime = detect_regime(plugin)
     assert (regime.name, regime.device_type, regime.param_dtype, regime.u_dtype) == (
-        "transformer-engine", "cuda", BF16, BF16,
+        "transformer-engine",
+        "cuda",
+        BF16,
+        BF16,
     )
     assert regime.storage_dtype("auto") == BF16
 

@@ -20,8 +20,9 @@ def small_disk(folder: Path, size: str):
     folder.mkdir(parents=True, exist_ok=True)
     if os.geteuid() != 0:
         pytest.skip("mounting a small tmpfs to fill a disk needs root")
-    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)],
-                             capture_output=True, text=True)
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(folder)], capture_output=True, text=True
+    )
     if mounted.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
     try:
@@ -47,14 +48,23 @@ def test_a_full_disk_leaves_no_file_and_names_the_one_it_could_not_write(tmp_pat
 
 @pytest.mark.slow
 def test_a_fit_on_a_full_disk_fails_in_one_line_and_leaves_only_whole_checkpoints(tmp_path, monkeypatch, capsys):
-    from sru_lightning.app import cli
     from helpers.tiny_run import TINY_RUN
+
+    from sru_lightning.app import cli
 
     monkeypatch.chdir(tmp_path)
     with small_disk(tmp_path / "disk", "200k") as disk:
         run = disk / "run"
-        status = cli.main(["fit", *TINY_RUN, "model.hidden_size=64", "logger=none", "+trainer.enable_progress_bar=false",
-                           f"hydra.run.dir={run}"])
+        status = cli.main(
+            [
+                "fit",
+                *TINY_RUN,
+                "model.hidden_size=64",
+                "logger=none",
+                "+trainer.enable_progress_bar=false",
+                f"hydra.run.dir={run}",
+            ]
+        )
         err = capsys.readouterr().err
         assert status == 1
         assert "cannot write the checkpoint" in err and "No space left on device" in err and "Traceback" not in err

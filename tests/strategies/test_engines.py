@@ -33,10 +33,21 @@ FP32_TOLERANCE = 1e-5
 BF16_TOLERANCE = 2e-3
 
 TINY_DISTRIBUTED_FIT = [
-    "data.seq_len=16", "data.batch_size=4", "model.embedding_dim=16", "model.hidden_size=32",
-    "model.num_layers=2", "model.dropout=0", "model.lr_scheduler=null", "model.optimizer.lr=0.01",
-    f"trainer.max_steps={MAX_STEPS}", "trainer.limit_val_batches=1",
-    "trainer.accelerator=cpu", "trainer.devices=2", "logger=none", "~callbacks.rich_progress_bar", "seed=11",
+    "data.seq_len=16",
+    "data.batch_size=4",
+    "model.embedding_dim=16",
+    "model.hidden_size=32",
+    "model.num_layers=2",
+    "model.dropout=0",
+    "model.lr_scheduler=null",
+    "model.optimizer.lr=0.01",
+    f"trainer.max_steps={MAX_STEPS}",
+    "trainer.limit_val_batches=1",
+    "trainer.accelerator=cpu",
+    "trainer.devices=2",
+    "logger=none",
+    "~callbacks.rich_progress_bar",
+    "seed=11",
 ]
 
 ENGINES = ["deepspeed_stage_2", "deepspeed_stage_3", "fsdp", "fsdp2"]
@@ -51,21 +62,38 @@ def _environment() -> dict[str, str]:
 
 
 def run_fit(run_dir: Path, *overrides: str, timeout: int = 400) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "sru_lightning", "fit", f"hydra.run.dir={run_dir}",
-               *TINY_DISTRIBUTED_FIT, *overrides]
-    return preloaded.run(command, cwd=run_dir.parent, env=_environment(), capture_output=True, text=True,
-                         timeout=timeout, preload_children=True)
+    command = [
+        sys.executable,
+        "-m",
+        "sru_lightning",
+        "fit",
+        f"hydra.run.dir={run_dir}",
+        *TINY_DISTRIBUTED_FIT,
+        *overrides,
+    ]
+    return preloaded.run(
+        command,
+        cwd=run_dir.parent,
+        env=_environment(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        preload_children=True,
+    )
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def probed_fit(trainer: str, precision: str, root: str) -> tuple[dict, dict]:
     """Both ranks' probe records of one fit (cached: several tests read the same fit)."""
     run_dir = Path(root) / f"{trainer}-{precision}"
     run_dir.parent.mkdir(parents=True, exist_ok=True)
     probe = run_dir.parent / f"{run_dir.name}-probe"
     completed = run_fit(
-        run_dir, f"trainer={trainer}", f"trainer.precision={precision}",
-        "+callbacks.probe._target_=engine_probe.EngineProbe", f"+callbacks.probe.out={probe}",
+        run_dir,
+        f"trainer={trainer}",
+        f"trainer.precision={precision}",
+        "+callbacks.probe._target_=engine_probe.EngineProbe",
+        f"+callbacks.probe.out={probe}",
     )
     assert completed.returncode == 0, completed.stdout[-3000:] + completed.stderr[-3000:]
     ranks = tuple(json.loads((probe / f"rank{rank}.json").read_text()) for rank in (0, 1))
@@ -104,7 +132,6 @@ class EngineChecks:
         # the two ranks saw different data: the comparison is of two real shards of the batch
         assert ranks[0]["losses"] != ranks[1]["losses"]
 
-
     @pytest.mark.slow
     def test_bf16_trains_close_to_float32(self, fits_root):
         engine = self.engine
@@ -117,7 +144,6 @@ class EngineChecks:
             assert record["traced"] and all(entry.endswith(":bfloat16") for entry in record["traced"]), record["traced"]
             assert record["reported_storage"] == "bfloat16" and record["reported_device"] == "cpu"
 
-
     @pytest.mark.slow
     def test_checkpoint_resumes_to_the_uninterrupted_losses(self, fits_root, tmp_path):
         """Stop after 3 of 6 steps, resume from the run directory under the same engine: the
@@ -129,8 +155,12 @@ class EngineChecks:
         first = tmp_path / "parts" / "run"
         first.parent.mkdir()
         probe = tmp_path / "parts" / "probe"
-        common = [f"trainer={engine}", "trainer.precision=32-true", "+callbacks.probe._target_=engine_probe.EngineProbe",
-                  f"+callbacks.probe.out={probe}"]
+        common = [
+            f"trainer={engine}",
+            "trainer.precision=32-true",
+            "+callbacks.probe._target_=engine_probe.EngineProbe",
+            f"+callbacks.probe.out={probe}",
+        ]
         completed = run_fit(first, *common, "trainer.max_steps=3")
         assert completed.returncode == 0, completed.stderr[-3000:]
         completed = run_fit(first, *common, f"ckpt_path={first}")
@@ -183,8 +213,9 @@ def test_every_engine_config_has_its_checks():
 
 
 def test_a_deepspeed_folder_is_refused_where_it_cannot_be_read(tmp_path):
-    from sru_lightning.app.runs.checkpoints import CheckpointError, check_engine_reads
     from omegaconf import OmegaConf
+
+    from sru_lightning.app.runs.checkpoints import CheckpointError, check_engine_reads
 
     folder = tmp_path / "last.ckpt" / "checkpoint"
     folder.mkdir(parents=True)
@@ -259,27 +290,39 @@ def _fake_deepspeed_folder(root, stage: int, processes: int):
     folder = root / "last.ckpt" / "checkpoint"
     folder.mkdir(parents=True)
     name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
-    torch.save({"global_step": 4, "dp_world_size": processes,
-                "ds_config": {"zero_optimization": {"stage": stage}}}, folder / name)
+    torch.save(
+        {"global_step": 4, "dp_world_size": processes, "ds_config": {"zero_optimization": {"stage": stage}}},
+        folder / name,
+    )
     for rank in range(processes):
         (folder / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").write_bytes(b"")
     return folder.parent
 
 
-@pytest.mark.parametrize(("stage", "processes", "trainer", "expected"), [
-    (3, 2, {"stage": 2, "devices": 2}, "was written by DeepSpeed ZeRO-3, and this fit runs ZeRO-2"),
-    (2, 2, {"stage": 3, "devices": 2}, "ZeRO-2, and this fit runs ZeRO-3"),
-    (2, 2, {"stage": 2, "devices": 3}, "holds the shards of 2 DeepSpeed processes, and this fit runs 3"),
-    (2, 2, {"stage": 2, "devices": 2}, None),
-])
+@pytest.mark.parametrize(
+    ("stage", "processes", "trainer", "expected"),
+    [
+        (3, 2, {"stage": 2, "devices": 2}, "was written by DeepSpeed ZeRO-3, and this fit runs ZeRO-2"),
+        (2, 2, {"stage": 3, "devices": 2}, "ZeRO-2, and this fit runs ZeRO-3"),
+        (2, 2, {"stage": 2, "devices": 3}, "holds the shards of 2 DeepSpeed processes, and this fit runs 3"),
+        (2, 2, {"stage": 2, "devices": 2}, None),
+    ],
+)
 def test_a_deepspeed_folder_resumes_only_under_its_own_layout(tmp_path, stage, processes, trainer, expected):
     from omegaconf import OmegaConf
 
     from sru_lightning.app.runs.checkpoints import CheckpointError, check_engine_reads
 
     folder = _fake_deepspeed_folder(tmp_path, stage, processes)
-    cfg = OmegaConf.create({"trainer": {"devices": trainer["devices"], "num_nodes": 1, "strategy": {
-        "_target_": "sru_lightning.strategies.DeepSpeedStrategy", "stage": trainer["stage"]}}})
+    cfg = OmegaConf.create(
+        {
+            "trainer": {
+                "devices": trainer["devices"],
+                "num_nodes": 1,
+                "strategy": {"_target_": "sru_lightning.strategies.DeepSpeedStrategy", "stage": trainer["stage"]},
+            }
+        }
+    )
     if expected is None:
         check_engine_reads(cfg, "fit", folder)
         return

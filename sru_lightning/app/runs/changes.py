@@ -49,16 +49,24 @@ class Rule:
 
 
 # Settings whose change moves the end of the learning-rate schedule.
-SCHEDULE_LENGTH_KEYS = ("trainer.max_steps", "trainer.max_epochs", "trainer.limit_train_batches",
-                        "trainer.accumulate_grad_batches")
+SCHEDULE_LENGTH_KEYS = (
+    "trainer.max_steps",
+    "trainer.max_epochs",
+    "trainer.limit_train_batches",
+    "trainer.accumulate_grad_batches",
+)
 # Optimizer settings that are a number in each parameter group.
 OPTIMIZER_GROUP_KEYS = ("lr", "weight_decay")
 
 RULES: tuple[Rule, ...] = (
     Rule("model.optimizer.lr", APPLY, UNUSED),
     Rule("model.optimizer.weight_decay", APPLY, UNUSED),
-    Rule("model.optimizer*", REFUSE, UNUSED, "the checkpoint's optimizer state belongs to the optimizer it trained with"),
-    Rule("model.lr_scheduler*", REFUSE, UNUSED, "the checkpoint's schedule state belongs to the schedule it trained with"),
+    Rule(
+        "model.optimizer*", REFUSE, UNUSED, "the checkpoint's optimizer state belongs to the optimizer it trained with"
+    ),
+    Rule(
+        "model.lr_scheduler*", REFUSE, UNUSED, "the checkpoint's schedule state belongs to the schedule it trained with"
+    ),
     Rule("model.dropout", APPLY, UNUSED),
     Rule("model.rnn_dropout", APPLY, UNUSED),
     Rule("model.sru_options.attn_dropout", APPLY, UNUSED),
@@ -170,7 +178,9 @@ def merged_config(saved, cfg, overrides: list[str]):
     for key in PER_ATTEMPT:
         with open_dict(merged):
             if key in cfg:
-                merged[key] = OmegaConf.to_container(cfg[key], resolve=False) if OmegaConf.is_config(cfg[key]) else cfg[key]
+                merged[key] = (
+                    OmegaConf.to_container(cfg[key], resolve=False) if OmegaConf.is_config(cfg[key]) else cfg[key]
+                )
             elif key in merged:
                 del merged[key]
     for key in sorted(touched):
@@ -235,8 +245,11 @@ def judge(saved, merged, command: str, checkpoint: str, checkpoint_step: int) ->
             raise UsageError(
                 f"`{key}` cannot change when a run is {verb}: {checkpoint!r} was trained with {key}="
                 f"{_shown(before)}, this {command} asks for {key}={_shown(after)} ({rule.why}); leave it out, or "
-                + ("start a new run: another hydra.run.dir, without ckpt_path" if not evaluating
-                   else "evaluate a run trained with it")
+                + (
+                    "start a new run: another hydra.run.dir, without ckpt_path"
+                    if not evaluating
+                    else "evaluate a run trained with it"
+                )
             )
         changes.append(change)
     if not evaluating:
@@ -297,8 +310,10 @@ class ApplyResumeChanges(Callback):
                 scheduler.total_steps = max(1, int(estimate)) if math.isfinite(estimate) else None
         for optimizer in trainer.optimizers:
             schedulers = [c.scheduler for c in trainer.lr_scheduler_configs if c.scheduler.optimizer is optimizer]
-            peaks = [self.optimizer_settings.get("lr", group.get("initial_lr", group["lr"]))
-                     for group in optimizer.param_groups]
+            peaks = [
+                self.optimizer_settings.get("lr", group.get("initial_lr", group["lr"]))
+                for group in optimizer.param_groups
+            ]
             for group, peak in zip(optimizer.param_groups, peaks):
                 for name, value in self.optimizer_settings.items():
                     group[name] = value

@@ -48,12 +48,13 @@ def deepspeed_folder_elsewhere(path: str | Path, command: str) -> CheckpointErro
     """The error for a DeepSpeed folder given where only one-file checkpoints work."""
     resume = (
         "resume it with the DeepSpeed trainer that wrote it (trainer=deepspeed_stage_2 or _3), "
-        if command == "fit" else ""
+        if command == "fit"
+        else ""
     )
     return CheckpointError(
         f"{str(path)!r} is a DeepSpeed checkpoint folder (one shard file per rank), which `{command}` cannot "
         f"read as it is: {resume}consolidate it into one file and pass that: python -c "
-        "\"from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; "
+        '"from lightning.pytorch.utilities.deepspeed import convert_zero_checkpoint_to_fp32_state_dict as c; '
         f"c('{path}', 'consolidated.ckpt')\" (DeepSpeed reads its shards with weights_only=False: only for "
         "folders you trust)"
     )
@@ -160,6 +161,7 @@ def _check_deepspeed_layout(cfg, folder: Path) -> None:
                 "another engine"
             )
 
+
 def check_fits_model(checkpoint: str | Path, model) -> None:
     """Raise CheckpointError unless `checkpoint` can be loaded into `model` (a fit continuing it):
     same parameters, same shapes. Names the model settings that differ when it can."""
@@ -168,8 +170,11 @@ def check_fits_model(checkpoint: str | Path, model) -> None:
         # Its weights are in the engine's shards: compare the settings the model was built with.
         saved = contents.get("hyper_parameters") or {}
         current = dict(getattr(model, "hparams", {}) or {})
-        settings = [key for key in sorted(saved)
-                    if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]]
+        settings = [
+            key
+            for key in sorted(saved)
+            if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]
+        ]
         if settings:
             trained = ", ".join(f"model.{key}={saved[key]!r}" for key in settings[:3])
             asked = ", ".join(f"model.{key}={current[key]!r}" for key in settings[:3])
@@ -180,17 +185,22 @@ def check_fits_model(checkpoint: str | Path, model) -> None:
         return
     state = contents.get("state_dict")
     if not isinstance(state, dict):
-        raise CheckpointError(f"cannot read the checkpoint {str(checkpoint)!r}: it holds no state_dict (not a fit's checkpoint)")
+        raise CheckpointError(
+            f"cannot read the checkpoint {str(checkpoint)!r}: it holds no state_dict (not a fit's checkpoint)"
+        )
     own = model.state_dict()
     differing = sorted(
-        name for name in set(own) | set(state)
+        name
+        for name in set(own) | set(state)
         if name not in own or name not in state or tuple(own[name].shape) != tuple(state[name].shape)
     )
     if not differing:
         return
     saved = contents.get("hyper_parameters") or {}
     current = dict(getattr(model, "hparams", {}) or {})
-    settings = [key for key in sorted(saved) if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]]
+    settings = [
+        key for key in sorted(saved) if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]
+    ]
     if settings:
         trained = ", ".join(f"model.{key}={saved[key]!r}" for key in settings[:3])
         asked = ", ".join(f"model.{key}={current[key]!r}" for key in settings[:3])

@@ -166,7 +166,8 @@ def earlier_jobs(sweep_dir: Path) -> list[str]:
     if not sweep_dir.is_dir():
         return []
     found = [
-        child.name for child in sweep_dir.iterdir()
+        child.name
+        for child in sweep_dir.iterdir()
         if child.is_dir() and any((child / name).exists() for name in (".hydra", "result.json", "checkpoints"))
     ]
     return sorted(found, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0, name))

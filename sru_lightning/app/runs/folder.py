@@ -228,8 +228,9 @@ def runs_under(root: Path) -> Iterator[RunFolder]:
             yield RunFolder(checkpoints.parent)
 
 
-def latest_continuable(root: Path, accept: Callable[[RunFolder], str | None] | None = None,
-                       exclude: Path | None = None) -> Path | None:
+def latest_continuable(
+    root: Path, accept: Callable[[RunFolder], str | None] | None = None, exclude: Path | None = None
+) -> Path | None:
     """The latest checkpoint of the most recently written run under `root` that may be continued
     (`why_not_continued`) and that `accept` takes (it returns None, or why not). Runs are
     ordered by when their latest checkpoint was written; within a run, by recorded step."""
@@ -297,8 +298,9 @@ def named_checkpoint(setting: str) -> Path:
     return path.absolute()
 
 
-def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path | None = None,
-                       owner: Mapping[str, str] | None = None) -> str | None:
+def resolve_checkpoint(
+    cfg, command: str, output_dir: Path, evaluated_run: Path | None = None, owner: Mapping[str, str] | None = None
+) -> str | None:
     """Turn the `ckpt_path` setting of `fit`/`validate`/`test` into a checkpoint (or None for a
     fresh fit). `evaluated_run` is the run an evaluation was pointed at by `hydra.run.dir`;
     `owner` the job this attempt belongs to (:func:`.jobs.attempt_owner`).
@@ -309,8 +311,11 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path 
     setting = cfg.get("ckpt_path")
     unset = setting is None or str(setting).strip() == ""
     if unset and command == "fit" and owner and owner.get("slurm_job"):
-        log.info("ckpt_path: SLURM job %s continues its own run in %s, if it has one (ckpt_path=auto)",
-                 owner["slurm_job"], output_dir)
+        log.info(
+            "ckpt_path: SLURM job %s continues its own run in %s, if it has one (ckpt_path=auto)",
+            owner["slurm_job"],
+            output_dir,
+        )
         setting, unset = "auto", False
     if unset:
         if command == "fit":
@@ -342,7 +347,8 @@ def resolve_checkpoint(cfg, command: str, output_dir: Path, evaluated_run: Path 
     if setting == "auto":
         if command != "fit":
             raise CheckpointError(
-                f"`ckpt_path=auto`: {str(own.directory)!r} holds no checkpoint to evaluate; pass ckpt_path=<run or file>"
+                f"`ckpt_path=auto`: {str(own.directory)!r} holds no checkpoint to evaluate; "
+                "pass ckpt_path=<run or file>"
             )
         log.info("ckpt_path=auto: %s holds no checkpoint to continue; starting the run", own.directory)
         return None

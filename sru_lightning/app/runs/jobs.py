@@ -105,8 +105,14 @@ def launcher_words() -> tuple[list[str], str]:
         words = ["torchrun", "--nnodes", str(nodes), "--nproc-per-node", str(per_node)]
         note = ""
         if nodes > 1:
-            words += ["--node-rank", "0", "--master-addr", env.get("MASTER_ADDR", "HOST"),
-                      "--master-port", env.get("MASTER_PORT", "29500")]
+            words += [
+                "--node-rank",
+                "0",
+                "--master-addr",
+                env.get("MASTER_ADDR", "HOST"),
+                "--master-port",
+                env.get("MASTER_PORT", "29500"),
+            ]
             note = f" (on each of the {nodes} nodes, with its own --node-rank)"
         return [*words, "-m", "sru_lightning"], note
     tasks = env.get("SLURM_NTASKS") or env.get("SLURM_NPROCS")

@@ -25,12 +25,12 @@ from typing import Any, NoReturn
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
-from sru_lightning.app.usage import PROG, UsageError
+from sru_lightning.app.usage import UsageError
 
 from .checkpoints import CHECKPOINT_NAME, CheckpointError, check_fits_model, saved_codec
 from .folder import CHECKPOINTS_DIR, RunFolder, SaveRunConfig, plain_config
-from .starting_point import StartingPoint, starting_point
 from .records import write_record, write_result
+from .starting_point import StartingPoint, starting_point
 from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
@@ -192,8 +192,13 @@ class Attempt:
         self.parent_pid = os.getppid()  # rank 0, for a rank Lightning's launcher started
         self.started_at = time.time()
         self.rank0_gone: bool | None = None  # decided once, by rank 1, after a lost collective
-        self.record = {"command": self.command, "overrides": self.overrides, "status": "running",
-                       "run_dir": str(self.output_dir), "started": time.strftime("%Y-%m-%d %H:%M:%S")}
+        self.record = {
+            "command": self.command,
+            "overrides": self.overrides,
+            "status": "running",
+            "run_dir": str(self.output_dir),
+            "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+        }
         if self.owner:
             self.record["owner"] = self.owner
 
@@ -207,8 +212,9 @@ class Attempt:
         return self.trainer is None or self.trainer.is_global_zero
 
     def finish(self, status: str, **fields: Any) -> None:
-        self.record.update(status=status, **fields, optimizer_steps=self.step,
-                           wall_seconds=round(time.monotonic() - self.started, 1))
+        self.record.update(
+            status=status, **fields, optimizer_steps=self.step, wall_seconds=round(time.monotonic() - self.started, 1)
+        )
 
 
 def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
@@ -236,8 +242,9 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
 def _build_and_execute(cfg, attempt: Attempt, signals) -> dict[str, float]:
     """The run itself: build, execute the command, check the final metric; the final metrics."""
     try:
-        trainer, model, datamodule, start = build(cfg, attempt.command, attempt.output_dir, attempt.overrides,
-                                                  owner=attempt.owner)
+        trainer, model, datamodule, start = build(
+            cfg, attempt.command, attempt.output_dir, attempt.overrides, owner=attempt.owner
+        )
     except Exception as error:
         if not is_usage_error(error):
             raise
@@ -306,8 +313,11 @@ def _completed(attempt: Attempt, metrics: dict[str, float]) -> dict[str, Any]:
     record, trainer = attempt.record, attempt.trainer
     attempt.finish("completed", metrics=metrics)
     if attempt.multirun and record["monitor"] not in metrics:
-        log.warning("`optimized_metric` names %r, which this run did not log (it logged %s); the sweep "
-                    "gets nan for it", record["monitor"], ", ".join(sorted(metrics)))
+        log.warning(
+            "`optimized_metric` names %r, which this run did not log (it logged %s); the sweep gets nan for it",
+            record["monitor"],
+            ", ".join(sorted(metrics)),
+        )
     throughput = next((cb for cb in trainer.callbacks if isinstance(cb, TrainingThroughput)), None)
     if throughput is not None and throughput.tokens:
         record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
@@ -338,8 +348,14 @@ def _ended_early(error: BaseException, attempt: Attempt) -> dict[str, Any]:
 
 
 #: What a collective says when a peer process has gone (gloo, NCCL).
-_PEER_LOST = ("Connection reset by peer", "Connection closed by peer", "Broken pipe", "Connection refused",
-              "NCCL communicator was aborted", "remote process exited")
+_PEER_LOST = (
+    "Connection reset by peer",
+    "Connection closed by peer",
+    "Broken pipe",
+    "Connection refused",
+    "NCCL communicator was aborted",
+    "remote process exited",
+)
 
 
 def _peer_lost(error: BaseException) -> bool:
@@ -357,8 +373,10 @@ def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseExceptio
     first_line = f"its collective said: {said}"
     if _rank0_is_gone(attempt, error):
         who = f"rank 0 (pid {attempt.parent_pid})" if os.getppid() != attempt.parent_pid else "rank 0"
-        return RunFailed(f"{who} ended, so rank {trainer.global_rank} could not go on "
-                         f"({first_line}); rank {trainer.global_rank} wrote this record")
+        return RunFailed(
+            f"{who} ended, so rank {trainer.global_rank} could not go on "
+            f"({first_line}); rank {trainer.global_rank} wrote this record"
+        )
     from sru_lightning.callbacks.signal_watch import SignalWatch
 
     launcher = getattr(trainer.strategy, "launcher", None)
@@ -371,8 +389,10 @@ def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseExceptio
             continue
         if code:
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
-            return RunFailed(f"rank {local_rank} (pid {process.pid}) {how}, so rank {trainer.global_rank} could not "
-                             f"go on ({first_line})")
+            return RunFailed(
+                f"rank {local_rank} (pid {process.pid}) {how}, so rank {trainer.global_rank} could not "
+                f"go on ({first_line})"
+            )
     return RunFailed(f"another process of this run ended, so rank {trainer.global_rank} could not go on ({first_line})")
 
 
@@ -412,10 +432,15 @@ def _stopped_for_requeue(attempt: Attempt) -> bool:
 
     from .jobs import slurm_job
 
-    graceful = next((cb for cb in getattr(attempt.trainer, "callbacks", None) or []
-                     if isinstance(cb, GracefulInterrupt)), None)
-    return (graceful is not None and graceful.stop_signal in REQUEUE_SIGNALS and not graceful.aborted
-            and slurm_job() is not None)
+    graceful = next(
+        (cb for cb in getattr(attempt.trainer, "callbacks", None) or [] if isinstance(cb, GracefulInterrupt)), None
+    )
+    return (
+        graceful is not None
+        and graceful.stop_signal in REQUEUE_SIGNALS
+        and not graceful.aborted
+        and slurm_job() is not None
+    )
 
 
 def _requeue(attempt: Attempt) -> None:
@@ -537,8 +562,18 @@ def is_usage_error(error: BaseException) -> bool:
 
     return isinstance(
         error,
-        (ValueError, TypeError, FileNotFoundError, PermissionError, UsageError, CheckpointError,
-         InstantiationException, MisconfigurationException, OmegaConfBaseException, ImportError),
+        (
+            ValueError,
+            TypeError,
+            FileNotFoundError,
+            PermissionError,
+            UsageError,
+            CheckpointError,
+            InstantiationException,
+            MisconfigurationException,
+            OmegaConfBaseException,
+            ImportError,
+        ),
     )
 
 
@@ -657,17 +692,21 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         # +trainer.enable_checkpointing=false wins over the checkpoint callbacks among the callbacks
         # (the interruption checkpoint too: such a run writes none).
         callbacks = [cb for cb in callbacks if not isinstance(cb, Checkpoint)]
-    elif not any(
-        isinstance(cb, ModelCheckpoint) for cb in callbacks
-    ):
+    elif not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
         # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
-        callbacks.append(ModelCheckpoint(dirpath=output_dir / CHECKPOINTS_DIR, save_last=True,
-                                         enable_version_counter=False))
+        callbacks.append(
+            ModelCheckpoint(dirpath=output_dir / CHECKPOINTS_DIR, save_last=True, enable_version_counter=False)
+        )
     # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
     if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
         callbacks.append(ValidateBeforeStop())
-    callbacks += [TrainingThroughput(), LastValidation(), AnnounceRunDirectory(output_dir),
-                  SaveRunConfig(plain_config(cfg), owner), *start.callbacks()]
+    callbacks += [
+        TrainingThroughput(),
+        LastValidation(),
+        AnnounceRunDirectory(output_dir),
+        SaveRunConfig(plain_config(cfg), owner),
+        *start.callbacks(),
+    ]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers or False, **_run_plugins(cfg))
     set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
@@ -741,8 +780,12 @@ def _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path: str) -> None:
         return
     unknown = adopt(codec)
     if unknown:
-        log.warning("%d words of the evaluation data are not in the checkpoint's vocabulary of %d words; "
-                    "each counts as %r", unknown, codec.vocab_size, codec.unknown)
+        log.warning(
+            "%d words of the evaluation data are not in the checkpoint's vocabulary of %d words; each counts as %r",
+            unknown,
+            codec.vocab_size,
+            codec.unknown,
+        )
 
 
 def bits_name(model, stage: str) -> str:
@@ -781,8 +824,13 @@ def evaluation_settings(start: StartingPoint, trainer, command: str) -> dict[str
     if limit not in (None, 1.0):
         shown[f"limit_{'test' if command == 'test' else 'val'}_batches"] = limit
     changed = [change.key for change in start.changes if change.key.startswith("data.")]
-    return {"checkpoint": start.checkpoint, "step": start.step, "settings": shown,
-            "settings_from": start.config_source, "changed": changed}
+    return {
+        "checkpoint": start.checkpoint,
+        "step": start.step,
+        "settings": shown,
+        "settings_from": start.config_source,
+        "changed": changed,
+    }
 
 
 def _evaluation_text(evaluated_with: dict[str, Any]) -> str:
@@ -792,8 +840,15 @@ def _evaluation_text(evaluated_with: dict[str, Any]) -> str:
     return f"; step {evaluated_with['step']} of {evaluated_with['checkpoint']}, {settings} ({origin})"
 
 
-def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = None,
-            final_checkpoint: Path | None = None, evaluated_with: dict[str, Any] | None = None) -> dict[str, float]:
+def execute(
+    command: str,
+    trainer,
+    model,
+    datamodule,
+    ckpt_path: str | None = None,
+    final_checkpoint: Path | None = None,
+    evaluated_with: dict[str, Any] | None = None,
+) -> dict[str, float]:
     """Run the trainer command; return the final metrics, and print the headline line.
     A fit whose last saved checkpoint is older than its final weights saves them as
     `final_checkpoint`, so the run's newest checkpoint is its final state."""
@@ -814,7 +869,10 @@ def execute(command: str, trainer, model, datamodule, ckpt_path: str | None = No
         trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.test))
     metrics = _scalar_metrics(trainer)
     if command == "fit":
-        metrics = {**training_metrics, **{name: value for name, value in metrics.items() if not name.startswith("train_")}}
+        metrics = {
+            **training_metrics,
+            **{name: value for name, value in metrics.items() if not name.startswith("train_")},
+        }
     baseline = datamodule.unigram_bpc(split)  # bits per token, whatever the token is
     metrics[f"unigram_{unit}"] = baseline
     if trainer.is_global_zero:
@@ -839,7 +897,9 @@ def _save_final_weights(trainer, path: Path) -> None:
     needed = newest is None or newest.step < trainer.global_step
     if not trainer.strategy.broadcast(needed and trainer.global_step > 0):
         return
-    log.info("Saving the final weights (step %d) as %s: the run's newest checkpoint was older", trainer.global_step, path)
+    log.info(
+        "Saving the final weights (step %d) as %s: the run's newest checkpoint was older", trainer.global_step, path
+    )
     partial = f"{path}.partial"
     trainer.save_checkpoint(partial, weights_only=False)
     if trainer.is_global_zero and os.path.exists(partial):
@@ -901,4 +961,3 @@ def _validate_final_weights(trainer, model, datamodule, final_metric: str) -> No
     finally:
         for callback, was in zip(precision_reports, verbose):
             callback.verbose = was
-

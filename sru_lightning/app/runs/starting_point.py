@@ -41,8 +41,14 @@ class StartingPoint:
         return {change.key: change.as_record() for change in self.changes}
 
 
-def starting_point(cfg, command: str, output_dir: Path, overrides: list[str],
-                   evaluated_run: Path | None = None, owner: dict[str, str] | None = None) -> StartingPoint:
+def starting_point(
+    cfg,
+    command: str,
+    output_dir: Path,
+    overrides: list[str],
+    evaluated_run: Path | None = None,
+    owner: dict[str, str] | None = None,
+) -> StartingPoint:
     """Resolve `ckpt_path` and the configuration the attempt runs with; UsageError/CheckpointError
     for a setting that cannot be honoured."""
     from sru_lightning.app.usage import UsageError
@@ -82,8 +88,9 @@ def _config_around_model(cfg, contents) -> Any:
     config = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
     saved = contents.get("hyper_parameters")
     if isinstance(saved, dict) and saved:
-        model = {key: value for key, value in OmegaConf.to_container(cfg.model, resolve=False).items()
-                 if key.startswith("_")}
+        model = {
+            key: value for key, value in OmegaConf.to_container(cfg.model, resolve=False).items() if key.startswith("_")
+        }
         model.update(saved)
         config.model = model
     return config
