@@ -1,6 +1,9 @@
 """The SRU elementwise recurrence: entry points, precision policy, reference and extension."""
 
-from . import functional
+from . import (
+    flops,  # noqa: F401  (FlopCounterMode formulas of the projection and attention ops)
+    functional,
+)
 from .build import cuda_extension_available, extension_available, load_cuda_extension, load_extension
 from .functional import sru_recurrence, sru_recurrence_inference
 from .reference import sru_recurrence_reference

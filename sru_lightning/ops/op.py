@@ -12,12 +12,15 @@ import torch
 
 from . import signature
 from .build import load_extension
+from .flops import register_flop_formulas
 from .signature import BACKWARD_ARGUMENTS, CPU_VECTOR_LEVELS, FORWARD_ARGUMENTS, RecurrenceCall
 from .storage_dtype import accumulation_dtype
 from .tracing import record_kernel_call
 
 load_extension()
 signature.check_registered_schemas()
+# FlopCounterMode keys its formulas on the op objects, which exist from here on.
+register_flop_formulas()
 
 _FORWARD = "sru_lightning::recurrence_forward"
 _BACKWARD = "sru_lightning::recurrence_backward"
