@@ -16,6 +16,7 @@ import os
 
 import pytest
 import torch
+from helpers import preloaded
 
 # Test files (relative to tests/) that take longest, longest first: started first under xdist.
 LONGEST_FILES = [
@@ -66,6 +67,14 @@ def pytest_configure(config):
         share = max(1, (os.cpu_count() or 1) // workers)
         torch.set_num_threads(share)
         os.environ.setdefault("OMP_NUM_THREADS", str(share))  # and so would the processes they start
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    # The fork server asks which test is running: a `cuda` test's processes are never forked,
+    # in its fixtures' setup and teardown too.
+    with preloaded.running(item):
+        return (yield)
 
 
 @pytest.fixture(autouse=True)

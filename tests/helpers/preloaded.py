@@ -22,6 +22,16 @@ command line with interpreter options. Tests about interpreter start-up itself (
 without Hydra, packaging, shell pipes, kernel builds) use `subprocess` directly.
 `SRU_LIGHTNING_TEST_FRESH_INTERPRETERS=1` makes every process here a real interpreter.
 (`ps` shows a forked process with the server's command line, `.../preloaded.py <socket>`.)
+
+Guardrails (each answered with a real interpreter, the reason in `fresh_interpreter_reason`):
+- the server forks only while it has one thread, counted in /proc/self/task right before
+  each fork (a thread that held a lock at the fork leaves it held in the child for good). It
+  imports with OPENBLAS_NUM_THREADS=1, since numpy's and scipy's OpenBLAS otherwise start
+  their thread pools as they load; each child then sets the BLAS thread count its own
+  environment asks for, as a fresh interpreter's OpenBLAS would.
+- no CUDA in a forked child: not for a test marked `cuda` (tests/conftest.py tells this
+  module which test is running) nor for an environment that makes a GPU visible
+  (CUDA_VISIBLE_DEVICES other than empty or -1).
 """
 
 from __future__ import annotations
@@ -29,6 +39,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import select
 import signal
 import socket
@@ -38,57 +49,34 @@ import tempfile
 import threading
 from pathlib import Path
 
+try:
+    from helpers.preloaded_proxy import IMPORT_TIME_PREFIXES, RUNTIME_ONLY, fresh_reason
+except ImportError:  # run as the server's script: this folder is sys.path[0], `helpers` is not importable
+    from preloaded_proxy import IMPORT_TIME_PREFIXES, RUNTIME_ONLY, fresh_reason
+
 PRELOAD = ("torch", "torch._dynamo", "lightning.pytorch", "hydra", "omegaconf", "torchmetrics", "deepspeed")
-# Environment variables read when the preloaded modules are imported: a command that sets
-# them differently from the server gets a real interpreter.
-IMPORT_TIME_PREFIXES = ("PYTHON", "LD_", "TORCH", "OMP_", "MKL_", "KMP_", "CUDA", "DS_ACCELERATOR")
-# Read when the process runs, not at import; torch.compile sets TORCHINDUCTOR_CACHE_DIR,
-# TORCH_WARM_POOL and KMP_DUPLICATE_LIB_OK in the process that compiles, and joblib's import
-# sets KMP_INIT_AT_FORK (Intel OpenMP's fork handling, read at fork), so every process a test
-# worker starts after either would otherwise look different.
-RUNTIME_ONLY = {
-    "PYTHONPATH",
-    "OMP_NUM_THREADS",
-    "TORCH_EXTENSIONS_DIR",
-    "TORCHINDUCTOR_CACHE_DIR",
-    "TORCH_WARM_POOL",
-    "KMP_DUPLICATE_LIB_OK",
-    "KMP_INIT_AT_FORK",
-}
 FRESH = "SRU_LIGHTNING_TEST_FRESH_INTERPRETERS"
+# The `sys.executable` of children started with preload_children=True (see that file).
+PROXY_SOURCE = Path(__file__).with_name("preloaded_proxy.py")
+# OpenBLAS's thread-count setting, under the names numpy's and scipy's builds export it by.
+OPENBLAS_SETTERS = tuple(
+    f"{prefix}openblas_set_num_threads{suffix}" for prefix in ("", "scipy_") for suffix in ("", "64_")
+)
 
-# `sys.executable` of a child started with preload_children=True: the Python processes its
-# command starts (Lightning's launcher starting the other ranks) are forked by the server too.
-# It runs without `site` (milliseconds), stands in for the process it asked for (its streams,
-# working directory and environment go with the request; SIGTERM/SIGINT/SIGHUP are passed on;
-# it exits as that process did) and execs the real interpreter for anything else.
-PROXY = """#!{python} -S
-import json, os, signal, socket, sys
+# The pytest item whose setup, call or teardown is running (set by tests/conftest.py through
+# `running`): its markers decide, too, whether a process may be forked.
+_running_test = None
 
-REAL, SERVER = {python!r}, {server!r}
-IMPORTED_WITH = {imported_with}
-PREFIXES = {prefixes!r}
-RUNTIME_ONLY = {runtime_only!r}
-argv = sys.argv[1:]
-changed = [key for key in set(os.environ) | set(IMPORTED_WITH) if key.startswith(PREFIXES)
-           and key not in RUNTIME_ONLY and os.environ.get(key) != IMPORTED_WITH.get(key)]
-if len(argv) < 2 or (argv[0] not in ("-m", "-c") and argv[0].startswith("-")) or changed:
-    os.execv(REAL, [REAL, *argv])
-connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-connection.connect(SERVER)
-request = dict(argv=argv, cwd=os.getcwd(), env=dict(os.environ), new_session=False, preload_children=True)
-socket.send_fds(connection, [json.dumps(request).encode() + b"\\n"], [0, 1, 2])
-replies = connection.makefile("r")
-pid = json.loads(replies.readline())["pid"]
-for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-    signal.signal(signum, lambda signum, frame: os.kill(pid, signum))
-line = replies.readline()
-code = json.loads(line)["returncode"] if line else -signal.SIGKILL
-if code < 0:
-    signal.signal(-code, signal.SIG_DFL)
-    os.kill(os.getpid(), -code)
-sys.exit(code)
-"""
+
+@contextlib.contextmanager
+def running(item):
+    """While `item` (a pytest item) runs, processes are started as its markers require."""
+    global _running_test
+    previous, _running_test = _running_test, item
+    try:
+        yield
+    finally:
+        _running_test = previous
 
 
 # --- the client: what tests call --------------------------------------------------------
@@ -99,16 +87,29 @@ class Popen:
 
     Accepts `cwd`, `env`, `stdin`, `stdout`, `stderr` (None, a file object or descriptor,
     `subprocess.PIPE`/`DEVNULL`/`STDOUT`), `text` and `start_new_session`. Anything the fork
-    server cannot run faithfully is started with `subprocess.Popen` itself.
+    server cannot run faithfully, or refuses to fork, is started with `subprocess.Popen`
+    itself; either way the process's `fresh_interpreter_reason` says why it is a real
+    interpreter (None: forked).
     """
 
-    def __new__(cls, args, **options):
-        if not _forkable(args, options):
-            options.pop("preload_children", None)
-            return subprocess.Popen(args, **options)
-        return super().__new__(cls)
+    fresh_interpreter_reason: str | None = None
 
-    def __init__(
+    def __new__(cls, args, **options):
+        reason = fresh_interpreter_reason(args, **options)
+        if reason is None:
+            process = super().__new__(cls)
+            reason = process._start(args, **options)
+            if reason is None:
+                return process
+        options.pop("preload_children", None)
+        fresh = subprocess.Popen(args, **options)
+        fresh.fresh_interpreter_reason = reason
+        return fresh
+
+    def __init__(self, args, **options) -> None:
+        pass  # started by __new__, which returns a subprocess.Popen where the server does not fork
+
+    def _start(
         self,
         args,
         *,
@@ -121,7 +122,8 @@ class Popen:
         start_new_session=False,
         universal_newlines=None,
         preload_children=False,
-    ) -> None:
+    ) -> str | None:
+        """Ask the server for the process: None once it runs, else why the server would not fork."""
         self.args = list(args)
         self.text = bool(text or universal_newlines)
         self.returncode: int | None = None
@@ -162,9 +164,16 @@ class Popen:
                 os.close(fd)
         self._reader = self._connection.makefile("r")
         reply = json.loads(self._reader.readline() or "{}")
+        if "fresh" in reply:  # the server did not fork: the caller starts a real interpreter instead
+            self._reader.close()
+            self._connection.close()
+            for path in self._captured.values():
+                path.unlink()
+            return reply["fresh"]
         if "pid" not in reply:
             raise RuntimeError(f"the fork server did not start {self.args!r}: {reply.get('error', 'no reply')}")
         self.pid = reply["pid"]
+        return None
 
     def poll(self) -> int | None:
         if self.returncode is None and select.select([self._connection], [], [], 0)[0]:
@@ -216,14 +225,18 @@ class Popen:
 def run(
     args, *, capture_output: bool = False, timeout: float | None = None, check: bool = False, **options
 ) -> subprocess.CompletedProcess:
-    """`subprocess.run` for a Python command line, through the fork server."""
+    """`subprocess.run` for a Python command line, through the fork server. The result's
+    `fresh_interpreter_reason` says why the process was a real interpreter (None: forked)."""
     if capture_output:
         options.setdefault("stdout", subprocess.PIPE)
         options.setdefault("stderr", subprocess.PIPE)
-    if not _forkable(args, options):
+    reason = fresh_interpreter_reason(args, **options)
+    if reason is not None:
         options.pop("preload_children", None)
-        return subprocess.run(args, timeout=timeout, check=check, **options)
-    process = Popen(args, **options)
+        completed = subprocess.run(args, timeout=timeout, check=check, **options)
+        completed.fresh_interpreter_reason = reason
+        return completed
+    process = Popen(args, **options)  # a subprocess.Popen if the server refuses to fork
     try:
         stdout, stderr = process.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -231,24 +244,22 @@ def run(
         process.wait()
         raise
     completed = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
+    completed.fresh_interpreter_reason = process.fresh_interpreter_reason
     if check:
         completed.check_returncode()
     return completed
 
 
-def _forkable(args, options) -> bool:
-    return fresh_interpreter_reason(args, **options) is None
-
-
 def fresh_interpreter_reason(args, **options) -> str | None:
-    """Why `args` (with Popen's `options`) gets a fresh interpreter; None: the fork server runs it."""
+    """Why `args` (with Popen's `options`) gets a fresh interpreter; None: the fork server is
+    asked for it (and still refuses to fork while it has more than one thread)."""
     args = list(args)
     if os.environ.get(FRESH) == "1":
         return f"{FRESH}=1"
-    if len(args) < 2 or args[0] != sys.executable:
+    if _running_test is not None and _running_test.get_closest_marker("cuda") is not None:
+        return "the test is marked cuda"
+    if not args or args[0] != sys.executable:
         return "not a command line of this Python"
-    if args[1] not in ("-m", "-c") and args[1].startswith("-"):
-        return f"interpreter option {args[1]}"
     unsupported = set(options) - {
         "cwd",
         "env",
@@ -263,41 +274,25 @@ def fresh_interpreter_reason(args, **options) -> str | None:
     if unsupported:
         return f"Popen options {sorted(unsupported)}"
     env = options.get("env")
-    changed = _import_time_differences(dict(os.environ if env is None else env), _server().env)
-    return f"environment read at import differs: {sorted(changed)}" if changed else None
-
-
-def _import_time_differences(env: dict, server_env: dict) -> list[str]:
-    return [
-        key
-        for key in set(env) | set(server_env)
-        if key.startswith(IMPORT_TIME_PREFIXES) and key not in RUNTIME_ONLY and env.get(key) != server_env.get(key)
-    ]
+    return fresh_reason(args[1:], dict(os.environ if env is None else env), _server().env)
 
 
 class _Server:
-    """This test process's fork server (started on first use, ended with the process)."""
+    """A fork server (this test process's own is started on first use and ended with the
+    process). `preload`: the modules it imports; `env`: its environment (default: this
+    process's, less what is read only at run time)."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = PRELOAD, env: dict[str, str] | None = None) -> None:
         self.folder = tempfile.mkdtemp(prefix="preloaded-")
         self.path = os.path.join(self.folder, "server")
         # Started without PYTHONPATH: a child's sys.path is its own first entry and PYTHONPATH
         # followed by the server's path after its first entry.
-        self.env = {key: value for key, value in os.environ.items() if key not in RUNTIME_ONLY}
-        self.proxy = os.path.join(self.folder, "python")
-        imported_with = {key: value for key, value in self.env.items() if key.startswith(IMPORT_TIME_PREFIXES)}
-        Path(self.proxy).write_text(
-            PROXY.format(
-                python=sys.executable,
-                server=self.path,
-                imported_with=json.dumps(imported_with),
-                prefixes=IMPORT_TIME_PREFIXES,
-                runtime_only=sorted(RUNTIME_ONLY),
-            )
-        )
-        os.chmod(self.proxy, 0o755)
+        if env is None:
+            env = {key: value for key, value in os.environ.items() if key not in RUNTIME_ONLY}
+        self.env = dict(env)
+        self.proxy = install_proxy(self.folder, self.path, self.env)
         self.process = subprocess.Popen(
-            [sys.executable, __file__, self.path, self.proxy],
+            [sys.executable, __file__, self.path, self.proxy, *preload],
             env=self.env,
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
@@ -320,9 +315,22 @@ class _Server:
         if self.process.poll() is None:
             self.process.terminate()
             self.process.wait()
+        self.process.stdout.close()
         for name in os.listdir(self.folder):
             os.unlink(os.path.join(self.folder, name))
         os.rmdir(self.folder)
+
+
+def install_proxy(folder: str, server: str, server_env: dict[str, str]) -> str:
+    """Write the proxy for the server at socket `server`, which imported with `server_env`,
+    into `folder`: a copy of preloaded_proxy.py run without `site`, its settings beside it."""
+    imported_with = {key: value for key, value in server_env.items() if key.startswith(IMPORT_TIME_PREFIXES)}
+    settings = {"python": sys.executable, "server": server, "imported_with": imported_with}
+    Path(folder, "proxy.json").write_text(json.dumps(settings))
+    proxy = os.path.join(folder, "python")
+    Path(proxy).write_text(f"#!{sys.executable} -S\n" + PROXY_SOURCE.read_text())
+    os.chmod(proxy, 0o755)
+    return proxy
 
 
 _the_server: _Server | None = None
@@ -343,15 +351,19 @@ def _server() -> _Server:
 # --- the server: a preloaded interpreter that forks -------------------------------------
 
 
-def serve(path: str, proxy: str) -> None:
+def serve(path: str, proxy: str, preload: list[str]) -> None:
     import importlib
 
-    for name in PRELOAD:
+    # OpenBLAS (numpy's and scipy's copies) starts a pool of threads as it loads unless told
+    # to use one; each child sets the count its own environment asks for (_become).
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    for name in preload:
         try:
             importlib.import_module(name)
         except ImportError:  # an optional package that is not installed
             pass
-    threads = _thread_count()
+    threads = _torch_threads()
+    blas = _openblas_setters()
     server_path = list(sys.path)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
@@ -392,6 +404,14 @@ def serve(path: str, proxy: str) -> None:
                 connection.close()
                 print(f"preloaded: a bad request: {error}", file=sys.stderr, flush=True)
                 continue
+            refusal = _fork_refusal()
+            if refusal is not None:  # the client starts a real interpreter instead
+                for fd in fds:
+                    os.close(fd)
+                with contextlib.suppress(OSError):
+                    connection.sendall(json.dumps({"fresh": refusal}).encode() + b"\n")
+                connection.close()
+                continue
             sys.stderr.flush()
             pid = os.fork()
             if pid == 0:
@@ -404,7 +424,7 @@ def serve(path: str, proxy: str) -> None:
                     if other is not None:
                         other.close()
                 connection.close()
-                _become(request, fds, threads, server_path, proxy)  # never returns
+                _become(request, fds, threads, blas, server_path, proxy)  # never returns
             for fd in fds:
                 os.close(fd)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -422,13 +442,69 @@ def serve(path: str, proxy: str) -> None:
                 connection.close()
 
 
-def _thread_count() -> int:
+def _fork_refusal() -> str | None:
+    """Why the server must not fork now; None when it has a single thread. A thread that
+    holds a lock (malloc's, the import lock, a library's) when the process forks leaves that
+    lock held in the child, where nothing will ever release it."""
+    try:
+        threads = len(os.listdir("/proc/self/task"))
+    except OSError:
+        return "the fork server cannot count its threads (no /proc/self/task)"
+    return f"the fork server has {threads} threads: a child forked from it could deadlock" if threads > 1 else None
+
+
+def _torch_threads() -> int | None:
+    """torch's intra-op thread count for a child whose environment does not set one (None:
+    torch is not preloaded, and a child that imports it reads its environment itself)."""
+    if "torch" not in sys.modules:
+        return None
     import torch
 
-    return torch.get_num_threads()
+    return torch.get_num_threads()  # reads the OpenMP setting; starts no thread
 
 
-def _become(request: dict, fds: list[int], threads: int, server_path: list[str], proxy: str) -> None:
+def _openblas_setters() -> list:
+    """`openblas_set_num_threads` of every OpenBLAS loaded in this process (found through
+    /proc/self/maps, whatever the name numpy or scipy bundle it under)."""
+    import ctypes
+
+    libraries = set()
+    try:
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                fields = line.split(maxsplit=5)
+                if len(fields) == 6 and "openblas" in os.path.basename(fields[5].strip()).lower():
+                    libraries.add(fields[5].strip())
+    except OSError:
+        return []
+    setters = []
+    for library in sorted(libraries):
+        try:
+            handle = ctypes.CDLL(library, mode=os.RTLD_NOLOAD | os.RTLD_LAZY)
+        except OSError:
+            continue
+        for name in OPENBLAS_SETTERS:
+            setter = getattr(handle, name, None)
+            if setter is not None:
+                setter.argtypes, setter.restype = [ctypes.c_int], None
+                setters.append(setter)
+                break
+    return setters
+
+
+def _blas_threads(env: dict[str, str]) -> int:
+    """The thread count OpenBLAS picks as it loads in a process with `env`: the first of
+    OPENBLAS_NUM_THREADS, GOTO_NUM_THREADS, OMP_NUM_THREADS that holds a positive number (read as
+    C's atoi does), else the usable CPUs; never more than the usable CPUs."""
+    cpus = len(os.sched_getaffinity(0))
+    for key in ("OPENBLAS_NUM_THREADS", "GOTO_NUM_THREADS", "OMP_NUM_THREADS"):
+        digits = re.match(r"\s*\+?(\d+)", env.get(key, ""))
+        if digits and int(digits.group(1)) > 0:
+            return min(int(digits.group(1)), cpus)
+    return cpus
+
+
+def _become(request: dict, fds: list[int], threads: int | None, blas: list, server_path: list[str], proxy: str) -> None:
     """In the forked child: take the request's streams, session, directory, environment and
     arguments, run the target as the interpreter would, and exit with its status."""
     code = 1
@@ -449,13 +525,18 @@ def _become(request: dict, fds: list[int], threads: int, server_path: list[str],
         sys.path[:] = [first, *pythonpath, *server_path[1:]]
         import random
 
-        import torch
-
         random.seed()
         if request.get("preload_children"):
             sys.executable = proxy  # the command's own Python processes come from the server too
-        wanted = os.environ.get("OMP_NUM_THREADS")
-        torch.set_num_threads(int(wanted) if wanted and wanted.isdigit() else threads)
+        if threads is not None:
+            import torch
+
+            wanted = os.environ.get("OMP_NUM_THREADS")
+            torch.set_num_threads(int(wanted) if wanted and wanted.isdigit() else threads)
+        if blas:  # the server's OpenBLAS runs one thread; a fresh interpreter's would run this many
+            wanted_blas = _blas_threads(os.environ)
+            for setter in blas:
+                setter(wanted_blas)
         code = _run_target(argv)
     except BaseException:  # the forking itself failed: say so on the child's stderr
         import traceback
@@ -528,4 +609,4 @@ def _shut_down(code: int) -> int:
 
 
 if __name__ == "__main__":
-    serve(*sys.argv[1:3])
+    serve(sys.argv[1], sys.argv[2], sys.argv[3:])
