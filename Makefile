@@ -48,11 +48,18 @@ build-ext: setup
 run: setup
 	$(PY) -m sru_lightning fit
 
-test: setup lint
+# What third-party packages compile on first use (the `sru` parity peer's extension, DeepSpeed's
+# CPU shared-memory op, torch.compile's C++ cache) is built once per venv, before the tests,
+# not inside whichever test needs it first (tests/helpers/warm_caches.py).
+$(VENV)/.warmed: $(VENV)/.installed tests/helpers/warm_caches.py
+	$(PY) tests/helpers/warm_caches.py
+	touch $@
+
+test: setup lint $(VENV)/.warmed
 	$(PY) -m sru_lightning build
 	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
 
-test-fast: setup
+test-fast: setup $(VENV)/.warmed
 	$(PY) -m sru_lightning build
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
 

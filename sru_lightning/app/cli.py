@@ -265,9 +265,16 @@ def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
 
 
 def _raised_by_a_sweeper(error: BaseException) -> bool:
-    from sru_lightning.app.runs.run import traceback_frames
+    return any(f"{os.sep}hydra_plugins{os.sep}" in frame for frame in _traceback_files(error))
 
-    return any(f"{os.sep}hydra_plugins{os.sep}" in frame for frame in traceback_frames(error))
+
+def _traceback_files(error: BaseException) -> list[str]:
+    files = []
+    trace = error.__traceback__
+    while trace is not None:
+        files.append(trace.tb_frame.f_code.co_filename)
+        trace = trace.tb_next
+    return files
 
 
 class JobFailed(Exception):

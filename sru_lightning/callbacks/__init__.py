@@ -1,10 +1,31 @@
-"""Callbacks a user's own Trainer takes: the recurrence precision policy
-(:mod:`.precision`, :mod:`.tensor_cores`), a checkpoint on SIGTERM / Ctrl+C
-(:mod:`.interrupts`, :mod:`.signal_watch`), an exact resume (:mod:`.resume`), a stop on a
-non-finite loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps`
-fit (:mod:`.validate_before_stop`) and training throughput (:mod:`.throughput`)."""
+"""Callbacks a user's own Trainer takes, one per module as Lightning's own are: the recurrence
+precision policy (:mod:`.precision`, with the shape advice of :mod:`.tensor_cores`), a stop on
+SIGTERM / Ctrl+C at a batch boundary (:mod:`.graceful_interrupt`, with the signals and the
+supervisor protocol of :mod:`.stop_signals`) and its checkpoint (:mod:`.interruption_checkpoint`),
+an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a stop on a non-finite
+loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` fit
+(:mod:`.validate_before_stop`) and training throughput (:mod:`.throughput`)."""
 
+from .graceful_interrupt import GracefulInterrupt
+from .interruption_checkpoint import InterruptionCheckpoint
+from .nonfinite_loss import StopOnNonFiniteLoss
 from .precision import SRUPrecisionCallback
+from .restore_data_position import RestoreDataPosition
+from .seed_every_batch import SeedEveryBatch
 from .tensor_cores import ShapeAdvice, TensorCoreShapeWarning, tensor_core_advice
+from .throughput import TrainingThroughput
+from .validate_before_stop import ValidateBeforeStop
 
-__all__ = ["SRUPrecisionCallback", "ShapeAdvice", "TensorCoreShapeWarning", "tensor_core_advice"]
+__all__ = [
+    "GracefulInterrupt",
+    "InterruptionCheckpoint",
+    "RestoreDataPosition",
+    "SRUPrecisionCallback",
+    "SeedEveryBatch",
+    "ShapeAdvice",
+    "StopOnNonFiniteLoss",
+    "TensorCoreShapeWarning",
+    "TrainingThroughput",
+    "ValidateBeforeStop",
+    "tensor_core_advice",
+]

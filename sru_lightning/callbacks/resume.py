@@ -1,83 +1,12 @@
-"""Callbacks that make a resumed fit continue exactly where the checkpointed one stopped.
+"""The earlier import path of the exact-resume callbacks, each of which now has its own module
+(:mod:`.restore_data_position`, :mod:`.seed_every_batch`).
 
-* **The data position.** A :class:`sru_lightning.data.ResumableDataLoader` keeps its place in
-  the epoch through the checkpoint, but Lightning 2.6 hands the saved state to the dataloader
-  only when it is first set up after the restore; a model whose ``configure_optimizers`` reads
-  ``trainer.estimated_stepping_batches`` (as step-based schedules such as OneCycleLR often do;
-  with ``max_epochs`` set this loads the dataloader) sets it up earlier, and the state is
-  silently dropped. :class:`RestoreDataPosition` applies it before the first batch in that case.
-* **The random numbers.** Lightning does not checkpoint RNG states, and the data pipeline
-  draws from the global generator at unpredictable moments (every ``iter(DataLoader)`` draws
-  a worker seed). :class:`SeedEveryBatch` reseeds the generators before every training batch
-  from (seed, batch index, rank), so dropout after a resume is the dropout the uninterrupted
-  run used.
+Kept because run configs name their classes by this path in `_target_`: the configs saved inside
+the checkpoints of earlier runs, which a resumed run instantiates again, and scripts written
+against it.
 """
 
-from __future__ import annotations
-
-import hashlib
-import random
-from typing import Any
-
-import lightning.pytorch as pl
-import torch
-from lightning.pytorch.callbacks import Callback
-from typing_extensions import override
-
-from sru_lightning.data.sampling import global_seed
+from .restore_data_position import RestoreDataPosition
+from .seed_every_batch import SeedEveryBatch
 
 __all__ = ["RestoreDataPosition", "SeedEveryBatch"]
-
-
-class RestoreDataPosition(Callback):
-    """Hand the checkpointed dataloader position to the training dataloaders, if Lightning did not.
-
-    Lightning loads the states of stateful training dataloaders while it sets them up, but
-    only when the checkpoint has already been restored. ``trainer.estimated_stepping_batches``
-    (read by ``configure_optimizers`` for step-based schedules) sets the dataloaders up
-    before that, and Lightning then never loads the states. ``on_train_start`` runs after
-    the restore and before the first batch is fetched, so loading them here still takes
-    effect for a :class:`~sru_lightning.data.ResumableDataLoader` (it reads its position on
-    the first batch).
-    """
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        fit_loop = trainer.fit_loop
-        # Lightning's own restore consumes (empties) this list; anything left was skipped.
-        if fit_loop.restarting and getattr(fit_loop, "_combined_loader_states_to_load", None):
-            fit_loop._load_combined_loader_states()
-
-
-class SeedEveryBatch(Callback):
-    """Reseed Python, NumPy and torch (CPU and every GPU) before each training batch.
-
-    The seed is derived from (``seed``, the batch index counted over the whole fit, the
-    global rank), all of which Lightning restores from a checkpoint; a resumed run therefore
-    draws the same dropout masks as the uninterrupted one, whatever else consumed random
-    numbers in between. ``seed`` defaults to the seed given to `lightning.seed_everything`.
-    """
-
-    def __init__(self, seed: int | None = None) -> None:
-        super().__init__()
-        self.seed = seed
-
-    @staticmethod
-    def batch_seed(seed: int, batch_index: int, rank: int) -> int:
-        """A well-mixed 63-bit seed for one (seed, batch, rank) triple."""
-        digest = hashlib.blake2b(f"{seed}/{batch_index}/{rank}".encode(), digest_size=8).digest()
-        return int.from_bytes(digest, "little") >> 1
-
-    @override
-    def on_train_batch_start(
-        self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
-    ) -> None:
-        batch_index = trainer.fit_loop.epoch_loop.total_batch_idx
-        value = self.batch_seed(global_seed(self.seed), batch_index, trainer.global_rank)
-        random.seed(value)
-        torch.manual_seed(value)  # also seeds every CUDA device
-        try:
-            import numpy
-        except ImportError:
-            return
-        numpy.random.seed(value % 2**32)

@@ -8,7 +8,7 @@ it has handed out and skips them after a resume; with ``shuffle=True`` its order
 on (seed, epoch) (:class:`EpochSeededRandomSampler`), the same permutation Lightning's
 ``DistributedSampler`` draws, so a one-process run and a DDP run see the same global batches.
 (When Lightning hands the state over too early to take effect,
-:class:`sru_lightning.callbacks.resume.RestoreDataPosition` hands it over again.)
+:class:`sru_lightning.callbacks.RestoreDataPosition` hands it over again.)
 """
 
 from __future__ import annotations

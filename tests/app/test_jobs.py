@@ -121,7 +121,7 @@ def test_a_sweep_job_with_ckpt_path_last_continues_only_its_own_folder(tmp_path)
     ],
 )
 def test_the_printed_resume_command_starts_the_run_as_it_was_launched(monkeypatch, env, expected):
-    from sru_lightning.app.runs.run import resume_command
+    from sru_lightning.app.runs.console import resume_command
 
     for name in (
         "TORCHELASTIC_RUN_ID",

@@ -200,7 +200,7 @@ def test_a_second_ctrl_c_while_the_checkpoint_is_written_leaves_no_checkpoint_an
 def test_a_second_ctrl_c_after_the_fit_stopped_lets_the_record_finish():
     """Once the Trainer call has ended (its checkpoint written), a second Ctrl+C no longer aborts:
     what is left is the run's record and its resume line."""
-    from sru_lightning.callbacks.interrupts import GracefulInterrupt
+    from sru_lightning.callbacks import GracefulInterrupt
 
     graceful = GracefulInterrupt()
     graceful._active = True

@@ -2,12 +2,19 @@
 exit status 2, no traceback, and no run directory left behind.
 
 The table below tries bad values for the keys of every command (fit, validate, test, generate,
-bench, fidelity, build, gpu-check) through the real entry point, in-process.
+bench, fidelity, build, gpu-check) through the real entry point, in-process. The converse is
+checked too: an error of the package itself is a failure with its traceback, never a usage error.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import sys
+from pathlib import Path
+
 import pytest
+from helpers import preloaded
 from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
@@ -196,3 +203,49 @@ def test_a_bad_value_is_one_line_naming_it_with_status_2(case, places, tmp_path,
 
 def test_the_table_covers_every_command():
     assert {case[0] for case in CASES} == {*cli.TRAINER_COMMANDS, *cli.TOOL_COMMANDS}
+
+
+# A bug of the package, planted where the old rule would have taken it for the user's mistake:
+# a TypeError while the run is built, a ValueError in a callback before the first optimizer step.
+PACKAGE_BUG = """
+import sys
+from sru_lightning.app import cli
+
+where, argv = sys.argv[1], sys.argv[2:]
+
+def broken(*args, **kwargs):
+    raise (TypeError if where == "build" else ValueError)("a bug inside the package")
+
+if where == "build":
+    from sru_lightning.app.runs import building
+    building.set_thread_count = broken
+else:
+    from sru_lightning.callbacks import TrainingThroughput
+    TrainingThroughput.on_fit_start = broken
+sys.exit(cli.main(argv))
+"""
+
+
+@pytest.mark.slow  # starts a process
+@pytest.mark.parametrize("where,error", [("build", "TypeError"), ("before_the_first_step", "ValueError")])
+def test_a_bug_in_the_package_is_a_failure_with_its_traceback_not_a_usage_error(tmp_path, where, error):
+    run_dir = tmp_path / "run"
+    root = str(Path(cli.__file__).resolve().parents[2])  # this checkout's package, installed or not
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
+    argv = ["fit", *TINY, f"hydra.run.dir={run_dir}"]
+    done = preloaded.run(
+        [sys.executable, "-c", PACKAGE_BUG, where, *argv],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 1, f"exit status {done.returncode}; stderr: {done.stderr[-3000:]}"
+    assert f"{PROG}: error:" not in done.stderr, "told as a usage error"
+    assert "Traceback (most recent call last)" in done.stderr
+    assert f"{error}: a bug inside the package" in done.stderr
+    log_text = (run_dir / "sru_lightning.log").read_text()
+    assert "Traceback (most recent call last)" in log_text and f"{error}: a bug inside the package" in log_text
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "failed" and record["error"] == f"{error}: a bug inside the package"

@@ -12,7 +12,8 @@ import torch
 from helpers import preloaded
 from helpers.interruptible_fit import DropoutRegressor, SignalAtStep, make_trainer
 
-from sru_lightning.callbacks.interrupts import GracefulInterrupt, InterruptionCheckpoint, interruption_cause
+from sru_lightning.callbacks import GracefulInterrupt, InterruptionCheckpoint
+from sru_lightning.callbacks.graceful_interrupt import interruption_cause
 
 
 class DoubleSigint(pl.Callback):
@@ -92,7 +93,7 @@ def test_the_stop_watchdog_stands_down_when_the_fit_has_ended():
 import signal, time
 import lightning.pytorch as pl
 from lightning.pytorch.demos.boring_classes import BoringModel
-from sru_lightning.callbacks.interrupts import GracefulInterrupt
+from sru_lightning.callbacks import GracefulInterrupt
 
 graceful = GracefulInterrupt(stop_timeout=0.5)
 
@@ -127,8 +128,7 @@ def _interrupted_fit(root, stop_at: int) -> str:
 
 def _readme_callbacks(root) -> list[pl.Callback]:
     """The callback list docs/fault-tolerance.md gives for a user's own script (same checkpoint folder)."""
-    from sru_lightning.callbacks.nonfinite_loss import StopOnNonFiniteLoss
-    from sru_lightning.callbacks.resume import RestoreDataPosition, SeedEveryBatch
+    from sru_lightning.callbacks import RestoreDataPosition, SeedEveryBatch, StopOnNonFiniteLoss
 
     return [
         InterruptionCheckpoint(root / "ckpt", filename="interrupted"),

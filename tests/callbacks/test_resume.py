@@ -13,8 +13,7 @@ from helpers.interruptible_fit import MAX_STEPS, STOP_AT_STEP, DropoutRegressor,
 from lightning.pytorch.callbacks import OnExceptionCheckpoint
 from torch.utils.data import DataLoader
 
-from sru_lightning.callbacks.interrupts import GracefulInterrupt
-from sru_lightning.callbacks.resume import RestoreDataPosition, SeedEveryBatch
+from sru_lightning.callbacks import GracefulInterrupt, RestoreDataPosition, SeedEveryBatch
 from sru_lightning.data import ResumableDataLoader
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import lightning.pytorch as pl
 
-from sru_lightning.callbacks.interrupts import GracefulInterrupt
+from sru_lightning.callbacks import GracefulInterrupt
 
 
 class PauseForSignal(pl.Callback):

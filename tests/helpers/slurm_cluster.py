@@ -409,7 +409,9 @@ class SlurmCluster:
             "SlurmUser": "root",
             "SlurmdUser": "root",
             "AuthType": "auth/munge",
-            "AuthInfo": f"socket={self.munge_socket},cred_expire=10",
+            # A requeued job may run again cred_expire + 1 s after it stopped (the default is 120 s).
+            # 5 is the least that works: below it, slurmd never starts the requeued job again.
+            "AuthInfo": f"socket={self.munge_socket},cred_expire=5",
             "CredType": "cred/munge",
             "StateSaveLocation": str(self.root / "state"),
             "SlurmdSpoolDir": str(self.root / "spool"),

@@ -12,6 +12,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any
 
+from sru_lightning.app.usage import UsageError
+
 __all__ = ["check_trainer_settings"]
 
 
@@ -65,7 +67,7 @@ def _describe(member: Any) -> str | None:
 
 
 def check_trainer_settings(settings: Mapping[str, Any]) -> None:
-    """Raise ValueError naming the first `trainer.<key>` whose value the Trainer cannot take.
+    """Raise UsageError naming the first `trainer.<key>` whose value the Trainer cannot take.
 
     Mapping and list values (objects built with `_target_`) are left to Lightning, and so
     is any key whose annotation admits types a config cannot spell.
@@ -81,11 +83,11 @@ def check_trainer_settings(settings: Mapping[str, Any]) -> None:
         described = [text for text in (_describe(member) for member in members) if text]
         if not described:  # only object types: nothing a plain config value could match
             continue
-        raise ValueError(f"`trainer.{key}` must be {' or '.join(described)}, got {value!r} ({type(value).__name__})")
+        raise UsageError(f"`trainer.{key}` must be {' or '.join(described)}, got {value!r} ({type(value).__name__})")
     _check_training_happens(settings)
     max_steps = settings.get("max_steps")
     if isinstance(max_steps, int) and not isinstance(max_steps, bool) and (max_steps == 0 or max_steps < -1):
-        raise ValueError(
+        raise UsageError(
             f"`trainer.max_steps` must be a positive number of optimizer steps, or -1 for no step "
             f"limit, got {max_steps}"
         )
@@ -93,7 +95,7 @@ def check_trainer_settings(settings: Mapping[str, Any]) -> None:
     # every |n| steps as if it were positive (Python's modulo), so a typo goes unnoticed.
     log_every = settings.get("log_every_n_steps")
     if isinstance(log_every, int) and not isinstance(log_every, bool) and log_every < 0:
-        raise ValueError(
+        raise UsageError(
             f"`trainer.log_every_n_steps` must be a positive number of steps, 0 to log no training steps, "
             f"or null for Lightning's default (50), got {log_every}"
         )
@@ -107,18 +109,18 @@ def _check_training_happens(settings: Mapping[str, Any]) -> None:
     """A fit that could make no optimizer step, or never validate on schedule, is a usage error."""
     max_epochs = settings.get("max_epochs")
     if _is_number(max_epochs) and (max_epochs == 0 or max_epochs < -1):
-        raise ValueError(
+        raise UsageError(
             f"`trainer.max_epochs` must be a positive number of epochs, or -1 for no epoch limit, got {max_epochs}"
         )
     limit = settings.get("limit_train_batches")
     if _is_number(limit) and limit <= 0:
-        raise ValueError(
+        raise UsageError(
             f"`trainer.limit_train_batches` must be a positive number of batches or a fraction in (0, 1], got {limit}"
         )
     _check_max_time(settings.get("max_time"))
     interval = settings.get("val_check_interval")
     if _is_number(interval) and (interval <= 0 or (isinstance(interval, float) and interval > 1.0)):
-        raise ValueError(
+        raise UsageError(
             "`trainer.val_check_interval` must be a positive number of training batches or a fraction of the "
             f"epoch in (0, 1], got {interval}"
         )
@@ -132,16 +134,16 @@ def _check_max_time(max_time: Any) -> None:
     if isinstance(max_time, str):
         parts = max_time.split(":")
         if len(parts) != 4 or not all(part.strip().isdigit() for part in parts):
-            raise ValueError(f"`trainer.max_time` must be {expected}, got {max_time!r}")
+            raise UsageError(f"`trainer.max_time` must be {expected}, got {max_time!r}")
         days, hours, minutes, seconds = (int(part) for part in parts)
         total = ((days * 24 + hours) * 60 + minutes) * 60 + seconds
     elif isinstance(max_time, Mapping):
         units = {"days": 86400, "hours": 3600, "minutes": 60, "seconds": 1}
         unknown = sorted(set(max_time) - set(units))
         if unknown or not all(_is_number(value) for value in max_time.values()):
-            raise ValueError(f"`trainer.max_time` must be {expected}, got {dict(max_time)!r}")
+            raise UsageError(f"`trainer.max_time` must be {expected}, got {dict(max_time)!r}")
         total = sum(units[key] * value for key, value in max_time.items())
     else:
-        raise ValueError(f"`trainer.max_time` must be {expected}, got {max_time!r}")
+        raise UsageError(f"`trainer.max_time` must be {expected}, got {max_time!r}")
     if total <= 0:
-        raise ValueError(f"`trainer.max_time` must be {expected}, got {max_time!r}: it would train nothing")
+        raise UsageError(f"`trainer.max_time` must be {expected}, got {max_time!r}: it would train nothing")

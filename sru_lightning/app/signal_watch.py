@@ -1,5 +1,8 @@
 """Notice SIGTERM and Ctrl+C even while the main thread is blocked, so no signal hangs a run.
 
+The application's supervisor of the process; the library's callbacks know it only through the
+small protocol of :mod:`sru_lightning.callbacks.stop_signals`.
+
 Python runs a signal handler only when the main thread returns to the interpreter. A rank
 blocked in a collective whose peer is gone, or in the process-group rendezvous waiting for a
 rank that has already died, never returns there, so a handler alone can neither stop it nor
@@ -10,10 +13,11 @@ descriptor (`signal.set_wakeup_fd`) at once; :class:`SignalWatch` reads it in a 
   is nothing to save, so the process says so, passes the signal on to the ranks it launched,
   and exits with status 128 + the signal number (as it does at any time in a run without a
   GracefulInterrupt callback, saying so);
-* once a callback that stops the fit itself (a :class:`StopsOnSignal`, such as
-  :class:`~sru_lightning.callbacks.interrupts.GracefulInterrupt`) runs the fit, that callback
-  stops every rank at an agreed batch boundary, and the watch only starts its watchdog, which
-  ends a stop that cannot complete within ``stop_timeout`` seconds.
+* once a callback that stops the fit itself (a
+  :class:`~sru_lightning.callbacks.stop_signals.StopsOnSignal`, such as
+  :class:`~sru_lightning.callbacks.graceful_interrupt.GracefulInterrupt`) runs the fit, that
+  callback stops every rank at an agreed batch boundary, and the watch only starts its watchdog,
+  which ends a stop that cannot complete within ``stop_timeout`` seconds.
 
 While training has not set up yet, the watch also notices a launched rank that has died
 (killed alone, or failed at start-up), which would leave this process waiting for it in the
@@ -30,29 +34,11 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["SignalWatch", "StopsOnSignal", "watching_signals"]
+from sru_lightning.callbacks.stop_signals import HANDLED_SIGNALS, StopsOnSignal, signal_name
 
-# SIGUSR1 and SIGUSR2 are what schedulers send ahead of a preemption or time limit
-# (`#SBATCH --signal=USR1@90`, submitit's USR2): the same stop as SIGTERM.
-HANDLED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1, signal.SIGUSR2)
+__all__ = ["WARNING_SIGNALS", "SignalWatch", "watching_signals"]
+
 _POLL_SECONDS = 0.5
-
-
-def signal_name(signum: int) -> str:
-    return "SIGINT (Ctrl+C)" if signum == signal.SIGINT else signal.Signals(signum).name
-
-
-class StopsOnSignal:
-    """A callback that stops the fit itself on SIGTERM or Ctrl+C (GracefulInterrupt is one).
-
-    A run whose trainer has such a callback is one a signal can stop with a checkpoint; the
-    :class:`SignalWatch` hands the stop over to it (:meth:`SignalWatch.take_over`) and only
-    keeps time through :meth:`start_watchdog`.
-    """
-
-    def start_watchdog(self, signum: int) -> None:
-        """End the process if the stop asked for by ``signum`` has not finished in time."""
-        raise NotImplementedError
 
 
 class SignalWatch:
@@ -60,15 +46,15 @@ class SignalWatch:
 
     ``start()`` from the main thread as early as possible, ``follow(trainer)`` once the
     trainer exists (before ``trainer.fit``, which launches the other ranks), ``stop()`` when
-    the run is over; or ``with watching_signals() as watch: ...``. A GracefulInterrupt
-    callback takes over with ``take_over(callback)`` in its ``setup`` hook.
+    the run is over; or ``with watching_signals() as watch: ...``. ``follow`` makes the watch
+    the supervisor of the trainer's StopsOnSignal callbacks; a GracefulInterrupt then takes
+    over with ``take_over(callback)`` from its ``setup`` hook, once its handlers are in place.
     """
-
-    current: SignalWatch | None = None
 
     def __init__(self) -> None:
         self._trainer: Any = None
         self._owner: StopsOnSignal | None = None
+        self._supervised: list[StopsOnSignal] = []
         self._read_fd = self._write_fd = -1
         self._previous_wakeup_fd = -1
         self._previous_handlers: dict[int, Any] = {}
@@ -90,12 +76,13 @@ class SignalWatch:
             signal.signal(signum, _ignore_until_watched)
         self._thread = threading.Thread(target=self._run, name="signal-watch", daemon=True)
         self._thread.start()
-        SignalWatch.current = self
         return self
 
     def stop(self) -> None:
-        if SignalWatch.current is self:
-            SignalWatch.current = None
+        for callback in self._supervised:  # a later fit in this process is not this run's
+            if callback.supervisor is self:
+                callback.supervisor = None
+        self._supervised = []
         if self._thread is None:
             return
         self._closed.set()
@@ -109,8 +96,14 @@ class SignalWatch:
         self._thread = None
 
     def follow(self, trainer: Any) -> None:
-        """The trainer whose launched ranks a signal is passed on to, and whose deaths are noticed."""
+        """The trainer whose launched ranks a signal is passed on to, and whose deaths are noticed;
+        the watch supervises its callbacks that stop the fit on a signal themselves."""
         self._trainer = trainer
+        if self._thread is None:
+            return  # not started (not the main thread): nothing to hand over from
+        self._supervised = [cb for cb in getattr(trainer, "callbacks", None) or [] if isinstance(cb, StopsOnSignal)]
+        for callback in self._supervised:
+            callback.supervisor = self
 
     def take_over(self, owner: StopsOnSignal) -> None:
         """From now on `owner` (a GracefulInterrupt) decides how to stop; the watch keeps time."""
@@ -218,7 +211,8 @@ def _child_pids() -> set[int]:
     return pids
 
 
-#: Warning signals whose default action (ending the process) is never what a scheduler means.
+#: Signals a scheduler sends ahead of a preemption or time limit (`#SBATCH --signal=USR1@90`,
+#: submitit's USR2): their default action (ending the process) is never what it means.
 WARNING_SIGNALS = (signal.SIGUSR1, signal.SIGUSR2)
 
 

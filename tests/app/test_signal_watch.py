@@ -16,7 +16,7 @@ LAUNCHED_RANK_EXITS_WITH_1 = """
 import subprocess, sys, time
 from types import SimpleNamespace
 from lightning.fabric.strategies.launchers.subprocess_script import _ChildProcessObserver
-from sru_lightning.callbacks.signal_watch import SignalWatch
+from sru_lightning.app.signal_watch import SignalWatch
 
 procs = [subprocess.Popen(["sh", "-c", "exit 1"])]  # a rank that stopped on a signal exits with 1
 procs[0].wait()
@@ -32,8 +32,8 @@ print("rank 0 ended on its own")
 SIGNAL_BEFORE_TRAINING = """
 import signal, subprocess, sys
 from types import SimpleNamespace
-from sru_lightning.callbacks import signal_watch
-from sru_lightning.callbacks.interrupts import GracefulInterrupt
+from sru_lightning.app import signal_watch
+from sru_lightning.callbacks import GracefulInterrupt
 
 rank = subprocess.Popen(["sleep", "60"])
 ended = []
@@ -44,6 +44,30 @@ watch.follow(SimpleNamespace(callbacks=[GracefulInterrupt()], strategy=SimpleNam
 watch._on_signal(int(sys.argv[1]))
 print(rank.wait(timeout=30), ended[0][1])
 """
+
+# The watch finds the trainer's callbacks that stop the fit on a signal themselves and becomes
+# their supervisor; each hands over from its `setup`, once its own handlers are in place.
+SUPERVISES_THE_CALLBACK = """
+from types import SimpleNamespace
+from sru_lightning.app.signal_watch import watching_signals
+from sru_lightning.callbacks import GracefulInterrupt
+
+graceful = GracefulInterrupt()
+with watching_signals() as watch:
+    watch.follow(SimpleNamespace(callbacks=[graceful], strategy=None))
+    assert graceful.supervisor is watch and watch._owner is None
+    graceful.setup(SimpleNamespace(global_rank=0, world_size=1), None, "fit")
+    assert watch._owner is graceful
+    graceful.teardown(None, None, "fit")
+assert graceful.supervisor is None, "a later fit in this process is not supervised by a stopped watch"
+print("handed over")
+"""
+
+
+@pytest.mark.slow  # starts a process: the watch sets this process's signal handlers
+def test_the_watch_supervises_the_trainers_stopping_callback_until_it_stops():
+    ended = preloaded.run([sys.executable, "-c", SUPERVISES_THE_CALLBACK], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 0 and "handed over" in ended.stdout, ended.stderr[-2000:]
 
 
 @pytest.mark.slow  # starts processes

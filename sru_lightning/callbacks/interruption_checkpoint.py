@@ -1,0 +1,113 @@
+"""A checkpoint written when a fit is stopped by SIGTERM or Ctrl+C, and only then.
+
+:class:`InterruptionCheckpoint` saves the fit's full state when
+:class:`~sru_lightning.callbacks.graceful_interrupt.GracefulInterrupt` has stopped it at a
+batch boundary; a failure or an abort leaves no checkpoint that would look resumable.
+:func:`put_in_place` is its crash-safe rename, also used for the command line's final weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+
+import lightning.pytorch as pl
+from lightning.pytorch.callbacks import Checkpoint
+from lightning.pytorch.trainer.states import TrainerFn
+from lightning.pytorch.utilities.exceptions import SIGTERMException
+from typing_extensions import override
+
+log = logging.getLogger(__name__)
+
+__all__ = ["InterruptionCheckpoint", "put_in_place"]
+
+
+class InterruptionCheckpoint(Checkpoint):
+    """Saves, on an interruption, only what is worth resuming; resuming is the caller's choice.
+
+    It writes the checkpoint when the fit is stopped at a batch boundary by SIGTERM or the
+    first Ctrl+C (Lightning's ``SIGTERMException``) after at least one optimizer step. A
+    crash, a diverged loss (see :mod:`sru_lightning.callbacks.nonfinite_loss`) or an abort (a second Ctrl+C,
+    ``KeyboardInterrupt``, which may land half way through a step) leaves no new checkpoint:
+    its weights may be NaN or half-updated, and a file named like a resumable one would
+    invite a requeue to continue from them. The file appears complete or not at all (written
+    under a temporary name, then renamed). The run's epoch-end and periodic checkpoints
+    stay where they are. A Trainer call that completes removes the file, as Lightning's
+    ``OnExceptionCheckpoint`` does: what it held is superseded.
+
+    It is a plain :class:`~lightning.pytorch.callbacks.Checkpoint`, not Lightning's
+    ``OnExceptionCheckpoint``, on purpose: Lightning turns ``fit(model)`` into
+    ``fit(model, ckpt_path="last")`` whenever one of those is among the callbacks, so a new
+    model fitted by the same script would silently continue from an old run's weights (and
+    every fit would warn that it "was called without a model"). A fit resumes from this file
+    only when its caller passes ``ckpt_path=`` (the command line does, from its own setting).
+
+    Args:
+        dirpath: the folder of the checkpoint; fixed here, since an interruption may come
+            before ``setup``.
+        filename: its name without the ``.ckpt`` extension.
+    """
+
+    FILE_EXTENSION = ".ckpt"
+
+    def __init__(self, dirpath: str | os.PathLike[str], filename: str = "on_exception") -> None:
+        super().__init__()
+        if not isinstance(filename, str) or not filename:
+            raise ValueError(f"InterruptionCheckpoint: `filename` must be a non-empty name, got {filename!r}")
+        self.dirpath = dirpath
+        self.filename = filename
+
+    @property
+    def ckpt_path(self) -> str:
+        """Where the checkpoint is written: ``<dirpath>/<filename>.ckpt``."""
+        return os.path.join(self.dirpath, self.filename + self.FILE_EXTENSION)
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if not isinstance(exception, SIGTERMException):
+            why = "aborted" if isinstance(exception, KeyboardInterrupt) else f"failed ({type(exception).__name__})"
+            log.info("No %s written: the fit %s, it was not stopped at a batch boundary", self.ckpt_path, why)
+            return
+        if trainer.state.fn != TrainerFn.FITTING:
+            log.info("No %s written: %s was interrupted, not training", self.ckpt_path, trainer.state.fn)
+            return
+        if trainer.global_step < 1:
+            log.info("No %s written: the fit was interrupted before its first optimizer step", self.ckpt_path)
+            return
+        # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones. Every rank
+        # takes part (the model gathers the ranks' carried states); rank 0 writes the file.
+        partial = f"{self.ckpt_path}.partial"
+        try:
+            trainer.save_checkpoint(partial, weights_only=False)
+        except BaseException:
+            # An abort (a second Ctrl+C) or a failure half way through: nothing may look resumable.
+            if trainer.is_global_zero:
+                _remove(partial)
+            raise
+        if trainer.is_global_zero and os.path.exists(partial):
+            put_in_place(partial, self.ckpt_path)
+
+    @override
+    def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        # Lightning calls teardown only when a Trainer call completed (an interrupted one goes
+        # through on_exception instead); removing the file then is OnExceptionCheckpoint's rule,
+        # kept as it was.
+        trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def _remove(path: str) -> None:
+    if os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    elif os.path.exists(path):
+        os.remove(path)
+
+
+def put_in_place(source: str, target: str) -> None:
+    """Rename `source` to `target`: a file atomically, a sharded checkpoint folder after removing the
+    old one, so a checkpoint is complete under its name or absent."""
+    if os.path.isdir(target):
+        shutil.rmtree(target)  # os.replace cannot put anything over a folder
+    elif os.path.isdir(source) and os.path.exists(target):
+        os.remove(target)
+    os.replace(source, target)
