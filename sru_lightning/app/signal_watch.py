@@ -143,7 +143,11 @@ class SignalWatch:
         # would print a KeyboardInterrupt traceback: SIGTERM ends it quietly there, and once its
         # own watch runs it ends the same way as on any signal.
         self._forward_to_launched_ranks(signal.SIGTERM)
-        _exit(f"received {signal_name(signum)} before training started; exiting (nothing to save yet)", 128 + signum)
+        requeue = _requeue_before_training() if signum in WARNING_SIGNALS else ""
+        _exit(
+            f"received {signal_name(signum)} before training started; exiting (nothing to save yet){requeue}",
+            128 + signum,
+        )
 
     def release_launched_ranks(self) -> None:
         """The Trainer call has ended on this process: the launched ranks end on their own now.
@@ -229,6 +233,20 @@ def _after_the_run(signum: int, previous: Any) -> Any:
     if signum in WARNING_SIGNALS and previous == signal.SIG_DFL:
         return signal.SIG_IGN
     return previous
+
+
+def _requeue_before_training() -> str:
+    """A scheduler's warning (SIGUSR1/SIGUSR2) before training started: there is nothing to save,
+    but the job is still about to be preempted or to reach its time limit, so the job's first
+    process asks SLURM to requeue it, as after a stop during training; the requeued job starts
+    the run again from its newest checkpoint, if any (`ckpt_path=auto` in a job). What happened,
+    as the end of the exit message; nothing outside a SLURM job or on another process."""
+    from sru_lightning.app.runs.jobs import requeue_own_job, slurm_job
+
+    first_process = os.environ.get("SLURM_PROCID", "0") == "0" and os.environ.get("LOCAL_RANK", "0") == "0"
+    if slurm_job() is None or not first_process:
+        return ""
+    return f"; {requeue_own_job()}"
 
 
 def _ignore_until_watched(signum: int, frame: Any) -> None:

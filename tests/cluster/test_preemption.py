@@ -330,3 +330,43 @@ def test_sigusr1_at_any_moment_never_hangs(slurm_cluster, references, tmp_path, 
     assert (tmp_path / "signalled").exists(), job.output[-3000:]
     assert_continued_exactly(job, references[2], "SIGUSR1", requeue_asked=True)
     print(f"{hook}: stopped, requeued and completed in {seconds:.1f} s")
+
+
+# --------------------------------------------------------------------------------------------
+# 6. A scheduler's warning before training started (imports, data, the rendezvous): nothing to
+#    save, but the job still asks to be requeued, so the run is not lost with the job.
+EARLY_WARNING_JOB = """#!/bin/bash
+if [ "${SLURM_RESTART_COUNT:-0}" != 0 ]; then echo "second attempt"; exit 0; fi
+exec "$PYTHON" - "$MARKER" <<'PY'
+import pathlib, sys, time
+from sru_lightning.app.signal_watch import SignalWatch
+SignalWatch().start()  # as the command line does first, long before the fit starts
+pathlib.Path(sys.argv[1]).touch()
+time.sleep(120)
+PY
+"""
+
+
+def test_a_warning_signal_before_training_requeues_the_job(slurm_cluster, tmp_path):
+    marker = tmp_path / "watching"
+    env = _environment(slurm_cluster.env)
+    env.update(SLURM_CONF=slurm_cluster.env["SLURM_CONF"], PYTHON=sys.executable, MARKER=str(marker))
+    job = slurm_cluster.sbatch(
+        EARLY_WARNING_JOB,
+        "--requeue",
+        "--open-mode=append",
+        f"--chdir={tmp_path}",
+        f"--output={tmp_path}/job.out",
+        env=env,
+    )
+    deadline = time.monotonic() + TIMEOUT
+    while not marker.exists():
+        assert slurm_cluster.job_state(job) in ("PENDING", "RUNNING", "CONFIGURING"), (tmp_path / "job.out").read_text()
+        assert time.monotonic() < deadline
+        time.sleep(0.1)
+    slurm_cluster.scancel(job, "--batch", "--signal=USR1")
+    assert slurm_cluster.wait(job, timeout=TIMEOUT) == "COMPLETED"
+    output = (tmp_path / "job.out").read_text()
+    assert "received SIGUSR1 before training started; exiting (nothing to save yet); requeued: " in output, output
+    assert output.rstrip().endswith("second attempt"), output
+    assert slurm_cluster.job(job)["Restarts"] == "1"
