@@ -7,15 +7,17 @@
 #                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
 #   make docs    build the documentation site (mkdocs.yml, docs/) into site/
 #   make lint    ruff's lint and format check (part of make test); make format applies them
+#   make test-floor  the fast tier in its own .venv-floor, on the lowest versions pyproject.toml
+#                allows (FLOOR_PINS below; torch from TORCH_SPEC)
 #
 # Neither needs SLURM: the tests in tests/cluster/ (marker `slurm`) start a private one-node
 # SLURM cluster from Debian's packages (apt-get install slurmctld slurmd slurm-client munge, as
 # root; .ci/run installs them) and are skipped with that reason where they are missing.
 #
 # TORCH_SPEC pins the PyTorch build installed first. The default is the CPU build used on
-# CPU-only machines; on a CUDA machine run e.g. `make test TORCH_SPEC="torch>=2.4"`.
+# CPU-only machines; on a CUDA machine run e.g. `make test TORCH_SPEC="torch>=2.13"`.
 # CUDA_ARCH builds the CUDA kernels for GPUs this machine lacks (a login node), e.g.
-# `make build-ext TORCH_SPEC="torch>=2.4" CUDA_ARCH="8.0;9.0"`.
+# `make build-ext TORCH_SPEC="torch>=2.13" CUDA_ARCH="8.0;9.0"`.
 PYTHON ?= python3
 VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
@@ -29,7 +31,7 @@ PY = $(VENV)/bin/python
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(cores + 1, 16))")
 PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup run test test-fast lint format build-ext bench docs clean
+.PHONY: setup run test test-fast test-floor lint format build-ext bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -62,6 +64,30 @@ test: setup lint $(VENV)/.warmed
 test-fast: setup $(VENV)/.warmed
 	$(PY) -m sru_lightning build
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
+
+# The dependency floors: a separate environment with the floor of every dependency and extra in
+# pyproject.toml pinned (keep the two in step), made again when either file changes.
+FLOOR_VENV ?= .venv-floor
+FLOOR_PY = $(FLOOR_VENV)/bin/python
+FLOOR_PINS = lightning==2.6.0 torchmetrics==1.3.0.post0 hydra-core==1.3.2 omegaconf==2.3.0 \
+	ninja==1.11.1 rich==13.0.0 typing-extensions==4.11.0 deepspeed==0.16.0 \
+	pytest==8.0.0 pytest-xdist==3.5.0 hypothesis==6.100.0 sru==2.6.0 tensorboard==2.17.1 ruff==0.17.6 \
+	onnx==1.17.0 onnxscript==0.6.0 onnxruntime==1.21.0 \
+	hydra-optuna-sweeper==1.3.0 hydra-joblib-launcher==1.2.0 hydra-submitit-launcher==1.2.0 \
+	matplotlib==3.8.4 mkdocs==1.6.0 mkdocs-material==9.5.0 mkdocstrings==0.30.0 mkdocstrings-python==1.17.0
+
+$(FLOOR_VENV)/.installed: pyproject.toml Makefile
+	rm -rf $(FLOOR_VENV)
+	$(PYTHON) -m venv $(FLOOR_VENV)
+	$(FLOOR_PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel
+	$(FLOOR_PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(FLOOR_PY) -m pip install --quiet -e ".[test,bench,deepspeed,sweepers,docs]" "$(TORCH_SPEC)" $(FLOOR_PINS)
+	$(FLOOR_PY) tests/helpers/warm_caches.py
+	touch $@
+
+test-floor: $(FLOOR_VENV)/.installed
+	$(FLOOR_PY) -m sru_lightning build
+	$(FLOOR_PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
 
 # ruff (configured in pyproject.toml): lint and formatting check; `make format` applies both.
 lint: setup

@@ -13,7 +13,7 @@
 #   bash examples/gpu_check.sh --json results.json   # also keep the results
 #
 # Uses $PYTHON, else the repository's .venv, else python3. The environment needs a CUDA
-# build of PyTorch (e.g. `make setup TORCH_SPEC="torch>=2.4"`) and a C++/CUDA toolchain.
+# build of PyTorch (e.g. `make setup TORCH_SPEC="torch>=2.13"`) and a C++/CUDA toolchain.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${PYTHON:-}" ]; then
