@@ -14,6 +14,12 @@ next; `# ...` comments are dropped). Each is checked by what it runs:
   run also run for real.
 - `make`, `pip install`, `bash examples/...`, `sbatch examples/...`: the Makefile target, the
   extras in pyproject.toml, the script (bash -n) exist.
+- `python examples/<script>.py ...`: the script's own `parse_args(argv)` accepts the arguments
+  (tests/precision/test_fabric.py runs examples/fabric_loop.py for real).
+- `python examples/lightning_cli.py ...`: its arguments are parsed by the script's LightningCLI
+  (a `--config` file and a `> file` that earlier commands write are left to the run); each also
+  runs for real, in-process, with `LIGHTNING_CLI_TINY` appended (`<checkpoint.ckpt>`: the newest
+  checkpoint such a fit wrote).
 
 A command of any other kind fails the test until a check for it is added here. Placeholders
 (`outputs/<date>/<time>`, ...) are replaced by the values in `PLACEHOLDERS`.
@@ -23,12 +29,14 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import itertools
 import json
 import os
 import re
 import shlex
 import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -59,8 +67,18 @@ NOT_RUN = {
     "trainer=gpu": "needs a GPU",
     "experiment=enwik8": "needs the enwik8 data",
 }
-# Documented multiruns that run for real only in the `slow` tier (several tiny fits each).
-SLOW_RUNS = ("fit -m model=sru,srupp,lstm",)
+# Documented runs that run for real only in the `slow` tier: multiruns (several tiny fits each)
+# and a compiled fit (tens of seconds of compiling).
+SLOW_RUNS = ("fit -m model=sru,srupp,lstm", "model.compile=true")
+# The LightningCLI example (examples/lightning_cli.py) and what its documented runs get appended.
+LIGHTNING_CLI = ["python", "examples/lightning_cli.py"]
+LIGHTNING_CLI_TINY = [
+    *("--model.hidden_size", "16", "--model.embedding_dim", "8", "--model.num_layers", "1"),
+    *("--data.batch_size", "4", "--data.seq_len", "16"),
+    *("--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.logger", "false"),
+    *("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"),
+]
+LIGHTNING_CLI_CHECKPOINT = "<checkpoint.ckpt>"
 # Tool commands that run for real on the tiny run (the others are parsed only).
 RUN_TOOLS = ("generate", "export")
 
@@ -204,6 +222,43 @@ def parse_tool_arguments(command: str, arguments: list[str], monkeypatch) -> Non
     pytest.fail(f"`{command} {' '.join(arguments)}` did not get past its parser (exit status {status})")
 
 
+def lightning_cli_module():
+    """examples/lightning_cli.py, imported (it is a script, not a package module)."""
+    spec = importlib.util.spec_from_file_location("lightning_cli_example", ROOT / LIGHTNING_CLI[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def lightning_cli_parts(words: list[str]) -> tuple[list[str], str | None, str | None]:
+    """(the script's arguments, the `--config` file they read, the `> file` its output goes to)."""
+    arguments, output = words[len(LIGHTNING_CLI) :], None
+    if ">" in arguments:
+        at = arguments.index(">")
+        arguments, output = arguments[:at], arguments[at + 1]
+    config = arguments[arguments.index("--config") + 1] if "--config" in arguments else None
+    return arguments, config, output
+
+
+def parse_lightning_cli_arguments(arguments: list[str], monkeypatch) -> None:
+    """Run the example's LightningCLI parser on `arguments` and stop before anything is built."""
+    module = lightning_cli_module()
+
+    def stop(self):
+        raise Parsed(self.config)
+
+    monkeypatch.setattr(module.LanguageModelCLI, "before_instantiate_classes", stop)
+    monkeypatch.setattr(sys, "argv", [LIGHTNING_CLI[1]])  # the script's own, not pytest's
+    try:
+        module.main(arguments)
+    except Parsed:
+        return
+    except SystemExit as exit:  # --print_config (0) or a parser error
+        assert exit.code in (0, None), f"`{' '.join(arguments)}` did not get past its parser (exit {exit.code})"
+        return
+    pytest.fail(f"`{' '.join(arguments)}` did not stop after its parser")
+
+
 def makefile_targets() -> set[str]:
     text = (ROOT / "Makefile").read_text()
     return set(re.findall(r"^([A-Za-z][\w.-]*):", text, re.M))
@@ -240,6 +295,20 @@ def sbatch_overrides(words: list[str], env: dict[str, str]) -> list[str]:
     return [f"trainer={env.get('TRAINER', 'ddp')}", "trainer.devices=1", *env.get("EXTRA_OVERRIDES", "").split()]
 
 
+def check_example_script(script: str, arguments: list[str]) -> None:
+    """A Python example's arguments go through the example's own parser, which stops there."""
+    path = ROOT / script
+    assert path.is_file(), path
+    spec = importlib.util.spec_from_file_location(f"documented_example_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert hasattr(module, "parse_args"), f"{script} needs a parse_args(argv) for this check"
+    try:
+        module.parse_args(arguments)
+    except SystemExit as exit:  # argparse's usage error
+        pytest.fail(f"`{script} {' '.join(arguments)}` did not get past its parser (exit status {exit.code})")
+
+
 def check_statically(command: Command, monkeypatch) -> None:
     """The check every documented command gets (nothing runs but parsers and Hydra's compose)."""
     words = shlex.split(substitute(command.text, {"run": "outputs/run", "scratch": "/tmp"}))
@@ -265,6 +334,16 @@ def check_statically(command: Command, monkeypatch) -> None:
         return
     if program == "sbatch":
         compose_overrides("fit", sbatch_overrides(words, env))
+        return
+    if words[: len(LIGHTNING_CLI)] == LIGHTNING_CLI:
+        arguments, config, _ = lightning_cli_parts(words)
+        if config is not None:  # the file an earlier command writes; the run reads it
+            at = arguments.index("--config")
+            arguments = arguments[:at] + arguments[at + 2 :]
+        parse_lightning_cli_arguments(arguments, monkeypatch)
+        return
+    if program == "python" and len(words) > 1 and words[1].startswith("examples/") and words[1].endswith(".py"):
+        check_example_script(words[1], words[2:])
         return
     argv = sru_argv(words)
     assert argv is not None, f"no check for this kind of command; add one to {Path(__file__).name}"
@@ -324,6 +403,7 @@ RUNNABLE = [
     and not_run_reason(c.text) is None
     and (argv[0] in TRAINER or argv[0] in RUN_TOOLS)
 ]
+LIGHTNING_CLI_RUNS = [c for c in COMMANDS if shlex.split(c.text)[: len(LIGHTNING_CLI)] == LIGHTNING_CLI]
 
 
 @pytest.fixture(scope="module")
@@ -378,3 +458,36 @@ def run_documented(command: Command, scratch, monkeypatch, capsys) -> None:
 )
 def test_documented_command_runs(command, scratch, monkeypatch, capsys):
     run_documented(command, scratch, monkeypatch, capsys)
+
+
+def run_documented_lightning_cli(command: Command, folder: Path, monkeypatch, capsys) -> None:
+    """A documented example command, in-process in `folder`, with the tiny sizes appended; the
+    commands writing the files it reads (`--config`, the checkpoint) run first when missing."""
+    monkeypatch.chdir(folder)
+    arguments, config, output = lightning_cli_parts(shlex.split(command.text))
+    if config is not None and not (folder / config).is_file():
+        writer = next(c for c in LIGHTNING_CLI_RUNS if lightning_cli_parts(shlex.split(c.text))[2] == config)
+        run_documented_lightning_cli(writer, folder, monkeypatch, capsys)
+    if LIGHTNING_CLI_CHECKPOINT in arguments:
+        written = sorted((folder / "checkpoints").glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
+        if not written:
+            fit = next(c for c in LIGHTNING_CLI_RUNS if " fit " in c.text and "--print_config" not in c.text)
+            run_documented_lightning_cli(fit, folder, monkeypatch, capsys)
+            written = sorted((folder / "checkpoints").glob("*.ckpt"), key=lambda path: path.stat().st_mtime)
+        arguments = [str(written[-1]) if a == LIGHTNING_CLI_CHECKPOINT else a for a in arguments]
+    monkeypatch.setattr(sys, "argv", [LIGHTNING_CLI[1]])  # the script's own, not pytest's
+    capsys.readouterr()
+    try:
+        lightning_cli_module().main([*arguments, *LIGHTNING_CLI_TINY])
+    except SystemExit as exit:  # --print_config ends the process after printing
+        assert exit.code in (0, None), f"{command} exited {exit.code}:\n{capsys.readouterr().err[-3000:]}"
+    printed = capsys.readouterr().out
+    if output is not None:
+        (folder / output).write_text(printed)
+
+
+@pytest.mark.parametrize("command", LIGHTNING_CLI_RUNS, ids=str)
+def test_documented_lightning_cli_command_runs(command, tmp_path_factory, monkeypatch, capsys):
+    folder = tmp_path_factory.getbasetemp() / "lightning_cli_doc_commands"
+    folder.mkdir(exist_ok=True)
+    run_documented_lightning_cli(command, folder, monkeypatch, capsys)

@@ -1,5 +1,6 @@
 """Callbacks a user's own Trainer takes, one per module as Lightning's own are: the recurrence
-precision policy (:mod:`.precision`, with the shape advice of :mod:`.tensor_cores`), a stop on
+precision policy (:mod:`.precision`, with the shape advice of :mod:`.tensor_cores`, and its
+counterpart for a Fabric loop, ``SRUFabricPrecision`` / ``apply_precision``), a stop on
 SIGTERM / Ctrl+C at a batch boundary (:mod:`.graceful_interrupt`, with the signals and the
 supervisor protocol of :mod:`.stop_signals`) and its checkpoint (:mod:`.interruption_checkpoint`),
 an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a stop on a non-finite
@@ -9,7 +10,7 @@ loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` 
 from .graceful_interrupt import GracefulInterrupt
 from .interruption_checkpoint import InterruptionCheckpoint
 from .nonfinite_loss import StopOnNonFiniteLoss
-from .precision import SRUPrecisionCallback
+from .precision import SRUFabricPrecision, SRUPrecisionCallback, apply_precision
 from .restore_data_position import RestoreDataPosition
 from .seed_every_batch import SeedEveryBatch
 from .tensor_cores import ShapeAdvice, TensorCoreShapeWarning, tensor_core_advice
@@ -20,6 +21,7 @@ __all__ = [
     "GracefulInterrupt",
     "InterruptionCheckpoint",
     "RestoreDataPosition",
+    "SRUFabricPrecision",
     "SRUPrecisionCallback",
     "SeedEveryBatch",
     "ShapeAdvice",
@@ -27,5 +29,6 @@ __all__ = [
     "TensorCoreShapeWarning",
     "TrainingThroughput",
     "ValidateBeforeStop",
+    "apply_precision",
     "tensor_core_advice",
 ]

@@ -1,6 +1,14 @@
 """SRUPrecisionCallback: one line in ``Trainer(callbacks=[...])`` sets the recurrence precision
 policy of every SRU layer in the model, tells APEX about the recurrence, reports the decision,
 and points out matmul shapes that keep half-precision matmuls off the tensor cores.
+
+SRUFabricPrecision does the same for a loop written with ``lightning.fabric.Fabric``, with the
+same rule (:func:`sru_lightning.precision.detect_regime` reads Fabric's plugins and strategies
+too) and the same report (:func:`format_precision_report`). It is not a Lightning Callback:
+Fabric calls any object's methods by name, and the one hook Fabric calls by itself is
+``on_after_setup``, at the end of ``fabric.setup(model, *optimizers)`` (the module converted to
+its precision's dtype and wrapped, no forward run yet). ``fabric.setup_module`` calls no hook;
+after it, call :func:`apply_precision` (or :meth:`SRUFabricPrecision.apply`).
 """
 
 from __future__ import annotations
@@ -27,7 +35,43 @@ from .tensor_cores import (
     tensor_core_advice,
 )
 
-__all__ = ["SRUPrecisionCallback"]
+__all__ = ["SRUFabricPrecision", "SRUPrecisionCallback", "apply_precision", "format_precision_report"]
+
+# How many layer names the report spells out before it counts the rest.
+SHOWN_LAYERS = 8
+
+
+def format_precision_report(
+    regime: Regime, policy: str, layers: list[str], apex_registrations: list[tuple[str, str]] = ()
+) -> str:
+    """The multi-line report of a decision, the same text under a Trainer and under Fabric:
+    the regime and where it was read from, the dtypes along the way, the recurrence's storage
+    and accumulation dtypes under ``policy``, the SRU layers that got the policy and, when APEX
+    is importable, how the recurrence is registered with it."""
+    shown = ", ".join(layers[:SHOWN_LAYERS])
+    if len(layers) > SHOWN_LAYERS:
+        shown += f", ... ({len(layers) - SHOWN_LAYERS} more)"
+    apex = ""
+    if apex_registrations:
+        kinds = sorted({kind for _, kind in apex_registrations})
+        apex = f"\n  apex.amp     entry points registered as {'/'.join(kinds)} functions"
+    return (
+        f"SRU recurrence precision (policy {policy!r})\n"
+        f"  regime       {regime.name} on {regime.device_type}, from {regime.source}\n"
+        f"  dtypes       weights {dtype_name(regime.param_dtype)} | autocast "
+        f"{dtype_name(regime.autocast_dtype)} | U {dtype_name(regime.u_dtype)}\n"
+        f"  recurrence   storage {dtype_name(regime.storage_dtype(policy))} | "
+        f"accumulation {dtype_name(regime.accumulation_dtype(policy))}\n"
+        f"  SRU layers   {len(layers)}{': ' + shown if shown else ''}" + apex
+    )
+
+
+def _no_layers_warning(owner: str, module_name: str) -> str:
+    return (
+        f"{owner}: {module_name} holds no SRU layer "
+        "(sru_lightning.nn.SRU / SRUCell / SRUpp); the callback has nothing to configure"
+    )
+
 
 # --------------------------------------------------------------------------- callback
 
@@ -140,27 +184,11 @@ class SRUPrecisionCallback(Callback):
         if not self.layers and not self._warned_without_layers:
             # Once per callback: a fit followed by a validation of the same model says it once.
             self._warned_without_layers = True
-            rank_zero_warn(
-                f"SRUPrecisionCallback: {type(pl_module).__name__} holds no SRU layer "
-                "(sru_lightning.nn.SRU / SRUCell / SRUpp); the callback has nothing to configure"
-            )
+            rank_zero_warn(_no_layers_warning("SRUPrecisionCallback", type(pl_module).__name__))
 
     def format_report(self, regime: Regime) -> str:
-        """The multi-line report logged once per fit."""
-        shown = ", ".join(self.layers[:8]) + (f", ... ({len(self.layers) - 8} more)" if len(self.layers) > 8 else "")
-        apex = ""
-        if self.apex_registrations:
-            kinds = sorted({kind for _, kind in self.apex_registrations})
-            apex = f"\n  apex.amp     entry points registered as {'/'.join(kinds)} functions"
-        return (
-            f"SRU recurrence precision (policy {self.policy!r})\n"
-            f"  regime       {regime.name} on {regime.device_type}, from {regime.source}\n"
-            f"  dtypes       weights {dtype_name(regime.param_dtype)} | autocast "
-            f"{dtype_name(regime.autocast_dtype)} | U {dtype_name(regime.u_dtype)}\n"
-            f"  recurrence   storage {dtype_name(regime.storage_dtype(self.policy))} | "
-            f"accumulation {dtype_name(regime.accumulation_dtype(self.policy))}\n"
-            f"  SRU layers   {len(self.layers)}{': ' + shown if shown else ''}" + apex
-        )
+        """The multi-line report logged once per fit (the same text Fabric's entry point logs)."""
+        return format_precision_report(regime, self.policy, self.layers, self.apex_registrations)
 
     @staticmethod
     def format_shape_advice(advice: list[ShapeAdvice]) -> str:
@@ -199,3 +227,78 @@ class SRUPrecisionCallback(Callback):
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+
+
+# --------------------------------------------------------------------------- Fabric
+
+
+class SRUFabricPrecision:
+    """Set the recurrence precision policy of every SRU layer of a Fabric model and report the
+    regime, as :class:`SRUPrecisionCallback` does for a Trainer::
+
+        fabric = Fabric(precision="bf16-mixed", callbacks=[SRUFabricPrecision()])
+        model, optimizer = fabric.setup(model, optimizer)  # Fabric calls on_after_setup here
+
+    Args:
+        policy: ``"auto"``, ``"fp32"`` or ``"half"``, as for :class:`SRUPrecisionCallback`.
+        register_apex: register the recurrence with ``apex.amp`` when APEX is importable (APEX
+            applies registrations inside ``amp.initialize``: a loop that calls it before
+            ``fabric.setup`` calls :func:`sru_lightning.precision.apex.register_with_apex`
+            first).
+        verbose: log the report through Lightning's rank-zero logger.
+
+    :attr:`regime`, :attr:`layers` and :attr:`report` keep the last decision. The tensor-core
+    shape advice needs a training-batch hook, which Fabric does not call: it is left out.
+    """
+
+    def __init__(self, policy: str = "auto", *, register_apex: bool = True, verbose: bool = True) -> None:
+        self.policy = validate_policy(policy, argument="policy")
+        if not isinstance(register_apex, bool):
+            raise TypeError(f"SRUFabricPrecision: `register_apex` must be a bool, got {register_apex!r}")
+        self.register_apex = register_apex
+        self.verbose = bool(verbose)
+        self.regime: Regime | None = None
+        self.layers: list[str] = []
+        self.apex_registrations: list[tuple[str, str]] = []
+        self.report: str = ""
+        self._warned_without_layers = False
+
+    def on_after_setup(self, fabric, module) -> None:
+        """Fabric's hook at the end of ``fabric.setup``."""
+        self.apply(fabric, module)
+
+    def apply(self, fabric, module) -> Regime:
+        """Set the policy on every SRU layer of ``module`` (what ``fabric.setup`` or
+        ``fabric.setup_module`` returned, or the plain module), read the regime of ``fabric``
+        and log the report. Returns the regime."""
+        from lightning.fabric import is_wrapped
+
+        # The user's module inside Fabric's wrapper (outside DDP's too): layer names then read
+        # as in the user's model, as the Trainer callback reports them.
+        model = module.module if is_wrapped(module) else module
+        self.layers = [name for name, _ in set_recurrence_policy(model, self.policy)]
+        if self.register_apex:
+            self.apex_registrations = register_with_apex(self.policy)
+        self.regime = detect_regime(fabric, model)
+        self.report = format_precision_report(self.regime, self.policy, self.layers, self.apex_registrations)
+        if self.verbose:
+            rank_zero_info(self.report)
+        for note in self.regime.notes:
+            rank_zero_warn(f"SRUFabricPrecision: {note}")
+        if not self.layers and not self._warned_without_layers:
+            # Once per callback: a loop that sets up a second model without SRU layers (a
+            # discriminator, say) hears it once.
+            self._warned_without_layers = True
+            rank_zero_warn(_no_layers_warning("SRUFabricPrecision", type(model).__name__))
+        return self.regime
+
+
+def apply_precision(
+    fabric, module, policy: str = "auto", *, register_apex: bool = True, verbose: bool = True
+) -> SRUFabricPrecision:
+    """Apply the recurrence policy to ``module`` under ``fabric`` and log the report, for a loop
+    that sets its model up with ``fabric.setup_module`` (Fabric calls no hook there). Returns
+    the :class:`SRUFabricPrecision` that did it (its ``regime``, ``layers`` and ``report``)."""
+    callback = SRUFabricPrecision(policy, register_apex=register_apex, verbose=verbose)
+    callback.apply(fabric, module)
+    return callback

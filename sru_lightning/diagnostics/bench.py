@@ -11,6 +11,9 @@ alone (one layer, forward+backward) in that dtype and in float32 and prints the 
 
 ``bench --decode [--tokens 200]`` times text generation instead: the default language model
 against the LSTM of the same size, one token at a time (see ``decode_bench``).
+
+``bench --compile`` times the default language model's training step and inference eagerly and
+compiled (``model.compile=true``), with the ratio (see ``compile_bench``).
 """
 
 from __future__ import annotations
@@ -407,6 +410,13 @@ def main(argv=None) -> int:
         "packages and in onnxruntime instead: a decoding step at batch 1 and a sequence "
         "of --length x --batch; uses --tokens, --threads, --repeats, --warmup, --statistic",
     )
+    parser.add_argument(
+        "--compile",
+        action="store_true",
+        help="time the default language model's training step and inference eagerly and with "
+        "torch.compile (model.compile=true) instead; uses --length, --batch, --threads, --repeats, "
+        "--warmup, --statistic",
+    )
     args = parser.parse_args([] if argv is None else list(argv))
     for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
         if getattr(args, name) < 1:
@@ -436,7 +446,20 @@ def main(argv=None) -> int:
         )
         print(export_bench.format_table(export_bench.run_export_benchmark(export_config)))
         return 0
-    settings = {key: value for key, value in vars(args).items() if key not in ("decode", "tokens", "export")}
+    if args.compile:
+        from sru_lightning.diagnostics import compile_bench
+
+        compile_config = compile_bench.CompileBenchConfig(
+            length=args.length,
+            batch=args.batch,
+            threads=args.threads,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            statistic=args.statistic,
+        )
+        print(compile_bench.format_table(compile_bench.run_compile_benchmark(compile_config)))
+        return 0
+    settings = {key: value for key, value in vars(args).items() if key not in ("decode", "tokens", "export", "compile")}
     config = BenchConfig(**settings)
     result = run_benchmark(config)
     print(format_table(result))

@@ -94,6 +94,10 @@ class SRULanguageModel(pl.LightningModule):
         lr_scheduler: None, or a `_target_` mapping / callable taking `optimizer`; Lightning
             keys (interval, frequency, monitor) may sit in the mapping. `total_steps` or
             `T_max` set to null are filled with the trainer's estimated number of steps.
+        compile: run the model compiled with `torch.compile` in `fit`, `validate` and `test`:
+            false (eager), true (torch.compile's default mode) or a mode name ("max-autotune",
+            "reduce-overhead", ...). It changes how the model runs, not what it computes, so
+            its weights load into a model with any other setting; `for_trainer()` applies it.
     """
 
     def __init__(
@@ -112,6 +116,7 @@ class SRULanguageModel(pl.LightningModule):
         lr_scheduler: Mapping[str, Any] | Callable | None = None,
         memory_length: int = 0,
         token_unit: str = "char",
+        compile: bool | str = False,
     ) -> None:
         super().__init__()
         if not isinstance(vocab_size, int) or vocab_size < 2:
@@ -138,6 +143,7 @@ class SRULanguageModel(pl.LightningModule):
                 "SRULanguageModel: `model.sru_options.bidirectional` must be false (a language model predicts "
                 "the next token, and a bidirectional layer reads it), got true"
             )
+        _check_compile_setting(compile)
         if token_unit not in BITS_NAMES:
             raise ValueError(f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}")
         # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
@@ -193,6 +199,18 @@ class SRULanguageModel(pl.LightningModule):
         shard = getattr(trainer.strategy, "shard", None) if trainer is not None else None
         if callable(shard):
             shard(self)
+
+    def for_trainer(self) -> nn.Module:
+        """What to hand the Trainer: this model, or `torch.compile(self)` when `compile` asks for it.
+
+        Lightning unwraps a compiled LightningModule and trains the module itself with its
+        forward and step methods compiled, so checkpoints hold this model's own parameter names
+        (no `_orig_mod.` prefix) and callbacks find its SRU layers.
+        """
+        setting = self.hparams.get("compile", False)
+        if setting is False:
+            return self
+        return torch.compile(self, mode=None if setting is True else setting)
 
     # -- model ------------------------------------------------------------------------------
     def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
@@ -325,8 +343,16 @@ class SRULanguageModel(pl.LightningModule):
         self._keep_state(stage, state)
         # Softmax in float32 whatever the compute dtype: the loss is a sum of many logs.
         loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+        self._record_step(stage, loss.detach(), inputs.size(0), targets.numel())
+        return loss
+
+    # Bookkeeping, not computation: under `compile` (which Lightning applies to the step methods
+    # too) it runs eagerly, since Dynamo cannot trace Lightning's logging (it inspects the
+    # compiled step method's signature).
+    @torch.compiler.disable
+    def _record_step(self, stage: str, loss: torch.Tensor, batch_size: int, tokens: int) -> None:
         metric = self.mean_nats[f"{stage}_nats"]
-        metric.update(loss.detach().float(), weight=targets.numel())
+        metric.update(loss.float(), weight=tokens)
         on_step = stage == "train"
         # Every value is the mean over the processes (sync_dist), so a curve does not depend on
         # how many processes share the global batch: each process sees as many tokens, and the
@@ -334,24 +360,22 @@ class SRULanguageModel(pl.LightningModule):
         # per step (the epoch's mean is `train_bpc_epoch`, from the metric above).
         self.log(
             f"{stage}_loss",
-            loss.detach(),
+            loss,
             on_step=on_step,
             on_epoch=not on_step,
             prog_bar=on_step,
-            batch_size=inputs.size(0),
+            batch_size=batch_size,
             sync_dist=True,
         )
-        if not on_step:
-            return loss
-        self.log(
-            self.bits_name("train"),
-            loss.detach() / math.log(2),
-            on_step=True,
-            on_epoch=False,
-            prog_bar=True,
-            sync_dist=True,
-        )
-        return loss
+        if on_step:
+            self.log(
+                self.bits_name("train"),
+                loss / math.log(2),
+                on_step=True,
+                on_epoch=False,
+                prog_bar=True,
+                sync_dist=True,
+            )
 
     def _log_epoch_metrics(self, stage: str) -> None:
         metric = self.mean_nats[f"{stage}_nats"]
@@ -474,6 +498,19 @@ class SRULanguageModel(pl.LightningModule):
             f"SRULanguageModel: `model.lr_scheduler.{key}` is null (fill in the run's step count), but "
             "the run has no step limit (max_time or max_epochs=-1); set trainer.max_steps, or set "
             f"model.lr_scheduler.{key} to a number, or use the default WarmupCosineLR schedule"
+        )
+
+
+def _check_compile_setting(value: Any) -> None:
+    if isinstance(value, bool):
+        return
+    # torch.compile's own list of modes (the names it accepts for `mode`).
+    from torch._inductor import list_mode_options
+
+    modes = tuple(list_mode_options())
+    if not isinstance(value, str) or value not in modes:
+        raise ValueError(
+            f"SRULanguageModel: `model.compile` must be true, false or a torch.compile mode {modes}, got {value!r}"
         )
 
 

@@ -1,14 +1,15 @@
-"""Which precision regime a Lightning Trainer trains in, and what that means for the recurrence.
+"""Which precision regime a Lightning Trainer (or a Fabric) trains in, and what that means for
+the recurrence.
 
 An SRU layer is a matmul (``U = x @ W``) followed by a custom recurrence kernel. The matmul's
 output dtype -- A, "the U dtype" -- follows the weights' dtype and the active autocast (or
 APEX's function patching); the kernel then stores its tensors in a dtype picked by the
 recurrence policy (``sru_lightning.ops.resolve_storage_dtype``) and accumulates in float32.
 
-:func:`detect_regime` reads a Trainer (or a strategy, or a precision plugin) and returns a
-:class:`Regime`: the weights' dtype, the autocast dtype, the expected U dtype and, for every
-policy, the storage and accumulation dtypes the kernel will run in. Sources, most specific
-first:
+:func:`detect_regime` reads a Trainer or a Fabric (or a strategy, or a precision plugin of
+either) and returns a :class:`Regime`: the weights' dtype, the autocast dtype, the expected U
+dtype and, for every policy, the storage and accumulation dtypes the kernel will run in.
+Sources, most specific first:
 
 * DeepSpeed (read by :mod:`sru_lightning.precision.deepspeed`): the config sections ``amp``
   (APEX AMP inside DeepSpeed), ``fp16``, ``bf16`` (alias ``bfloat16``) and ``torch_autocast``;

@@ -1,6 +1,13 @@
-"""Reading a Lightning Trainer: its strategy, its precision plugin and the device it runs on,
-and the regime of the plugin alone (32-true, 64-true, 16/bf16-mixed, 16/bf16-true,
-Transformer Engine, bitsandbytes)."""
+"""Reading a Lightning Trainer or Fabric: its strategy, its precision plugin and the device it
+runs on, and the regime of the plugin alone (32-true, 64-true, 16/bf16-mixed, 16/bf16-true,
+Transformer Engine, bitsandbytes).
+
+Lightning 2.x keeps two class trees: the Trainer's plugins and strategies
+(``lightning.pytorch``) and Fabric's (``lightning.fabric``). Only the base ``Precision`` and a
+few plugins of the Trainer subclass Fabric's; ``MixedPrecision``, ``HalfPrecision``,
+``DoublePrecision``, ``FSDPPrecision``, ``DeepSpeedPrecision`` and every strategy exist twice,
+unrelated. :func:`lightning_classes` names both, so one rule reads either tree.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +17,21 @@ from sru_lightning.ops.storage_dtype import HALF_DTYPES
 
 from .regime import PRECISION_STRINGS, Regime, dtype_name, regime_from_dtypes
 
-__all__ = ["device_type_of", "plugin_regime", "unpack_trainer"]
+__all__ = ["device_type_of", "lightning_classes", "plugin_regime", "unpack_trainer"]
+
+
+def lightning_classes(kind: str, name: str) -> tuple[type, ...]:
+    """The Trainer's and Fabric's class ``name``; ``kind`` is ``"precision"`` (a precision
+    plugin) or ``"strategies"``. For ``isinstance`` checks that accept both trees."""
+    import importlib
+
+    modules = {
+        "precision": ("lightning.pytorch.plugins.precision", "lightning.fabric.plugins.precision"),
+        "strategies": ("lightning.pytorch.strategies", "lightning.fabric.strategies"),
+    }
+    if kind not in modules:
+        raise ValueError(f"lightning_classes: `kind` must be one of {sorted(modules)}, got {kind!r}")
+    return tuple(getattr(importlib.import_module(module), name) for module in modules[kind])
 
 
 def device_type_of(strategy, plugin) -> str:
@@ -26,36 +47,40 @@ def device_type_of(strategy, plugin) -> str:
 
 
 def unpack_trainer(obj):
-    """(strategy, precision plugin) from a Trainer, a Strategy or a precision plugin."""
+    """(strategy, precision plugin) from a Trainer or a Fabric, a Strategy or a precision plugin
+    of either."""
+    from lightning.fabric import Fabric
+    from lightning.fabric.plugins.precision import Precision as FabricPrecision
+    from lightning.fabric.strategies import Strategy as FabricStrategy
     from lightning.pytorch import Trainer
-    from lightning.pytorch.plugins.precision import Precision
     from lightning.pytorch.strategies import Strategy
 
     if isinstance(obj, Trainer):
         return obj.strategy, obj.strategy.precision_plugin
+    if isinstance(obj, Fabric):
+        return obj.strategy, obj.strategy.precision
     if isinstance(obj, Strategy):
         return obj, obj.precision_plugin
-    if isinstance(obj, Precision):
+    if isinstance(obj, FabricStrategy):
+        return obj, obj.precision
+    if isinstance(obj, FabricPrecision):  # the Trainer's Precision subclasses Fabric's
         return None, obj
     raise TypeError(
-        "detect_regime: `trainer` must be a lightning.pytorch Trainer, Strategy or precision "
-        f"plugin (Precision), got {type(obj).__name__}"
+        "detect_regime: `trainer` must be a lightning.pytorch Trainer or a lightning.fabric Fabric, "
+        f"or a Strategy or a precision plugin (Precision) of either, got {type(obj).__name__}"
     )
 
 
 def plugin_regime(plugin, device_type: str) -> Regime:
-    from lightning.pytorch.plugins.precision import (
-        BitsandbytesPrecision,
-        DoublePrecision,
-        HalfPrecision,
-        MixedPrecision,
-        TransformerEnginePrecision,
-    )
+    """The regime of a precision plugin alone, the Trainer's or Fabric's."""
+
+    def of(name: str) -> bool:
+        return isinstance(plugin, lightning_classes("precision", name))
 
     plugin_name = type(plugin).__name__
     precision = str(getattr(plugin, "precision", "32-true"))
 
-    if isinstance(plugin, TransformerEnginePrecision):
+    if of("TransformerEnginePrecision"):
         device_type = "cuda"  # Transformer Engine is CUDA-only
         weights = plugin.weights_dtype
         fallback = getattr(plugin, "fallback_compute_dtype", None) or weights
@@ -69,7 +94,7 @@ def plugin_regime(plugin, device_type: str) -> Regime:
             device_type=device_type,
             source=f"{plugin_name}(weights_dtype={dtype_name(weights)}, fallback_compute_dtype={dtype_name(fallback)})",
         )
-    if isinstance(plugin, BitsandbytesPrecision):
+    if of("BitsandbytesPrecision"):
         compute = plugin.dtype
         return regime_from_dtypes(
             f"bitsandbytes-{getattr(plugin, 'mode', 'quantized')}",
@@ -78,11 +103,11 @@ def plugin_regime(plugin, device_type: str) -> Regime:
             device_type=device_type,
             source=f"{plugin_name}(dtype={dtype_name(compute)})",
         )
-    if isinstance(plugin, DoublePrecision):
+    if of("DoublePrecision"):
         precision = "64-true"
-    elif isinstance(plugin, MixedPrecision):
+    elif of("MixedPrecision"):
         device_type = torch.device(plugin.device).type
-    elif isinstance(plugin, HalfPrecision):
+    elif of("HalfPrecision"):
         pass  # precision is "16-true" or "bf16-true"
 
     name, notes = precision, ()

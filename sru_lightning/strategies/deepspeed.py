@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
+import os
+import shutil
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.accelerators import CPUAccelerator
@@ -12,6 +16,8 @@ from lightning.pytorch.strategies import DDPStrategy
 from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeedStrategy
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
+
+from .checkpoint_io import CheckpointWriteError
 
 __all__ = ["DeepSpeedStrategy", "HardwareRefusesDtype"]
 
@@ -112,6 +118,37 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
             "here, or fp16 on a CUDA GPU"
         )
 
+    def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any | None = None) -> None:
+        """A checkpoint folder that is whole or absent, as :class:`~.checkpoint_io.AtomicCheckpointIO`
+        makes checkpoint files.
+
+        Every rank writes its part into ``<folder>.partial``; once all have, rank 0 puts it in
+        place of ``<folder>`` (replacing an earlier one, as `last.ckpt` is replaced). A rank whose
+        write fails (a full disk) removes the partial folder and raises
+        :class:`~.checkpoint_io.CheckpointWriteError` naming the folder, so no half-written shard
+        is left under a checkpoint's real name. Remote paths are left to Lightning's writer.
+        """
+        target = str(self.broadcast(str(filepath)))
+        if "://" in target:
+            super().save_checkpoint(checkpoint, target, storage_options)
+            return
+        partial = target + ".partial"
+        if self.is_global_zero:
+            shutil.rmtree(partial, ignore_errors=True)  # left by a process killed while writing
+        self.barrier("sru_lightning_checkpoint_partial_cleared")
+        try:
+            super().save_checkpoint(checkpoint, partial, storage_options)
+        except (OSError, RuntimeError) as error:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise CheckpointWriteError(target, _write_failure(error, partial)) from error
+        except BaseException:
+            shutil.rmtree(partial, ignore_errors=True)
+            raise
+        self.barrier("sru_lightning_checkpoint_written")
+        if self.is_global_zero:
+            _put_folder_in_place(Path(partial), Path(target))
+        self.barrier("sru_lightning_checkpoint_in_place")
+
     def init_deepspeed(self) -> None:
         super().init_deepspeed()
         if self._on_cpu:
@@ -123,3 +160,30 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
 def _enabled(config: Any, key: str) -> bool:
     section = config.get(key) if isinstance(config, dict) else None
     return isinstance(section, dict) and bool(section.get("enabled", False))
+
+
+def _write_failure(error: BaseException, partial: str) -> OSError:
+    """The OSError behind a failed DeepSpeed save. torch's file writer reports a short write (a
+    full disk) as a RuntimeError about stream positions; the disk's free space tells which."""
+    if isinstance(error, OSError):
+        return error
+    try:
+        full = shutil.disk_usage(Path(partial).parent).free < (1 << 20)
+    except OSError:
+        full = False
+    if full:
+        return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+    return OSError(errno.EIO, f"the checkpoint writer failed: {str(error).strip().splitlines()[-1]}")
+
+
+def _put_folder_in_place(partial: Path, target: Path) -> None:
+    """Rename the written folder to its name; an earlier folder of that name goes only once the
+    new one is in place (a crash between leaves `<name>.replaced`, never a missing checkpoint)."""
+    replaced = target.with_name(target.name + ".replaced")
+    shutil.rmtree(replaced, ignore_errors=True)
+    if target.is_dir():
+        os.replace(target, replaced)
+    elif target.exists():
+        target.unlink()
+    os.replace(partial, target)
+    shutil.rmtree(replaced, ignore_errors=True)

@@ -6,6 +6,7 @@ import contextlib
 import json
 import os
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,47 @@ def test_a_fit_on_a_full_disk_fails_in_one_line_and_leaves_only_whole_checkpoint
             assert torch.load(run / "checkpoints" / name, weights_only=True)["global_step"] >= 0
         record = json.loads((run / "result.json").read_text())
         assert record["status"] == "failed" and record["error"].startswith("cannot write the checkpoint")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("trainer", ["deepspeed_stage_3"])
+def test_a_deepspeed_fit_on_a_full_disk_leaves_no_half_written_checkpoint_folder(tmp_path, trainer):
+    pytest.importorskip("deepspeed", reason="the DeepSpeed engine is the `deepspeed` extra")
+    from helpers import preloaded
+    from helpers.tiny_run import TINY_RUN
+
+    with small_disk(tmp_path / "disk", "200k") as disk:
+        run = disk / "run"
+        completed = preloaded.run(
+            [
+                sys.executable,
+                "-m",
+                "sru_lightning",
+                "fit",
+                *TINY_RUN,
+                f"trainer={trainer}",
+                "trainer.accelerator=cpu",
+                "trainer.devices=1",
+                "model.hidden_size=64",
+                "logger=none",
+                "threads=1",
+                f"hydra.run.dir={run}",
+            ],
+            cwd=tmp_path,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert completed.returncode == 1, completed.stderr[-3000:]
+        errors = [line for line in completed.stderr.splitlines() if "error" in line]
+        assert any("cannot write the checkpoint" in line and "No space left on device" in line for line in errors), (
+            completed.stderr[-3000:]
+        )
+        assert "Traceback" not in completed.stderr
+        # Nothing under a checkpoint's name but whole folders: each has its `latest` tag and
+        # every rank's files; the half-written one is gone.
+        for entry in (run / "checkpoints").iterdir() if (run / "checkpoints").exists() else []:
+            assert not entry.name.endswith(".partial"), sorted(os.listdir(entry.parent))
+            assert entry.is_dir() and (entry / "latest").read_text() == "checkpoint", entry
+        record = json.loads((run / "result.json").read_text())
+        assert record["status"] == "failed" and record["error"].startswith("cannot write the checkpoint"), record

@@ -115,12 +115,31 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     trainer = instantiate_setting(
         cfg.trainer, cfg=cfg, callbacks=callbacks, logger=loggers or False, **_run_plugins(cfg)
     )
+    _check_compile_fits_strategy(model, trainer)
     set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
         with data_setting():
             check_sizes(world_size=trainer.world_size)
     return trainer, model, datamodule, start
+
+
+def _check_compile_fits_strategy(model, trainer) -> None:
+    """`model.compile` under a strategy Lightning runs no compiled model with is refused before the
+    run starts; Lightning's own check comes inside the Trainer call, where it would be a failure."""
+    from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, FSDPStrategy, SingleDeviceStrategy
+
+    setting = (getattr(model, "hparams", None) or {}).get("compile", False)
+    strategy = trainer.strategy
+    # Lightning's rule (lightning.pytorch.utilities.compile): these strategies, DeepSpeed excepted.
+    supported = isinstance(strategy, (SingleDeviceStrategy, DDPStrategy, FSDPStrategy))
+    if setting is False or (supported and not isinstance(strategy, DeepSpeedStrategy)):
+        return
+    raise UsageError(
+        f"`model.compile` must be false with trainer.strategy={type(strategy).__name__} (Lightning runs compiled "
+        f"models only with a single-device, DDP or FSDP strategy), got model.compile={setting!r}; set "
+        "model.compile=false or choose another trainer"
+    )
 
 
 def _run_plugins(cfg) -> dict[str, Any]:

@@ -70,6 +70,8 @@ RULES: tuple[Rule, ...] = (
     Rule("model.dropout", APPLY, UNUSED),
     Rule("model.rnn_dropout", APPLY, UNUSED),
     Rule("model.sru_options.attn_dropout", APPLY, UNUSED),
+    # How the model runs, not what it computes: the same weights train and evaluate either way.
+    Rule("model.compile", APPLY, APPLY),
     Rule("model*", REFUSE, REFUSE, "the weights belong to the model they were trained as"),
     Rule("data.eval_batch_size", APPLY, APPLY),
     Rule("data*", REFUSE, APPLY, "a resumed fit continues the run's token stream at its saved position"),

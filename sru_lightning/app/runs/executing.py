@@ -69,7 +69,9 @@ def execute(
     training_metrics: dict[str, float] = {}
     if command == "fit":
         with trainer_call_settings(trainer, trainer.fit_loop):
-            trainer.fit(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit))
+            trainer.fit(
+                _handed_to_trainer(model), datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.fit)
+            )
         if final_checkpoint is not None:
             _save_final_weights(trainer, final_checkpoint)
         # A validation of the final weights replaces the trainer's metrics; the training ones stay.
@@ -77,10 +79,17 @@ def execute(
         _validate_final_weights(trainer, model, datamodule, bits)
     elif command == "validate":
         with trainer_call_settings(trainer, trainer.validate_loop):
-            trainer.validate(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.validate))
+            trainer.validate(
+                _handed_to_trainer(model),
+                datamodule=datamodule,
+                ckpt_path=ckpt_path,
+                **_safe_loading(trainer.validate),
+            )
     else:
         with trainer_call_settings(trainer, trainer.test_loop):
-            trainer.test(model, datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.test))
+            trainer.test(
+                _handed_to_trainer(model), datamodule=datamodule, ckpt_path=ckpt_path, **_safe_loading(trainer.test)
+            )
     metrics = _scalar_metrics(trainer)
     if command == "fit":
         metrics = {
@@ -152,6 +161,15 @@ def _training_metrics(trainer) -> dict[str, float]:
             name = name[: -len("_epoch")] + "_since_resume"
         metrics[name] = value
     return metrics
+
+
+def _handed_to_trainer(model):
+    """The model as the Trainer call gets it: `torch.compile(model)` when `model.compile` asks for
+    it (`SRULanguageModel.for_trainer`), as Lightning documents. Lightning unwraps it and runs the
+    module itself with compiled steps, so checkpoints, callbacks and the final validation all see
+    `model`; another LightningModule named by the config is handed over as it is."""
+    for_trainer = getattr(model, "for_trainer", None)
+    return for_trainer() if callable(for_trainer) else model
 
 
 def _safe_loading(method) -> dict[str, bool]:

@@ -373,6 +373,17 @@ def resolve_checkpoint(
     return None
 
 
+#: Model settings that say how the model runs, not what it is: a run trained with another value
+#: is the same model (`model.compile`, which runs may also have been saved without).
+HOW_THE_MODEL_RUNS = ("compile",)
+
+
+def _trained_model(model: Any) -> Any:
+    if not isinstance(model, dict):
+        return model
+    return {key: value for key, value in model.items() if key not in HOW_THE_MODEL_RUNS}
+
+
 def _same_run_settings(cfg, command: str) -> Callable[[RunFolder], str | None]:
     """For `ckpt_path=last`: a run qualifies when it trained this model on this data and the
     configured engine can read its latest checkpoint."""
@@ -380,7 +391,7 @@ def _same_run_settings(cfg, command: str) -> Callable[[RunFolder], str | None]:
 
     from .checkpoints import check_engine_reads
 
-    model = OmegaConf.to_container(cfg.model, resolve=True)
+    model = _trained_model(OmegaConf.to_container(cfg.model, resolve=True))
     data = OmegaConf.to_container(cfg.data, resolve=True)
 
     def accept(run: RunFolder) -> str | None:
@@ -390,7 +401,7 @@ def _same_run_settings(cfg, command: str) -> Callable[[RunFolder], str | None]:
         if elsewhere is not None:
             return elsewhere
         config = run.config()
-        if section(config, "model") != model or section(config, "data") != data:
+        if _trained_model(section(config, "model")) != model or section(config, "data") != data:
             return "another model or data config"
         try:
             check_engine_reads(cfg, command, run.latest.path)
