@@ -20,6 +20,10 @@ from helpers import preloaded
 
 # Test files (relative to tests/) that take longest, longest first: started first under xdist.
 LONGEST_FILES = [
+    # mostly waiting on the cluster's jobs: started first, beside the files that keep the CPUs busy
+    "cluster/test_preemption.py",
+    "cluster/test_preemption_moments.py",
+    "cluster/test_sweeps_on_slurm.py",
     "strategies/test_engines.py",
     "app/test_signals_ddp.py",
     "app/test_runs.py",

@@ -8,6 +8,7 @@ Skipped with the reason where the SLURM packages are missing or the tests do not
 from __future__ import annotations
 
 import pytest
+from helpers.requeue_jobs import TRAINERS, Reference
 from helpers.slurm_cluster import SlurmCluster, unavailable
 
 
@@ -22,3 +23,14 @@ def slurm_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+# The uninterrupted local runs a test file's requeued jobs are compared with, started in the
+# background as the file starts.
+@pytest.fixture(scope="module")
+def references(tmp_path_factory):
+    root = tmp_path_factory.mktemp("references")
+    started = {tasks: Reference(root, tasks) for tasks in TRAINERS}
+    yield started
+    for reference in started.values():
+        reference.stop()
