@@ -9,6 +9,7 @@ losses are equal bit for bit.
 
 from __future__ import annotations
 
+import json
 import socket
 import sys
 
@@ -70,3 +71,30 @@ def test_two_torchrun_nodes_match_ddp_cpu(tmp_path):
     assert sorted(expected) == sorted(got) == list(range(MAX_STEPS))
     differing = {step: (got[step], expected[step]) for step in expected if got[step] != expected[step]}
     assert not differing, f"{len(differing)} of {MAX_STEPS} steps differ: {differing}"
+
+
+@pytest.mark.slow
+def test_a_node_that_never_starts_is_named_in_one_line(tmp_path, monkeypatch):
+    # Node 0 of two, and no node 1: rank 0 waits for it `trainer.strategy.timeout` (here 5 s,
+    # Lightning's default is 30 min), then says how many processes joined and what to start.
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", str(free_port()))
+    monkeypatch.setenv("NODE_RANK", "0")
+    run_dir = tmp_path / "alone"
+    ended = finish(
+        start(
+            run_dir,
+            "trainer.devices=1",
+            "trainer.num_nodes=2",
+            "+trainer.strategy.timeout._target_=datetime.timedelta",
+            "+trainer.strategy.timeout.seconds=5",
+        ),
+        timeout=120,
+    )
+    assert ended.returncode == 1, ended.stdout[-3000:]
+    assert "Traceback" not in ended.stdout
+    said = [line for line in ended.stdout.splitlines() if ": error: " in line]
+    assert len(said) == 1 and "did not all start: 1 of 2 joined within" in said[0], ended.stdout[-3000:]
+    assert "trainer.num_nodes=2, start the same command on every node" in said[0]
+    record = json.loads((run_dir / "result.json").read_text())
+    assert record["status"] == "failed" and record["error"].startswith("the processes of this run did not all start")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import time
 from dataclasses import dataclass, field
@@ -121,7 +122,7 @@ def ended_early(error: BaseException, attempt: Attempt) -> dict[str, Any]:
         _refused(error, attempt)
     cause = interruption_cause(attempt.trainer, error)
     if cause is None:
-        error = _name_a_lost_process(attempt, error)
+        error = _name_an_unformed_group(attempt, _name_a_lost_process(attempt, error))
     attempt.finish("interrupted" if cause is not None else "failed", error=cause or describe(error))
     requeue = cause is not None and _stopped_for_requeue(attempt)
     if requeue:
@@ -180,6 +181,32 @@ def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseExceptio
                 f"go on ({first_line})"
             )
     return RunFailed(f"another process of this run ended, so rank {trainer.global_rank} could not go on ({first_line})")
+
+
+#: torch's TCPStore when the processes of a run did not all join before the timeout.
+_NOT_ALL_JOINED = re.compile(r"Timed out after (\d+) seconds waiting for clients\. (\d+)/(\d+) clients joined")
+
+
+def _name_an_unformed_group(attempt: Attempt, error: BaseException) -> BaseException:
+    """Rank 0 gave up waiting for the other processes of the run to join the process group (a
+    node that never started): one line saying how many joined and how to start the rest,
+    instead of the rendezvous' traceback."""
+    found = _NOT_ALL_JOINED.search(str(error)) if isinstance(error, Exception) else None
+    if found is None:
+        return error
+    seconds, joined, expected = (int(group) for group in found.groups())
+    trainer = attempt.trainer
+    nodes = getattr(trainer, "num_nodes", 1) if trainer is not None else 1
+    how = (
+        f"with trainer.num_nodes={nodes}, start the same command on every node with its NODE_RANK "
+        "(0 to num_nodes - 1) and the same MASTER_ADDR and MASTER_PORT"
+        if nodes > 1
+        else "every process of the run must start"
+    )
+    return RunFailed(
+        f"the processes of this run did not all start: {joined} of {expected} joined within {seconds} s; {how} "
+        "(`trainer.strategy.timeout`, a datetime.timedelta, sets how long to wait)"
+    )
 
 
 def _rank0_is_gone(attempt: Attempt, error: BaseException) -> bool:
