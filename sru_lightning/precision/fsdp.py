@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from .regime import PRECISION_STRINGS, Regime, dtype_name, regime_from_dtypes
+from .regime import PRECISION_STRINGS, Regime, dtype_name, plugin_class_name, regime_from_dtypes
 
 __all__ = ["fsdp_regime", "fsdp2_param_dtype", "fsdp2_regime"]
 
@@ -41,7 +41,7 @@ def fsdp_regime(mixed_precision, plugin, device_type: str) -> Regime:
         )
     else:
         weights = weights_from_plugin
-        source = f"{type(plugin).__name__}(precision={precision!r}) under FSDP"
+        source = f"{plugin_class_name(plugin)}(precision={precision!r}) under FSDP"
     return regime_from_dtypes(
         f"fsdp-{dtype_name(weights)}" if plugin_autocast is None else f"fsdp-{precision}",
         param_dtype=weights,

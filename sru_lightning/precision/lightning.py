@@ -15,7 +15,7 @@ import torch
 
 from sru_lightning.ops.storage_dtype import HALF_DTYPES
 
-from .regime import PRECISION_STRINGS, Regime, dtype_name, regime_from_dtypes
+from .regime import PRECISION_STRINGS, Regime, dtype_name, plugin_class_name, regime_from_dtypes
 
 __all__ = ["device_type_of", "lightning_classes", "plugin_regime", "unpack_trainer"]
 
@@ -77,7 +77,7 @@ def plugin_regime(plugin, device_type: str) -> Regime:
     def of(name: str) -> bool:
         return isinstance(plugin, lightning_classes("precision", name))
 
-    plugin_name = type(plugin).__name__
+    plugin_name = plugin_class_name(plugin)
     precision = str(getattr(plugin, "precision", "32-true"))
 
     if of("TransformerEnginePrecision"):

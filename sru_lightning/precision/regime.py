@@ -133,3 +133,13 @@ PRECISION_STRINGS: dict[str, tuple[torch.dtype, torch.dtype | None]] = {
     "16-mixed": (torch.float32, torch.float16),
     "bf16-mixed": (torch.float32, torch.bfloat16),
 }
+
+
+def plugin_class_name(plugin) -> str:
+    """The name of the Lightning plugin class a plugin is (or extends): a report says
+    ``FSDPPrecision`` under the Trainer and under Fabric alike, whichever subclass of it the
+    strategy runs (:mod:`sru_lightning.strategies` adapts Lightning's for CPU processes)."""
+    for cls in type(plugin).__mro__:
+        if cls.__module__.startswith("lightning."):
+            return cls.__name__
+    return type(plugin).__name__

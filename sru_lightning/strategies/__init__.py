@@ -13,6 +13,7 @@ itself when no GPU is present; FSDP and FSDP2 run on gloo.
 * :class:`FSDP2Strategy` -- FSDP2 (``fully_shard``) through Lightning's
   ``ModelParallelStrategy``: one shard group per recurrent layer and one for the root, and
   ``MixedPrecisionPolicy`` from ``Trainer(precision=...)``, for any LightningModule.
+* :mod:`sru_lightning.strategies.fabric` -- the same three for ``lightning.fabric.Fabric``.
 * :class:`AtomicCheckpointIO` -- checkpoint files that are complete or absent (written beside
   the target, then renamed), and a :class:`CheckpointWriteError` that names the file.
 """

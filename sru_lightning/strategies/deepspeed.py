@@ -19,7 +19,7 @@ from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
 from .checkpoint_io import CheckpointWriteError
 
-__all__ = ["DeepSpeedStrategy", "HardwareRefusesDtype"]
+__all__ = ["DeepSpeedStrategy", "HardwareRefusesDtype", "cpu_device_rank", "refuse_unsupported_fp16"]
 
 
 class HardwareRefusesDtype(MisconfigurationException):
@@ -76,47 +76,11 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
         with self._cpu_device_rank():
             return super()._initialize_deepspeed_inference(*args, **kwargs)
 
-    @contextlib.contextmanager
-    def _cpu_device_rank(self) -> Iterator[None]:
-        """Lightning passes ``device_rank=root_device.index`` to ``deepspeed.initialize``; a CPU
-        device has no index (None), which DeepSpeed cannot compare. Pass the local rank, which
-        DeepSpeed's CPU accelerator maps to its one device, during these calls only."""
-        if not self._on_cpu:
-            yield
-            return
-        import deepspeed
-
-        initialize = deepspeed.initialize
-        local_rank = self.local_rank
-
-        def initialize_on_cpu(*args: Any, **kwargs: Any):
-            namespace = kwargs.get("args")
-            if namespace is not None and getattr(namespace, "device_rank", 0) is None:
-                kwargs["args"] = argparse.Namespace(**{**vars(namespace), "device_rank": local_rank})
-            return initialize(*args, **kwargs)
-
-        deepspeed.initialize = initialize_on_cpu
-        try:
-            yield
-        finally:
-            deepspeed.initialize = initialize
+    def _cpu_device_rank(self):
+        return cpu_device_rank(self.local_rank if self._on_cpu else None)
 
     def _refuse_unsupported_dtype(self) -> None:
-        """fp16 on a CPU whose DeepSpeed accelerator has no fp16 kernels fails deep inside the
-        engine; say it in one sentence before any process group starts."""
-        wants_fp16 = self.precision_plugin.precision in ("16-mixed", "16-true") or _enabled(self.config, "fp16")
-        if not wants_fp16:
-            return
-        from deepspeed.accelerator import get_accelerator
-
-        accelerator = get_accelerator()
-        if accelerator.is_fp16_supported():
-            return
-        raise HardwareRefusesDtype(
-            f"DeepSpeed cannot train in fp16 on this {accelerator.device_name()} (its accelerator "
-            f"{type(accelerator).__name__} has no fp16 support); use trainer.precision=bf16-mixed or 32-true "
-            "here, or fp16 on a CUDA GPU"
-        )
+        refuse_unsupported_fp16(self.precision_plugin.precision, self.config)
 
     def save_checkpoint(self, checkpoint: dict, filepath: Any, storage_options: Any | None = None) -> None:
         """A checkpoint folder that is whole or absent, as :class:`~.checkpoint_io.AtomicCheckpointIO`
@@ -155,6 +119,52 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
             rank_zero_info(
                 f"DeepSpeed ZeRO stage {self.config.get('zero_optimization', {}).get('stage')} on CPU (gloo)"
             )
+
+
+@contextlib.contextmanager
+def cpu_device_rank(local_rank: int | None) -> Iterator[None]:
+    """Lightning (Trainer and Fabric alike) passes ``device_rank=root_device.index`` to
+    ``deepspeed.initialize``; a CPU device has no index (None), which DeepSpeed cannot compare.
+    Pass the process's local rank, which DeepSpeed's CPU accelerator maps to its one device,
+    within this context only. ``local_rank`` None (not on CPU) changes nothing."""
+    if local_rank is None:
+        yield
+        return
+    import deepspeed
+
+    initialize = deepspeed.initialize
+
+    def initialize_on_cpu(*args: Any, **kwargs: Any):
+        namespace = kwargs.get("args")
+        if namespace is not None and getattr(namespace, "device_rank", 0) is None:
+            kwargs["args"] = argparse.Namespace(**{**vars(namespace), "device_rank": local_rank})
+        return initialize(*args, **kwargs)
+
+    deepspeed.initialize = initialize_on_cpu
+    try:
+        yield
+    finally:
+        deepspeed.initialize = initialize
+
+
+def refuse_unsupported_fp16(precision: str, config: Any, setting: str = "trainer.precision") -> None:
+    """fp16 on a CPU whose DeepSpeed accelerator has no fp16 kernels fails deep inside the
+    engine; say it in one sentence (naming ``setting``, the user's precision setting) before any
+    process group starts. Whether the CPU has them
+    depends on the machine (AVX-512 FP16 / AMX): DeepSpeed's accelerator is asked, never assumed."""
+    wants_fp16 = precision in ("16-mixed", "16-true") or _enabled(config, "fp16")
+    if not wants_fp16:
+        return
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    if accelerator.is_fp16_supported():
+        return
+    raise HardwareRefusesDtype(
+        f"DeepSpeed cannot train in fp16 on this {accelerator.device_name()} (its accelerator "
+        f"{type(accelerator).__name__} has no fp16 support); use {setting}=bf16-mixed or 32-true "
+        "here, or fp16 on a CUDA GPU"
+    )
 
 
 def _enabled(config: Any, key: str) -> bool:

@@ -83,13 +83,14 @@ class RecordLosses(Callback):
         self.losses.append(outputs["loss"].item())
 
 
-def trainer_run(precision: str, devices: int = 1, rank: int = 0):
-    """(callback, losses, traced storage dtypes) of STEPS Trainer steps."""
+def trainer_run(precision: str, devices: int = 1, rank: int = 0, strategy=None):
+    """(callback, losses, traced storage dtypes) of STEPS Trainer steps (``strategy`` None:
+    DDP on more than one device)."""
     callback, record = SRUPrecisionCallback(), RecordLosses()
     trainer = Trainer(
         accelerator="cpu",
         devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
+        strategy=strategy or ("ddp" if devices > 1 else "auto"),
         precision=precision,
         max_steps=STEPS,
         callbacks=[callback, record],
@@ -106,13 +107,13 @@ def trainer_run(precision: str, devices: int = 1, rank: int = 0):
     return callback, record.losses, {call.storage_dtype for call in calls}
 
 
-def fabric_run(precision: str, devices: int = 1):
+def fabric_run(precision: str, devices: int = 1, strategy=None):
     """(callback, losses, traced storage dtypes) of the same STEPS steps in a Fabric loop."""
     callback = SRUFabricPrecision()
     fabric = Fabric(
         accelerator="cpu",
         devices=devices,
-        strategy="ddp" if devices > 1 else "auto",
+        strategy=strategy or ("ddp" if devices > 1 else "auto"),
         precision=precision,
         callbacks=[callback],
     )
