@@ -250,7 +250,7 @@ SAMPLE = {
 }
 KEY_LINES = re.compile(r"error:|Traceback|final val_bpc=|Received SIG|interrupted at step")
 # What differs between two runs of the same command: when and how fast it ran.
-VOLATILE = ("started", "wall_seconds", "tokens_per_second")
+VOLATILE = ("started", "wall_seconds", "tokens_per_second", "flops_per_second")
 
 
 def observed(ended: subprocess.CompletedProcess, cwd: Path) -> dict:

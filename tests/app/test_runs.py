@@ -164,6 +164,8 @@ def test_a_max_steps_stop_validates_inside_the_fit_and_keeps_a_best_checkpoint(t
     for key in ("optimizer_steps", "tokens_per_second", "train_tokens", "wall_seconds", "started"):
         assert key in record
     assert record["train_tokens"] == 5 * 4 * 16 and record["tokens_per_second"] > 0
+    # the first batch's FLOPs, counted (the recurrence included); no MFU without a known peak
+    assert record["flops_per_batch"] > 0 and record["flops_per_second"] > 0 and "mfu" not in record
     assert "train_bpc" in record["metrics"]
 
 

@@ -7,6 +7,7 @@ run's log). Only rank 0 writes the run's records, unless rank 0 is gone.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 import signal
@@ -93,6 +94,21 @@ def record_a_watchdog_exit(attempt: Attempt) -> None:
             callback.before_watchdog_exit.append(record)
 
 
+def throughput_record(throughput) -> dict[str, Any]:
+    """What a run records of its training throughput: what was measured, nothing else (a fit
+    of one batch times none; FLOPs are not counted under torch.compile; MFU needs a known peak)."""
+    figures: dict[str, Any] = {"train_tokens": throughput.tokens}
+    if math.isfinite(throughput.tokens_per_second):
+        figures["tokens_per_second"] = round(throughput.tokens_per_second, 1)
+    if throughput.flops_per_batch is not None:
+        figures["flops_per_batch"] = throughput.flops_per_batch
+    if throughput.flops_per_second is not None:
+        figures["flops_per_second"] = float(f"{throughput.flops_per_second:.4g}")
+    if throughput.mfu is not None:
+        figures["mfu"] = round(throughput.mfu, 4)
+    return figures
+
+
 def completed(attempt: Attempt, metrics: dict[str, float]) -> dict[str, Any]:
     """Record a completed run and name its directory."""
     from sru_lightning.callbacks import TrainingThroughput
@@ -107,7 +123,7 @@ def completed(attempt: Attempt, metrics: dict[str, float]) -> dict[str, Any]:
         )
     throughput = next((cb for cb in trainer.callbacks if isinstance(cb, TrainingThroughput)), None)
     if throughput is not None and throughput.tokens:
-        record.update(train_tokens=throughput.tokens, tokens_per_second=round(throughput.tokens_per_second, 1))
+        record.update(throughput_record(throughput))
     if trainer.is_global_zero:
         write_record(attempt.output_dir, record)
         say(f"run directory: {attempt.output_dir}")
