@@ -67,3 +67,45 @@ class SignalOnce(pl.Callback):
         if trainer.is_global_zero:
             self.marker.write_text(f"{trainer.global_step}\n")
         self.sender._maybe_send(trainer, *args, **kwargs)
+
+
+class SignalAtMoments(pl.Callback):
+    """One signal per attempt of a run, at the next of several moments: a job requeued after each
+    stop runs the same command, and its attempt k sends the signal at moment k.
+
+    `moments` is ``"hook@step/hook@step/..."`` (hooks of signal_sender.POINTS); moment k fires
+    the first time its hook runs at or after optimizer step `step` (outside the sanity check).
+    Rank 0 writes ``<marker_dir>/moment-<k>`` just before the signal goes to the whole process
+    group; an attempt arms the first moment without a marker, so every moment fires once."""
+
+    def __init__(self, moments: str, marker_dir: str, signum: int = 10) -> None:
+        from signal_sender import POINTS
+
+        self.moments = []
+        for entry in moments.split("/"):
+            hook, step = entry.split("@")
+            if hook not in POINTS:
+                raise ValueError(f"SignalAtMoments: each hook must be one of {sorted(POINTS)}, got {hook!r}")
+            self.moments.append((hook, int(step)))
+        self.marker_dir, self.signum = Path(marker_dir), int(signum)
+        self.armed: int | None = None
+        for hook in POINTS:
+            setattr(self, hook, lambda trainer, *args, _hook=hook, **kwargs: self._maybe_send(_hook, trainer))
+
+    def marker(self, index: int) -> Path:
+        return self.marker_dir / f"moment-{index}"
+
+    def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
+        fired = [index for index in range(len(self.moments)) if self.marker(index).exists()]
+        self.armed = len(fired) if len(fired) < len(self.moments) else None
+
+    def _maybe_send(self, hook: str, trainer: pl.Trainer) -> None:
+        if self.armed is None or trainer.sanity_checking:
+            return
+        armed_hook, at_step = self.moments[self.armed]
+        if hook != armed_hook or trainer.global_step < at_step:
+            return
+        index, self.armed = self.armed, None
+        if trainer.is_global_zero:
+            self.marker(index).write_text(f"{hook} at step {trainer.global_step}\n")
+            os.killpg(os.getpgid(0), self.signum)

@@ -211,6 +211,11 @@ def assert_continued_exactly(job: Job, reference: Reference, stop_signal: str, r
     assert completed["ckpt_path"] == str(job.run_dir / "checkpoints" / "interrupted.ckpt"), completed
     assert job.result() == completed
 
+    assert_losses_equal(job, reference)
+
+
+def assert_losses_equal(job: Job, reference: Reference) -> None:
+    """The job's per-step training losses are the uninterrupted run's."""
     expected, got = reference.losses(), step_losses(job.run_dir)
     assert sorted(got) == sorted(expected), (sorted(got), sorted(expected))
     differing = {
