@@ -92,8 +92,10 @@ class ExportedLanguageModel:
             program = load_pt2(model_path, fmt, self.manifest["needs_sru_lightning_kernels"])
 
             def run(tokens, state):
+                # An AOTInductor package reads its inputs as contiguous whatever their strides: a
+                # time slice of a longer token tensor (tokens[:, 3:5]) gave another sequence's logits.
                 with torch.inference_mode():
-                    return program(tokens, *state)
+                    return program(tokens.contiguous(), *(tensor.contiguous() for tensor in state))
 
             self._run = run
 

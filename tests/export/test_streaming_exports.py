@@ -1,7 +1,9 @@
-"""Chunked streaming equals one pass in the exported language model: ONNX Runtime and
-AOTInductor, SRU and SRU++ (memory carried in the graph's fixed-size memory), random (seeded)
+"""Chunked streaming equals one pass in the exported language model: ONNX Runtime, AOTInductor
+and torch.export programs, SRU and SRU++ (memory carried in the graph's fixed-size memory), random (seeded)
 splits through ``stream_chunks``, float32 (exports are float32) within 1e-6 of the same runtime's
-one pass. The eager and compiled matrix is tests/nn/test_streaming.py."""
+one pass. The chunks are time slices of one token tensor, so not contiguous: an AOTInductor
+package read them as contiguous (another sequence's logits) until the runner made them so. The
+eager and compiled matrix is tests/nn/test_streaming.py."""
 
 from __future__ import annotations
 
@@ -58,6 +60,8 @@ def exports(tmp_path_factory):
         ("srupp", "onnx"),
         pytest.param("sru", "aoti", marks=pytest.mark.slow),
         pytest.param("srupp", "aoti", marks=pytest.mark.slow),
+        pytest.param("sru", "pt2", marks=pytest.mark.slow),
+        pytest.param("srupp", "pt2", marks=pytest.mark.slow),
     ],
 )
 def test_chunked_stream_of_an_export_equals_its_one_pass(kind, fmt, exports):

@@ -118,9 +118,8 @@ def test_chunked_stream_equals_one_pass_compiled(kind, dtype):
     compiled = torch.compile(module, dynamic=True)
     with torch.no_grad(), torch._dynamo.config.patch(recompile_limit=32, fail_on_recompile_limit_hit=True):
         expected = one_pass(kind, compiled, x)
-        for seed in range(2):
-            sizes = random_split(LENGTH, seed)
-            check_equal(kind, dtype, expected, chunked(compiled, x, sizes, time_dim), sizes)
+        sizes = random_split(LENGTH, 0)  # one split (each new shape compiles): it ends with a chunk of 1
+        check_equal(kind, dtype, expected, chunked(compiled, x, sizes, time_dim), sizes)
     eager = one_pass(kind, module, x)
     if dtype == torch.float32:  # and compiled is eager's computation
         assert relative_error(expected[0], eager[0]) <= 1e-5
