@@ -171,9 +171,9 @@ def test_a_one_shot_call_of_a_bidirectional_layer_with_c0_is_not_streaming():
 def test_bounded_srupp_memory_and_misplaced_memory_length():
     module, x = build("srupp", torch.float32), sequence("srupp", torch.float32)
     with torch.no_grad():
-        _, state = stream_chunks(module, x.split([4, 9, 4]), memory_length=5)
+        _, state = stream_chunks(module, x.split([4, 5, 4]), memory_length=5)
         assert [tuple(m.shape) for m in state[1:]] == [(5, BATCH, INPUT), (5, BATCH, HIDDEN)]
-        _, state = stream_chunks(module, x.split([4, 13]), memory_length=0)
+        _, state = stream_chunks(module, x.split([4, 9]), memory_length=0)
         assert len(state) == 1
     with pytest.raises(ValueError, match="`memory_length` applies to SRUpp layers only, got memory_length=3 for SRU"):
         stream_step(build("sru", torch.float32), x, memory_length=3)
