@@ -7,7 +7,7 @@ exported model alike. Any split of a sequence into chunks then gives the output 
 state of one call over the whole sequence:
 
 * float32: within 1e-6 (relative, :func:`sru_lightning.ops.testing.relative_error`); SRU
-  layers are bitwise equal, SRU++ differs by the attention's summation order over keys;
+  layers came out bitwise equal here, SRU++ differs by the attention's summation order over keys;
 * half storage (bfloat16/float16): the kernel keeps ``c`` in float32 from step to step but
   returns it in the storage dtype, so each chunk boundary rounds the carried ``c`` once (at most
   half a storage step per value). The result is the one pass whose ``c`` is rounded to storage
