@@ -62,6 +62,9 @@ def _unloadable(path: str | os.PathLike, kind: str, error: BaseException) -> Exp
 class ExportedLanguageModel:
     """An export folder behind the language model's ``step(tokens, state) -> (logits, state)``."""
 
+    #: tokens (B, L) and logits (B, L, vocab), as the language model's
+    batch_first = True
+
     def __init__(self, folder: str | os.PathLike, backend: str | None = None, threads: int | None = None) -> None:
         self.folder = Path(folder).expanduser()
         self.manifest = read_manifest(self.folder)
@@ -89,10 +92,17 @@ class ExportedLanguageModel:
             program = load_pt2(model_path, fmt, self.manifest["needs_sru_lightning_kernels"])
 
             def run(tokens, state):
+                # An AOTInductor package reads its inputs as contiguous whatever their strides: a
+                # time slice of a longer token tensor (tokens[:, 3:5]) gave another sequence's logits.
                 with torch.inference_mode():
-                    return program(tokens, *state)
+                    return program(tokens.contiguous(), *(tensor.contiguous() for tensor in state))
 
             self._run = run
+
+    @property
+    def bidirectional(self) -> bool:
+        """Whether the exported layers read both ways (streaming refuses those)."""
+        return bool(self.manifest["sizes"].get("bidirectional", False))
 
     def initial_state(self, batch: int) -> list[torch.Tensor]:
         return [spec.initial_tensor(batch) for spec in self.state_specs]
@@ -106,9 +116,11 @@ class ExportedLanguageModel:
 
     def step(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
         """As :meth:`SRULanguageModel.step`: tokens (B,) or (B, L) -> logits of the next token (B, vocab)."""
+        from sru_lightning.nn.streaming import stream_step
+
         if tokens.dim() == 1:
             tokens = tokens.unsqueeze(1)
-        logits, state = self(tokens, state)
+        logits, state = stream_step(self, tokens, state)
         return logits[:, -1], state
 
 

@@ -100,6 +100,10 @@ class SRULanguageModel(pl.LightningModule):
             its weights load into a model with any other setting; `for_trainer()` applies it.
     """
 
+    #: tokens (B, L) and logits (B, L, vocab): time is the second axis (as read by
+    #: :func:`sru_lightning.nn.streaming.stream_chunks`).
+    batch_first = True
+
     def __init__(
         self,
         vocab_size: int,
@@ -235,18 +239,12 @@ class SRULanguageModel(pl.LightningModule):
         The state is the flat tuple (c, memory_0, ..., memory_{n-1}): c (num_layers, B, H) and
         each layer's last `memory_length` inputs (M, B, width), detached; (c,) alone when
         `memory_length` is 0. A flat tuple of tensors detaches, moves and checkpoints like the
-        LSTM's (h, c).
+        LSTM's (h, c). The layers' streaming step (:func:`sru_lightning.nn.streaming.srupp_stream_step`)
+        carries it.
         """
-        c0, memory = (None, None) if state is None else (state[0], list(state[1:]) or None)
-        memory_steps = 0 if memory is None else memory[0].shape[0]
-        length = embedded.shape[0]
-        causal = torch.full((length, memory_steps + length), float("-inf"), device=embedded.device)
-        causal = torch.triu(causal, diagonal=memory_steps + 1)
-        output, c, bank = self.rnn(embedded, c0, attn_mask=causal, memory=memory)
-        if self.memory_length == 0:
-            return output, (c,)
-        kept = self.rnn.extend_memory(memory, bank["saved_inputs"], max_length=self.memory_length)
-        return output, (c, *kept)
+        from sru_lightning.nn.streaming import srupp_stream_step
+
+        return srupp_stream_step(self.rnn, embedded, state, self.memory_length)
 
     def step(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """Read `tokens` on from `state`; return the logits of the token after the last one.
@@ -255,9 +253,11 @@ class SRULanguageModel(pl.LightningModule):
         what the previous call returned. Returns (logits (B, vocab), state). Decoding calls
         it once per token, carrying the state, instead of re-reading the whole context.
         """
+        from sru_lightning.nn.streaming import stream_step
+
         if tokens.dim() == 1:
             tokens = tokens.unsqueeze(1)
-        logits, state = self(tokens, state)
+        logits, state = stream_step(self, tokens, state)
         return logits[:, -1], state
 
     # -- metric names -----------------------------------------------------------------------

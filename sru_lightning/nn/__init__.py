@@ -1,7 +1,8 @@
 """Drop-in SRU layers: ``SRUCell`` and ``SRU`` with the keyword names of the ``sru`` package
 and the calling convention of ``nn.LSTM``; state dicts of ``sru.SRU``/``sru.SRUCell`` load
 directly. ``SRUpp`` (SRU++, attention inside the input projection) loads the state dicts of
-the ``sru`` 3.0.0-dev ``SRUpp``."""
+the ``sru`` 3.0.0-dev ``SRUpp``. ``stream_step`` / ``stream_chunks`` read a sequence chunk by
+chunk with the state carried (equal to one pass over it)."""
 
 from .cell import SRUCell
 from .policy import iter_sru_cells, set_recurrence_policy
@@ -9,6 +10,7 @@ from .srupp import SRUpp
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 from .stack import SRU
+from .streaming import stream_chunks, stream_step
 
 __all__ = [
     "SRU",
@@ -19,4 +21,6 @@ __all__ = [
     "SRUppProjectedLinear",
     "iter_sru_cells",
     "set_recurrence_policy",
+    "stream_chunks",
+    "stream_step",
 ]
