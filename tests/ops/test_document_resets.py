@@ -228,3 +228,28 @@ def test_compiled_layer_with_documents_equals_eager():
     eager, c_eager = layer(x, reset=reset)
     compiled, c_compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, reset=reset)
     assert torch.equal(eager, compiled) and torch.equal(c_eager, c_compiled)
+
+
+@pytest.mark.slow  # compiles C++ (AOTInductor)
+def test_torch_export_and_aotinductor_keep_the_documents_apart(tmp_path):
+    class Documents(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.rnn = SRU(4, 6, num_layers=2, bidirectional=True)
+
+        def forward(self, x, reset):
+            return self.rnn(x, reset=reset)
+
+    torch.manual_seed(0)
+    module = Documents().eval()
+    x = torch.randn(9, 3, 4)
+    reset = document_starts(9, 3, seed=13)
+    length, batch = torch.export.Dim("length", min=2, max=512), torch.export.Dim("batch", min=1, max=64)
+    with torch.no_grad():
+        expected = module(x, reset)
+        program = torch.export.export(module, (x, reset), dynamic_shapes=({0: length, 1: batch}, {0: length, 1: batch}))
+        exported = program.module()(x, reset)
+        path = torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "documents.pt2"))
+        compiled = torch._inductor.aoti_load_package(path)(x, reset)
+    for got in (exported, compiled):
+        assert relative_error(got[0], expected[0]) <= 1e-6 and relative_error(got[1], expected[1]) <= 1e-6
