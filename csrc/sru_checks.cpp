@@ -25,6 +25,7 @@ RecurrenceArgs CallArguments::recurrence() const {
       self["scale_x_value"].toDouble(),
       self["mask_c"].toOptional<at::Tensor>(),
       self["mask_pad"].toOptional<at::Tensor>(),
+      self["reset"].toOptional<at::Tensor>(),
       self["bidirectional"].toBool(),
       self["has_skip_term"].toBool(),
   };
@@ -47,10 +48,22 @@ void check_optional(const char* name, const OptionalTensor& tensor, const at::Te
                     "` must have shape ", expected, ", got ", tensor->sizes());
 }
 
+// A bool (L, B) flag per time step and batch entry: mask_pad and reset.
+void check_step_flags(const char* name, const OptionalTensor& flags, const at::Tensor& U,
+                      const RecurrenceDims& dims) {
+  if (!flags.has_value() || !flags->defined()) return;
+  TORCH_CHECK_TYPE(flags->scalar_type() == at::kBool, "sru_lightning recurrence: `", name,
+                   "` must be bool, got ", flags->scalar_type());
+  TORCH_CHECK_VALUE(flags->sizes() == at::IntArrayRef({dims.length, dims.batch}), "sru_lightning recurrence: `",
+                    name, "` must have shape (", dims.length, ", ", dims.batch, "), got ", flags->sizes());
+  TORCH_CHECK_VALUE(flags->device() == U.device(), "sru_lightning recurrence: `", name,
+                    "` must be on U's device ", U.device(), ", got ", flags->device());
+}
+
 }  // namespace
 
 RecurrenceDims check_recurrence_args(const RecurrenceArgs& args) {
-  const auto& [U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad, bidirectional,
+  const auto& [U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad, reset, bidirectional,
                has_skip_term] = args;
   const auto storage = U.scalar_type();
   TORCH_CHECK_TYPE(storage == at::kFloat || storage == at::kDouble || storage == at::kHalf ||
@@ -95,15 +108,8 @@ RecurrenceDims check_recurrence_args(const RecurrenceArgs& args) {
   }
   check_optional("c0", c0, U, {dims.batch, width});
   check_optional("mask_c", mask_c, U, {dims.batch, width});
-  if (mask_pad.has_value() && mask_pad->defined()) {
-    TORCH_CHECK_TYPE(mask_pad->scalar_type() == at::kBool,
-                     "sru_lightning recurrence: `mask_pad` must be bool, got ", mask_pad->scalar_type());
-    TORCH_CHECK_VALUE(mask_pad->sizes() == at::IntArrayRef({dims.length, dims.batch}),
-                      "sru_lightning recurrence: `mask_pad` must have shape (", dims.length, ", ",
-                      dims.batch, "), got ", mask_pad->sizes());
-    TORCH_CHECK_VALUE(mask_pad->device() == U.device(),
-                      "sru_lightning recurrence: `mask_pad` must be on U's device");
-  }
+  check_step_flags("mask_pad", mask_pad, U, dims);
+  check_step_flags("reset", reset, U, dims);
   if (scale_x.has_value() && scale_x->defined()) {
     TORCH_CHECK_VALUE(scale_x->numel() == 1,
                       "sru_lightning recurrence: `scale_x` must have one element, got shape ",

@@ -300,6 +300,10 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
       const int64_t slot = task - begin;
       const int64_t t = dims.time_of(step, blk.d);
       const int64_t offset = t * columns + blk.column;
+      if (dims.restarts(a.reset, step, blk.d, blk.b)) {
+        // A document starts: its state starts from zero.
+        load<T, A>(nullptr, blk.n, arena.get(slot, kState), A(0));
+      }
       if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
         // Padding: the state is carried over and the output is zero.
         for (int64_t i = 0; i < blk.n; ++i) a.h[offset + i] = static_cast<T>(A(0));
@@ -363,7 +367,9 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   alignas(64) A u_scratch[K * kBlock], grad_h_scratch[kBlock], grad_u_scratch[K * kBlock];
   A* wf = arena.get(slot, kForgetWeight);
   A* wr = arena.get(slot, kResetWeight);
-  if (step > 0) {
+  if (dims.restarts(a.reset, step, blk.d, blk.b)) {
+    load<T, A>(nullptr, n, c_prev, A(0));  // a document's first step started from zero
+  } else if (step > 0) {
     load(a.c_all + dims.time_of(step - 1, blk.d) * columns + blk.column, n, c_prev, A(0));
   } else {
     load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
@@ -441,6 +447,11 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
         backward_block_step<T, K, kBlock>(dims, a, blk, step, scale, arena, slot);
       } else {
         backward_block_step<T, K, 0>(dims, a, blk, step, scale, arena, slot);
+      }
+      if (dims.restarts(a.reset, step, blk.d, blk.b)) {
+        // The state entering a document's first step was zero, not the previous document's:
+        // no gradient flows back across the boundary (nor into c0).
+        load<T, A>(nullptr, blk.n, arena.get(slot, kState), A(0));
       }
     }
   }

@@ -25,12 +25,12 @@ using OptionalTensor = std::optional<at::Tensor>;
 // and sru_lightning_cuda_emulated for the CPU emulation of the CUDA kernels).
 constexpr const char* kRecurrenceForwardSchema =
     "recurrence_forward(Tensor U, Tensor? x, Tensor weight_c, Tensor bias, Tensor? c0, "
-    "Tensor? scale_x, float scale_x_value, Tensor? mask_c, Tensor? mask_pad, "
+    "Tensor? scale_x, float scale_x_value, Tensor? mask_c, Tensor? mask_pad, Tensor? reset, "
     "bool bidirectional, bool has_skip_term, bool store_c) -> (Tensor h, Tensor c_last, Tensor c_all)";
 constexpr const char* kRecurrenceBackwardSchema =
     "recurrence_backward(Tensor grad_h, Tensor? grad_c_last, Tensor U, Tensor? x, Tensor weight_c, "
     "Tensor bias, Tensor? c0, Tensor? scale_x, float scale_x_value, Tensor? mask_c, "
-    "Tensor? mask_pad, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
+    "Tensor? mask_pad, Tensor? reset, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
     "(Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, Tensor grad_c0)";
 
 // The arguments both recurrence ops take, read by name from a boxed call: the one C++ form
@@ -45,6 +45,7 @@ struct RecurrenceArgs {
   double scale_x_value;
   OptionalTensor mask_c;
   OptionalTensor mask_pad;
+  OptionalTensor reset;
   bool bidirectional;
   bool has_skip_term;
 };
@@ -110,7 +111,7 @@ const T* data_or_null(const at::Tensor& tensor) {
 // The inputs both passes read, contiguous (scale_x in the accumulation dtype). It owns the
 // tensors whose raw pointers `fill` hands to the kernel, so they outlive the launch.
 struct ContiguousInputs {
-  at::Tensor U, x, weight_c, bias, c0, mask_c, mask_pad, scale_x;
+  at::Tensor U, x, weight_c, bias, c0, mask_c, mask_pad, reset, scale_x;
   double scale_x_value;
 
   ContiguousInputs(const RecurrenceDims& dims, const RecurrenceArgs& args)
@@ -121,6 +122,7 @@ struct ContiguousInputs {
         c0(contiguous_or_undefined(args.c0)),
         mask_c(contiguous_or_undefined(args.mask_c)),
         mask_pad(contiguous_or_undefined(args.mask_pad)),
+        reset(contiguous_or_undefined(args.reset)),
         scale_x(scale_in_accumulate_dtype(args.scale_x, args.U.scalar_type())),
         scale_x_value(args.scale_x_value) {}
 
@@ -133,6 +135,7 @@ struct ContiguousInputs {
     args.c0 = data_or_null<T>(c0);
     args.mask_c = data_or_null<T>(mask_c);
     args.mask_pad = data_or_null<bool>(mask_pad);
+    args.reset = data_or_null<bool>(reset);
     args.scale_x = data_or_null<A>(scale_x);
     args.scale_x_value = static_cast<A>(scale_x_value);
   }

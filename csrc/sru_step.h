@@ -185,6 +185,17 @@ struct RecurrenceDims {
   SRU_HOST_DEVICE int64_t time_of(int64_t step, int64_t direction) const {
     return direction == 0 ? step : length - 1 - step;
   }
+  // Whether the state entering `step` of `direction` for batch entry b starts from zero
+  // instead of the previous step's (or c0): a document boundary lies before the step in the
+  // direction's order. `reset` (L, B) flags each document's first time step, so the forward
+  // direction restarts at a flagged step t and the backward one, which reads a document from
+  // its last step, at a step t whose successor t + 1 is flagged. Null: no boundaries.
+  SRU_HOST_DEVICE bool restarts(const bool* reset, int64_t step, int64_t direction, int64_t b) const {
+    if (reset == nullptr) return false;
+    const int64_t t = time_of(step, direction);
+    const int64_t first = direction == 0 ? t : t + 1;
+    return first < length && reset[first * batch + b];
+  }
 };
 
 // Raw pointers of the inputs both passes read; nullable ones are marked. All tensors are
@@ -198,6 +209,7 @@ struct RecurrenceInputs {
   const T* c0;           // (B, dirs*D) or null (zeros)
   const T* mask_c;       // (B, dirs*D) or null (ones)
   const bool* mask_pad;  // (L, B) or null
+  const bool* reset;     // (L, B) document starts, or null (RecurrenceDims::restarts)
   const A* scale_x;      // one value or null (then scale_x_value)
   A scale_x_value;
 

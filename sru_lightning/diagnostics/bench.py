@@ -14,6 +14,8 @@ against the LSTM of the same size, one token at a time (see ``decode_bench``).
 
 ``bench --compile`` times the default language model's training step and inference eagerly and
 compiled (``model.compile=true``), with the ratio (see ``compile_bench``).
+
+``bench --documents`` times what document boundaries in packed rows cost (see ``documents_bench``).
 """
 
 from __future__ import annotations
@@ -417,6 +419,12 @@ def main(argv=None) -> int:
         "torch.compile (model.compile=true) instead; uses --length, --batch, --threads, --repeats, "
         "--warmup, --statistic",
     )
+    parser.add_argument(
+        "--documents",
+        action="store_true",
+        help="time the recurrence op with and without document boundaries (reset flags) instead; "
+        "uses --length, --batch, --hidden, --threads, --repeats, --warmup, --statistic",
+    )
     args = parser.parse_args([] if argv is None else list(argv))
     for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
         if getattr(args, name) < 1:
@@ -459,7 +467,26 @@ def main(argv=None) -> int:
         )
         print(compile_bench.format_table(compile_bench.run_compile_benchmark(compile_config)))
         return 0
-    settings = {key: value for key, value in vars(args).items() if key not in ("decode", "tokens", "export", "compile")}
+    if args.documents:
+        from sru_lightning.diagnostics import documents_bench
+
+        documents_config = documents_bench.DocumentsBenchConfig(
+            length=args.length,
+            batch=args.batch,
+            hidden=args.hidden,
+            threads=args.threads,
+            repeats=args.repeats,
+            warmup=args.warmup,
+            statistic=args.statistic,
+        )
+        times = documents_bench.measure_reset_overhead(documents_config)
+        print(documents_bench.format_table(documents_config, times))
+        return 0
+    settings = {
+        key: value
+        for key, value in vars(args).items()
+        if key not in ("decode", "tokens", "export", "compile", "documents")
+    }
     config = BenchConfig(**settings)
     result = run_benchmark(config)
     print(format_table(result))

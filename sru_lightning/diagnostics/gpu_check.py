@@ -155,7 +155,14 @@ def sanitizer_worker() -> int:
     variants = tuple(
         v
         for v in SMALL_VARIANTS
-        if v.name in ("basic", "bidirectional k4 + mask_pad", "per-step weight_c", "several blocks, last partial")
+        if v.name
+        in (
+            "basic",
+            "bidirectional k4 + mask_pad",
+            "bidirectional documents + mask_pad",
+            "per-step weight_c",
+            "several blocks, last partial",
+        )
     )
     failed = False
     for dtype_name in ("fp32", "fp16"):

@@ -50,6 +50,7 @@ class Variant:
     c0: bool = True
     mask_c: bool = False
     mask_pad: bool = False
+    documents: bool = False  # document starts inside the rows (reset)
     per_step_weight_c: bool = False
     scale_x: str | None = None  # None, "float" or "tensor"
     single_step: bool = False
@@ -70,6 +71,8 @@ VARIANTS = (
     Variant("scale_x tensor", scale_x="tensor"),
     Variant("single step", single_step=True),
     # 600 columns: two full blocks of 256 threads and a partial third (a GPU block size).
+    Variant("documents", documents=True),
+    Variant("bidirectional documents + mask_pad", bidirectional=True, documents=True, mask_pad=True),
     Variant("several blocks, last partial", bidirectional=True, mask_pad=True, shape=(9, 3, 100)),
     Variant("large", shape=(64, 32, 256)),
 )
@@ -97,6 +100,11 @@ def make_inputs(variant: Variant, dtype: torch.dtype, seed: int = 0) -> dict:
         seed=seed,
     )
     inputs["scale_x"] = {None: None, "float": 0.7, "tensor": torch.tensor([0.7], dtype=dtype)}[variant.scale_x]
+    inputs["reset"] = None
+    if variant.documents:
+        generator = torch.Generator().manual_seed(seed + 1)
+        lead = (batch,) if variant.single_step else (length, batch)
+        inputs["reset"] = torch.rand(lead, generator=generator) < 0.2
     return inputs
 
 
@@ -117,6 +125,7 @@ def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int =
         scale_x=moved["scale_x"],
         mask_c=moved["mask_c"],
         mask_pad=moved["mask_pad"],
+        reset=moved["reset"],
         bidirectional=variant.bidirectional,
         has_skip_term=variant.has_skip_term,
     )

@@ -15,7 +15,8 @@ dispatch at every step:
   the Scan), are computed for all steps at once after it, on whole tensors;
 * with one direction the tensors carry no direction axis, so the state needs no reshapes.
 
-Only options that inference uses are translated; a dropout mask (``mask_c``, training) or
+Document starts (``reset``) are one more scan input: a step that starts a document reads a
+previous state of zero. Only options that inference uses are translated; a dropout mask (``mask_c``, training) or
 per-step ``weight_c`` (``custom_m``) raise :class:`~sru_lightning.export.graph_module.ExportError`.
 """
 
@@ -41,20 +42,25 @@ def _node(graph_nodes: list, op_type: str, *inputs, **attributes) -> ir.Value:
     return node.outputs[0]
 
 
-def _cell_scan_body(forget_weight: ir.Value, masked: bool) -> ir.Graph:
-    """The loop body: state c (B, [dirs,] D); scan inputs U0, U1 + bf (and the padding); outputs
-    the new c and, per step, the new c and the previous one (which the reset gate reads)."""
+def _cell_scan_body(forget_weight: ir.Value, masked: bool, restarting: bool = False) -> ir.Graph:
+    """The loop body: state c (B, [dirs,] D); scan inputs U0, U1 + bf (and the padding, and the
+    document starts); outputs the new c and, per step, the new c and the previous one (which the
+    reset gate reads). A step that starts a document reads a previous c of zero."""
     float_type = ir.TensorType(ir.DataType.FLOAT)
-    c_prev = ir.Value(name="c_prev", type=float_type)
+    c_carried = ir.Value(name="c_carried", type=float_type)
     candidate = ir.Value(name="u_candidate", type=float_type)
     forget_in = ir.Value(name="u_forget", type=float_type)
-    inputs = [c_prev, candidate, forget_in]
+    inputs = [c_carried, candidate, forget_in]
+    pad = ir.Value(name="pad", type=ir.TensorType(ir.DataType.BOOL)) if masked else None
+    restart = ir.Value(name="restart", type=ir.TensorType(ir.DataType.BOOL)) if restarting else None
+    inputs += [value for value in (pad, restart) if value is not None]
     nodes: list = []
+    c_prev = c_carried
+    if restart is not None:
+        c_prev = _node(nodes, "Where", restart, _node(nodes, "Constant", value_float=0.0), c_carried)
     forget = _node(nodes, "Sigmoid", _node(nodes, "Add", forget_in, _node(nodes, "Mul", forget_weight, c_prev)))
     c_new = _node(nodes, "Add", candidate, _node(nodes, "Mul", forget, _node(nodes, "Sub", c_prev, candidate)))
-    if masked:
-        pad = ir.Value(name="pad", type=ir.TensorType(ir.DataType.BOOL))
-        inputs.append(pad)
+    if pad is not None:
         c_new = _node(nodes, "Where", pad, c_prev, c_new)
     c_step = _node(nodes, "Identity", c_new)
     return ir.Graph(inputs, [c_new, c_step, c_prev], nodes=nodes, opset_imports={"": OPSET}, name="sru_cell_step")
@@ -118,6 +124,19 @@ def _time_aligned(value, directions: int, axis: int = 2):
     return op.Concat(forward, reversed_backward, axis=axis)
 
 
+def _restarts(reset, directions: int):
+    """Per scan step, whether the state entering it is zero: (L, B, 1), or (L, B, dirs, 1) time-aligned.
+    The forward direction restarts where a document starts (``reset[t]``), the backward one at a
+    document's last step (``reset[t + 1]``, False at the last step)."""
+    if directions == 1:
+        return op.Unsqueeze(reset, op.Constant(value_ints=[2]))
+    first_row = op.Slice(reset, op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[0]))
+    later = op.Slice(reset, op.Constant(value_ints=[1]), op.Constant(value_ints=[2**62]), op.Constant(value_ints=[0]))
+    next_starts = op.Concat(later, op.And(first_row, op.Not(first_row)), axis=0)  # reset[t + 1], then False
+    per_direction = [op.Unsqueeze(flags, op.Constant(value_ints=[2, 3])) for flags in (reset, next_starts)]
+    return _time_aligned(op.Concat(*per_direction, axis=2), directions)
+
+
 def recurrence_forward(
     U,
     x,
@@ -128,6 +147,7 @@ def recurrence_forward(
     scale_x_value: float,
     mask_c,
     mask_pad,
+    reset,
     bidirectional: bool,
     has_skip_term: bool,
     store_c: bool,
@@ -187,7 +207,9 @@ def recurrence_forward(
             pad = op.Unsqueeze(mask_pad, op.Constant(value_ints=[2, 3]))  # (L, B, 1, 1)
             pad = _time_aligned(op.Expand(pad, op.Constant(value_ints=[1, 1, directions, 1])), directions)
         scan_inputs.append(pad)
-    body = _cell_scan_body(forget_weight, masked=pad is not None)
+    if reset is not None:
+        scan_inputs.append(_restarts(reset, directions))
+    body = _cell_scan_body(forget_weight, masked=pad is not None, restarting=reset is not None)
     c_last, c_all, c_before = _scan(c_init, scan_inputs, body)
 
     # The reset gate and h need only the previous step's c: all steps at once.

@@ -83,6 +83,9 @@ class SRUCell(RecurrentCellMixin, nn.Module):
 
     * ``input``: (L, B, input_size), or (B, input_size) for one time step;
     * ``c0``: (B, dirs*hidden_size), zeros when omitted;
+    * ``reset``: the layout of ``mask_pad``, non-zero/True at each document's first step: documents
+      packed into one row are computed as if each were alone (the state restarts from zero there,
+      in both directions; see :func:`sru_lightning.ops.functional.sru_recurrence`);
     * ``mask_pad``: (L, B) (or (B,) for one step), non-zero/True marks padding: a padded
       step keeps ``c`` and emits ``h = 0``;
     * returns ``h`` (L, B, dirs*hidden_size) (or (B, dirs*hidden_size) for one step) and the
@@ -257,7 +260,9 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             blocks[..., 2].mul_(0.5**0.5)
 
     # ------------------------------------------------------------------ forward
-    def forward(self, input: Tensor, c0: Tensor | None = None, mask_pad: Tensor | None = None) -> tuple[Tensor, Tensor]:
+    def forward(
+        self, input: Tensor, c0: Tensor | None = None, mask_pad: Tensor | None = None, reset: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
         device = self.bias.device
@@ -271,14 +276,18 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             check_same_device(owner, "c0", c0, device, "the input's")
         if mask_pad is not None:
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
+        if reset is not None:
+            reset = time_major_padding_mask(owner, reset, length, batch, one_step, self.batch_first, device, "reset")
 
-        h, c = self.forward_time_major(x, c0, mask_pad)
+        h, c = self.forward_time_major(x, c0, mask_pad, reset)
         if one_step:
             return h.squeeze(0), c
         return (h.transpose(0, 1) if self.batch_first else h), c
 
-    def forward_time_major(self, x: Tensor, c0: Tensor | None, mask_pad: Tensor | None) -> tuple[Tensor, Tensor]:
-        """The layer on already-checked tensors: x (L, B, input_size), mask_pad (L, B) bool."""
+    def forward_time_major(
+        self, x: Tensor, c0: Tensor | None, mask_pad: Tensor | None, reset: Tensor | None = None
+    ) -> tuple[Tensor, Tensor]:
+        """The layer on already-checked tensors: x (L, B, input_size), mask_pad and reset (L, B) bool."""
         x = self._one_half_copy_of_input(x)
         residual = x
         x = self._normalized_input(x)
@@ -291,7 +300,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
 
         U, weight_c = self.compute_uv(x)
         skip = residual if self.has_skip_term and self.num_matrices == 3 else None
-        return self._recurrence(U, skip, weight_c, c0, mask_c, mask_pad, self.has_skip_term)
+        return self._recurrence(U, skip, weight_c, c0, mask_c, mask_pad, self.has_skip_term, reset)
 
     def _one_half_copy_of_input(self, x: Tensor) -> Tensor:
         """Under autocast, cast a float32 input once to the half dtype the recurrence stores.

@@ -158,6 +158,7 @@ class RecurrentCellMixin(RefusesTorchScript):
         mask_c: Tensor | None,
         mask_pad: Tensor | None,
         has_skip_term: bool,
+        reset: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         """h and the last c from U through the package op, then the output-side layer norm.
 
@@ -177,6 +178,7 @@ class RecurrentCellMixin(RefusesTorchScript):
             scale_x=self.scale_x if self.rescale else None,
             mask_c=mask_c,
             mask_pad=mask_pad,
+            reset=reset,
             bidirectional=self.bidirectional,
             has_skip_term=has_skip_term,
             policy=self.recurrence_policy,

@@ -45,13 +45,15 @@ class SRU(StackMixin, nn.Module):
     ``sru.SRU`` 2.6 (so existing calls work after swapping the import) plus ``batch_first``
     as in ``nn.LSTM`` and the keyword-only ``recurrence_policy``.
 
-    forward(input, c0=None, mask_pad=None) -> (output, c_last)
+    forward(input, c0=None, mask_pad=None, reset=None) -> (output, c_last)
 
     * ``input``: (L, B, input_size) -- (B, L, input_size) with ``batch_first=True`` -- a
       ``PackedSequence`` (padding is then masked automatically and the output is packed),
       or (B, input_size) for a single time step (the output is then (B, dirs*hidden_size));
     * ``c0``: (num_layers, B, dirs*hidden_size), zeros when omitted (never batch-first,
       as ``h0`` in ``nn.LSTM``);
+    * ``reset``: the layout of ``mask_pad``, True at each document's first step: documents
+      packed into one row run as if each were alone, in every layer;
     * ``mask_pad``: (L, B) -- (B, L) with ``batch_first=True`` -- non-zero/True marks padding;
     * ``output``: (L, B, dirs*hidden_size) in the input's layout;
     * ``c_last``: (num_layers, B, dirs*hidden_size), or (num_layers*dirs, B, hidden_size)
@@ -200,12 +202,18 @@ class SRU(StackMixin, nn.Module):
         input: Tensor | PackedSequence,
         c0: Tensor | None = None,
         mask_pad: Tensor | None = None,
+        reset: Tensor | None = None,
     ) -> tuple[Tensor | PackedSequence, Tensor]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
         device = self.rnn_lst[0].bias.device
         lengths = None
         if isinstance(input, PackedSequence):
+            if reset is not None:
+                raise ValueError(
+                    f"{owner}: `reset` must be None for a PackedSequence input (its sequences are separate "
+                    f"already), got a tensor of shape {tuple(reset.shape)}"
+                )
             padded, lengths, mask_pad = unpack_sequence(owner, input, mask_pad, device)
             x, one_step = to_time_major(owner, padded, self.input_size, False, device)
         else:
@@ -216,6 +224,8 @@ class SRU(StackMixin, nn.Module):
             check_input_dtype(owner, x, first.weight.dtype)
         if mask_pad is not None and lengths is None:
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
+        if reset is not None:
+            reset = time_major_padding_mask(owner, reset, length, batch, one_step, self.batch_first, device, "reset")
 
         layer_c0 = self._layer_initial_states(owner, c0, batch, device)
 
@@ -225,7 +235,7 @@ class SRU(StackMixin, nn.Module):
             # Through nn.Module.__call__, so sharding hooks (FSDP2, DeepSpeed ZeRO-3) gather
             # the layer's weights and cast its inputs before it runs. The layers are
             # time-major, so the call checks what it was already handed, cheaply.
-            h, c_last = layer(h, c_init, mask_pad)
+            h, c_last = layer(h, c_init, mask_pad, reset)
             last_states.append(c_last)
         c_stack = self._stacked_last_states(last_states, batch)
 

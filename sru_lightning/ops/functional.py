@@ -46,9 +46,11 @@ def _cpp_backend_ready(device_type: str) -> bool:
     return True
 
 
-def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, inference):
+def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term, policy, inference):
     validate_policy(policy)
-    shape = check_recurrence_inputs(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term)
+    shape = check_recurrence_inputs(
+        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, reset=reset
+    )
     device_type = U.device.type
     out_dtype = U.dtype
     storage = resolve_storage_dtype(policy, out_dtype, device_type=device_type)
@@ -70,9 +72,10 @@ def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has
             x_s = None if x_s is None else x_s.unsqueeze(0)
             weight_c_s = weight_c_s.unsqueeze(0) if shape.per_step_weight_c else weight_c_s
             mask_pad_b = None if mask_pad_b is None else mask_pad_b.unsqueeze(0)
+            reset = None if reset is None else reset.unsqueeze(0)
 
         call = RecurrenceCall(
-            U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b, bidirectional, has_skip_term
+            U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b, reset, bidirectional, has_skip_term
         )
         if _cpp_backend_ready(device_type):
             from . import op
@@ -99,6 +102,7 @@ def _run_reference(call: RecurrenceCall, inference: bool):
             scale_x=call.scale_x,
             mask_c=call.mask_c,
             mask_pad=call.mask_pad,
+            reset=call.reset,
             bidirectional=call.bidirectional,
             has_skip_term=call.has_skip_term,
             compute_dtype=accumulate,
@@ -126,6 +130,7 @@ def sru_recurrence(
     scale_x=None,
     mask_c=None,
     mask_pad=None,
+    reset=None,
     bidirectional: bool = False,
     has_skip_term: bool = True,
     policy: str = "auto",
@@ -143,11 +148,16 @@ def sru_recurrence(
             (a constant: it gets no gradient from the C++ kernel).
         mask_c: (B, dirs*D) already-scaled dropout mask applied to the gated cell term of h.
         mask_pad: (L, B) bool, True on padding: c is carried over and h is 0 there.
+        reset: (L, B) bool (or (B,) for one step), True at each document's first step:
+            documents packed into one row are computed as if each were alone (the state
+            restarts from zero there, in both directions; no gradient crosses a boundary).
+            Flags per step rather than ``cu_seqlens`` offsets: they share the (L, B) layout
+            of ``mask_pad``, slice with a truncated-BPTT window, and scan in ONNX.
         bidirectional: the second half of the columns runs from t = L-1 down to 0.
         has_skip_term: add the highway skip term to h.
         policy: "auto", "fp32" or "half" (see :mod:`sru_lightning.ops.storage_dtype`).
     """
-    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, False)
+    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term, policy, False)
 
 
 def sru_recurrence_inference(
@@ -160,9 +170,10 @@ def sru_recurrence_inference(
     scale_x=None,
     mask_c=None,
     mask_pad=None,
+    reset=None,
     bidirectional: bool = False,
     has_skip_term: bool = True,
     policy: str = "auto",
 ):
     """Same as :func:`sru_recurrence` without autograd; the per-step c is never stored."""
-    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, policy, True)
+    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term, policy, True)

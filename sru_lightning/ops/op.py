@@ -130,6 +130,7 @@ def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last):
         scale_x=scale_x,
         mask_c=a["mask_c"],
         mask_pad=a["mask_pad"],
+        reset=a["reset"],
         bidirectional=a["bidirectional"],
         has_skip_term=a["has_skip_term"],
         compute_dtype=accumulation_dtype(U.dtype),
@@ -204,7 +205,7 @@ def sru_forward(*arguments):
     """Differentiable recurrence on storage-dtype inputs (L, B, ...). Returns (h, c_last).
 
     ``arguments`` are those of :class:`~sru_lightning.ops.signature.RecurrenceCall`: U, x,
-    weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term.
+    weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term.
     """
     h, c_last, _ = torch.ops.sru_lightning.recurrence_forward(*_op_arguments(arguments, store_c=True))
     U = arguments[0]

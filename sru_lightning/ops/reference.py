@@ -13,6 +13,12 @@ columns)::
 where x' = scale_x * x (k = 3) or U3 (k = 4), m is the dropout mask ``mask_c`` (1 when
 None), and (wf, wr) are ``weight_c`` (a vector, or per step). On padded steps
 (``mask_pad`` True) c_t = c_{t-1} and h_t = 0. The activation on c is the identity.
+
+Document boundaries: ``reset`` (L, B) is True at each document's first step. The forward
+direction then runs that step from c_{t-1} = 0 (instead of the previous document's state, or
+c0), the backward direction runs a document's last step t (where ``reset[t + 1]``) from 0, so
+each document of a packed row is computed as if it were alone, and no gradient crosses a
+boundary. A flag on a padded step still restarts the carried state.
 """
 
 from __future__ import annotations
@@ -36,13 +42,16 @@ def sru_recurrence_reference(
     bidirectional: bool = False,
     has_skip_term: bool = True,
     compute_dtype: torch.dtype | None = None,
+    reset=None,
 ):
     """SRU recurrence with plain autograd. Returns ``(h, c_last)`` in ``U``'s dtype.
 
     ``compute_dtype`` None computes in float32 (float64 for float64 ``U``); a half dtype does
     every operation in that dtype.
     """
-    shape = check_recurrence_inputs(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term)
+    shape = check_recurrence_inputs(
+        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, reset=reset
+    )
     out_dtype = U.dtype
     dtype = compute_dtype if compute_dtype is not None else accumulation_dtype(U.dtype)
     L, B, dirs, D, k = shape.length, shape.batch, shape.directions, shape.hidden_size, shape.k
@@ -71,6 +80,7 @@ def sru_recurrence_reference(
         c_init = torch.zeros(B, dirs, D, dtype=dtype, device=U.device) if c0 is None else cast(c0).reshape(B, dirs, D)
         drop = None if mask_c is None else cast(mask_c).reshape(B, dirs, D)
         pad = None if mask_pad is None else mask_pad.reshape(L, B, 1).to(torch.bool)
+        starts = None if reset is None else reset.reshape(L, B, 1)
 
         h_directions, c_last_directions = [], []
         for d in range(dirs):
@@ -78,6 +88,10 @@ def sru_recurrence_reference(
             h_steps = [None] * L
             steps = range(L) if d == 0 else range(L - 1, -1, -1)
             for t in steps:
+                # the first step of a document in this direction's order starts from zero
+                first = t if d == 0 else t + 1
+                if starts is not None and first < L:
+                    c_prev = torch.where(starts[first], torch.zeros_like(c_prev), c_prev)
                 forget = torch.sigmoid(u[t, :, d, :, 1] + forget_w[t, :, d] * c_prev + forget_b[d])
                 reset = torch.sigmoid(u[t, :, d, :, 2] + reset_w[t, :, d] * c_prev + reset_b[d])
                 c_t = forget * c_prev + (1 - forget) * u[t, :, d, :, 0]

@@ -8,7 +8,8 @@ Layout (identical to the ``sru`` package, so its checkpoints load unchanged):
 * ``weight_c``: (2*dirs*D,) viewed as (2, dirs, D) = (forget, reset), or per step
   (L, B, 2*dirs*D) viewed as (L, B, dirs, D, 2).
 * ``bias``: (2*dirs*D,) viewed as (2, dirs, D).
-* ``c0``, ``mask_c``: (B, dirs*D); ``mask_pad``: (L, B) bool, True = padding.
+* ``c0``, ``mask_c``: (B, dirs*D); ``mask_pad``: (L, B) bool, True = padding;
+  ``reset``: (L, B) bool, True where a document starts.
 """
 
 from __future__ import annotations
@@ -45,12 +46,16 @@ def _require_tensor(name: str, value, allow_none: bool = False):
         raise TypeError(f"SRU recurrence: `{name}` must be a torch.Tensor, got {type(value).__name__}")
 
 
-def _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad) -> None:
+def _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad, reset) -> None:
     _require_tensor("U", U)
     _require_tensor("bias", bias)
     _require_tensor("weight_c", weight_c)
-    for name, value in (("x", x), ("c0", c0), ("mask_c", mask_c), ("mask_pad", mask_pad)):
+    for name, value in (("x", x), ("c0", c0), ("mask_c", mask_c), ("mask_pad", mask_pad), ("reset", reset)):
         _require_tensor(name, value, allow_none=True)
+    if reset is not None and reset.dtype != torch.bool:
+        raise TypeError(
+            f"SRU recurrence: `reset` must be a bool tensor (True where a document starts), got {reset.dtype}"
+        )
     if not U.is_floating_point():
         raise TypeError(f"SRU recurrence: `U` must be a floating tensor, got dtype {U.dtype}")
 
@@ -103,14 +108,15 @@ def _is_per_step_weight_c(weight_c, lead: tuple, columns: int) -> bool:
     return per_step
 
 
-def _check_batch_tensors(c0, mask_c, mask_pad, lead: tuple, batch: int, columns: int) -> None:
+def _check_batch_tensors(c0, mask_c, mask_pad, reset, lead: tuple, batch: int, columns: int) -> None:
     for name, value in (("c0", c0), ("mask_c", mask_c)):
         if value is not None and _shape(value) != (batch, columns):
             raise ValueError(
                 f"SRU recurrence: `{name}` must have shape ({batch}, {columns}) (batch, dirs*D), got {_shape(value)}"
             )
-    if mask_pad is not None and _shape(mask_pad) != lead:
-        raise ValueError(f"SRU recurrence: `mask_pad` must have shape {lead} (L, B), got {_shape(mask_pad)}")
+    for name, value in (("mask_pad", mask_pad), ("reset", reset)):
+        if value is not None and _shape(value) != lead:
+            raise ValueError(f"SRU recurrence: `{name}` must have shape {lead} (L, B), got {_shape(value)}")
 
 
 def _check_scale_x(scale_x) -> None:
@@ -128,11 +134,13 @@ def _check_scale_x(scale_x) -> None:
 
 
 def check_recurrence_inputs(
-    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional: bool, has_skip_term: bool
+    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional: bool, has_skip_term: bool, reset=None
 ) -> RecurrenceShape:
     """Validate every argument against the layout and return the inferred sizes."""
-    _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad)
-    _check_devices(U, x=x, weight_c=weight_c, bias=bias, c0=c0, mask_c=mask_c, mask_pad=mask_pad, scale_x=scale_x)
+    _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad, reset)
+    _check_devices(
+        U, x=x, weight_c=weight_c, bias=bias, c0=c0, mask_c=mask_c, mask_pad=mask_pad, reset=reset, scale_x=scale_x
+    )
     directions = 2 if bidirectional else 1
     hidden = _hidden_from_bias(bias, directions)
     columns = directions * hidden
@@ -143,6 +151,6 @@ def check_recurrence_inputs(
     if has_skip_term and k == 3:
         _check_x(x, lead, columns)
     per_step = _is_per_step_weight_c(weight_c, lead, columns)
-    _check_batch_tensors(c0, mask_c, mask_pad, lead, batch, columns)
+    _check_batch_tensors(c0, mask_c, mask_pad, reset, lead, batch, columns)
     _check_scale_x(scale_x)
     return RecurrenceShape(length, batch, directions, hidden, k, single_step, per_step)

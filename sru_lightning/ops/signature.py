@@ -35,6 +35,7 @@ RECURRENCE_ARGUMENTS = (
     Argument("scale_x_value", "float"),
     Argument("mask_c", "Tensor?"),
     Argument("mask_pad", "Tensor?"),
+    Argument("reset", "Tensor?"),
     Argument("bidirectional", "bool"),
     Argument("has_skip_term", "bool"),
 )

@@ -101,3 +101,14 @@ def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_gen
     lstm = rows["nn.LSTM (model=lstm)"]
     assert lstm[-1] == lstm[-3] == "1.00"  # its own ratios
     assert float(rows["SRU (model=sru)"][-4]) > 0
+
+
+def test_documents_bench_times_the_op_with_and_without_document_boundaries(capsys):
+    arguments = ["--documents", "--length", "16", "--batch", "2", "--hidden", "8", "--repeats", "2", "--warmup", "0"]
+    assert bench.main(arguments) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("recurrence op, forward+backward, float32, L=16 B=2 D=8")
+    rows = {line[:28].strip(): line[28:].split() for line in lines[2:]}
+    assert sorted(rows) == sorted(["no flags (reset=None)", "flags, no boundary", "a document every 32 steps"])
+    assert rows["no flags (reset=None)"][1] == "1.000"
+    assert all(float(ms) > 0 and float(ratio) > 0 for ms, ratio in rows.values())

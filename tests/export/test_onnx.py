@@ -91,6 +91,40 @@ def test_every_inference_option_matches_eager_at_untraced_shapes(options, input_
             assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={steps}"
 
 
+class StackWithDocuments(nn.Module):
+    def __init__(self, rnn: SRU) -> None:
+        super().__init__()
+        self.rnn = rnn
+
+    def forward(self, x, c0, reset):
+        return self.rnn(x, c0, reset=reset)
+
+
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["unidirectional", "bidirectional"])
+def test_documents_packed_in_a_row_match_eager_in_onnxruntime(bidirectional, tmp_path):
+    module = StackWithDocuments(SRU(8, 16, num_layers=2, bidirectional=bidirectional)).eval()
+    width = module.rnn.output_size
+    batch, length = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("length", min=1, max=1 << 16)
+    example = (
+        torch.randn(TRACED[1], TRACED[0], 8),
+        torch.randn(2, TRACED[0], width),
+        torch.rand(TRACED[1], TRACED[0]) < 0.3,
+    )
+    session = onnx_session(
+        module, example, ({0: length, 1: batch}, {1: batch}, {0: length, 1: batch}), tmp_path / "d.onnx"
+    )
+    generator = torch.Generator().manual_seed(0)
+    for b, steps in CHECKED:
+        x, c0 = torch.randn(steps, b, 8, generator=generator), torch.randn(2, b, width, generator=generator)
+        reset = torch.rand(steps, b, generator=generator) < 0.3
+        reset[0, 0] = True
+        with torch.no_grad():
+            expected = module(x, c0, reset)
+        got = session.run(None, {"x": x.numpy(), "c0": c0.numpy(), "reset": reset.numpy()})
+        for name, e, g in zip(("h", "c_last"), expected, got):
+            assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={steps}"
+
+
 def test_training_only_inputs_are_refused_with_a_clear_error():
     from sru_lightning.models import SRULanguageModel
 

@@ -61,6 +61,7 @@ def test_the_emulated_ops_have_their_own_namespace_and_the_cpu_kernels_come_back
         1.0,
         None,
         None,
+        None,
         False,
         True,
         False,
@@ -142,6 +143,11 @@ INJECTED_BUGS = {
         "const T* u = U + s.offset * dims.k;",
         "const T* u = U + (s.offset + (sru_injected_bug() == 3 ? 1 : 0)) * dims.k;",
     ),
+    # documents: the gradient crosses a document boundary into the previous document
+    4: (
+        "grad_c = now.restart ? A(0) : g.c_prev;",
+        "grad_c = now.restart && sru_injected_bug() != 4 ? A(0) : g.c_prev;",
+    ),
 }
 BUG_SWITCH = """#include <cstdlib>
 static int sru_injected_bug() {
@@ -193,15 +199,18 @@ def test_bugs_injected_into_the_cuda_source_fail_the_tier(tmp_path):
         "basic",
         "k4 (skip from U)",
         "mask_pad",
+        "documents",
     ]
     # Wrong math needs only the comparison; reading out of bounds needs AddressSanitizer.
     plain, sanitized = dict(os.environ), cuda_emulation.sanitizer_environment()
-    outcomes = {bug: run_emulation(arguments, {**plain, "SRU_INJECTED_BUG": str(bug)}) for bug in (0, 1, 2)}
+    outcomes = {bug: run_emulation(arguments, {**plain, "SRU_INJECTED_BUG": str(bug)}) for bug in (0, 1, 2, 4)}
     outcomes[3] = run_emulation(arguments + ["--sanitize"], {**sanitized, "SRU_INJECTED_BUG": "3"})
     text_of = {bug: done.stdout + done.stderr for bug, done in outcomes.items()}
     assert outcomes[0].returncode == 0, text_of[0][-3000:]  # the patched copy itself is sound
     # forward bug: h is wrong; backward bug: only the bias gradient is
     assert outcomes[1].returncode == 1 and "FAIL" in text_of[1] and re.search(r"vs reference: .*\bh\b", text_of[1])
     assert outcomes[2].returncode == 1 and "grad_bias" in text_of[2] and not re.search(r"\bh \d", text_of[2])
+    # gradient across a document boundary: the forward is right, the gradients of "documents" are not
+    assert outcomes[4].returncode == 1 and "documents" in text_of[4] and "grad_U" in text_of[4], text_of[4][-3000:]
     # reading past U: AddressSanitizer stops the process, as compute-sanitizer would report it
     assert outcomes[3].returncode != 0 and "heap-buffer-overflow" in text_of[3], text_of[3][-3000:]

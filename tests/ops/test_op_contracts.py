@@ -51,6 +51,9 @@ def forward_arguments(layout, *, k=3, bidirectional=False, per_step_weight_c=Fal
     weight_c = laid_out(weight_c, layout, 2) if per_step_weight_c else weight_c
     c0, mask_c = laid_out(c0, layout, 1), laid_out(kwargs["mask_c"], layout, 1)
     mask_pad = laid_out(kwargs["mask_pad"], layout, 2)
+    reset = torch.zeros(mask_pad.shape, dtype=torch.bool)
+    reset[0, 1] = reset[2, 0] = True  # documents starting inside the rows
+    reset = laid_out(reset, layout, 2)
     differentiable = [t.detach().requires_grad_() for t in (U, x, weight_c, bias, c0)]
     U, x, weight_c, bias, c0 = differentiable
     return (
@@ -63,6 +66,7 @@ def forward_arguments(layout, *, k=3, bidirectional=False, per_step_weight_c=Fal
         1.0,
         mask_c,
         mask_pad,
+        reset,
         bidirectional,
         True,
         True,
@@ -85,7 +89,7 @@ def test_opcheck_recurrence_backward(layout, variant):
     forward = forward_arguments(layout, **variant)
     with torch.no_grad():
         h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*forward)
-    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, bidirectional, skip, _) = forward
+    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, reset, bidirectional, skip, _) = forward
     grad_h = laid_out(torch.randn_like(h), layout, 2)
     grad_c_last = laid_out(torch.randn_like(c_last), layout, 1)
     arguments = (
@@ -100,6 +104,7 @@ def test_opcheck_recurrence_backward(layout, variant):
         scale_value,
         mask_c,
         mask_pad,
+        reset,
         c_all,
         bidirectional,
         skip,
@@ -239,7 +244,7 @@ def test_gradgradcheck_through_the_op():
 def test_differentiating_the_backward_op_itself_is_refused_by_name():
     forward = forward_arguments("contiguous")
     h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*forward)
-    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, bidirectional, skip, _) = forward
+    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, reset, bidirectional, skip, _) = forward
     grad_h = torch.randn_like(h).requires_grad_()
     grads = torch.ops.sru_lightning.recurrence_backward(
         grad_h,
@@ -253,6 +258,7 @@ def test_differentiating_the_backward_op_itself_is_refused_by_name():
         scale_value,
         mask_c,
         mask_pad,
+        reset,
         c_all.detach(),
         bidirectional,
         skip,
