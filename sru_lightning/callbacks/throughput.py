@@ -101,7 +101,8 @@ class TrainingThroughput(Callback):
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: STEP_OUTPUT, batch: Any, batch_idx: int
     ) -> None:
-        targets = batch[-1] if isinstance(batch, (tuple, list)) else batch
+        # (inputs, targets) or (inputs, targets, reset): the targets are the second element
+        targets = batch[1] if isinstance(batch, (tuple, list)) and len(batch) > 1 else batch
         tokens = targets.numel() * trainer.world_size if isinstance(targets, torch.Tensor) else 0
         if self._counter is not None:
             self._stop_counting()

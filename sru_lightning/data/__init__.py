@@ -1,6 +1,8 @@
-"""Language-modelling data: contiguous token streams from local corpora, and a DataLoader whose
-position inside the epoch survives a checkpoint."""
+"""Language-modelling data: contiguous token streams from local corpora, separate documents
+packed into rows with their boundaries, and a DataLoader whose position inside the epoch survives
+a checkpoint."""
 
+from .documents import DocumentsDataModule
 from .modules import (
     Corpus,
     Enwik8DataModule,
@@ -16,6 +18,7 @@ from .tokens import TokenCodec
 __all__ = [
     "ContiguousStreams",
     "Corpus",
+    "DocumentsDataModule",
     "Enwik8DataModule",
     "EpochSeededRandomSampler",
     "LanguageModelDataModule",

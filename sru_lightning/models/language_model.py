@@ -216,16 +216,35 @@ class SRULanguageModel(pl.LightningModule):
             return self
         return torch.compile(self, mode=None if setting is True else setting)
 
+    @property
+    def accepts_document_boundaries(self) -> bool:
+        """Whether batches of packed documents (a `reset` flag per token) can be read: the SRU
+        stack restarts its state at each flag; nn.LSTM cannot, and SRU++ attention does not yet
+        keep documents apart."""
+        return self.rnn_type == "sru"
+
     # -- model ------------------------------------------------------------------------------
-    def forward(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
+    def forward(
+        self, tokens: torch.Tensor, state: Any = None, reset: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, Any]:
         """tokens (B, L) -> logits (B, L, vocab), final recurrent state.
 
         Feeding the returned state back with the next tokens continues the sequence, one token
-        at a time for generation as well as segment by segment in training.
+        at a time for generation as well as segment by segment in training. `reset` (B, L) bool
+        marks the first token of each document packed into the rows (rnn="sru" only): the
+        recurrence restarts from zero there, so no document reads another.
         """
         embedded = self.dropout(self.embedding(tokens.t()))  # time-major (L, B, E)
+        if reset is not None and self.rnn_type != "sru":
+            raise ValueError(
+                f"SRULanguageModel: packed documents (`reset`) need model.rnn='sru', got model.rnn={self.rnn_type!r} "
+                "(nn.LSTM has no per-step state reset, and SRU++ attention is not yet blocked by document); "
+                "use model=sru, or data whose batches carry no document boundaries"
+            )
         if self.rnn_type == "srupp":
             output, state = self._srupp_forward(embedded, state)
+        elif reset is not None:
+            output, state = self.rnn(embedded, state, reset=reset.t())
         else:
             output, state = self.rnn(embedded, state)
         output = self.dropout(output)
@@ -337,13 +356,23 @@ class SRULanguageModel(pl.LightningModule):
         self.reset_state("test")
 
     # -- steps ------------------------------------------------------------------------------
-    def _step(self, batch: tuple[torch.Tensor, torch.Tensor], stage: str) -> torch.Tensor:
-        inputs, targets = batch
-        logits, state = self(inputs, self._initial_state(stage, inputs.size(0)))
+    def _step(self, batch: tuple[torch.Tensor, ...], stage: str) -> torch.Tensor:
+        """A batch is (inputs, targets), or (inputs, targets, reset) for packed documents, whose
+        targets are -100 where nothing is predicted (a document's first token, padding)."""
+        inputs, targets, *rest = batch
+        reset = rest[0] if rest else None
+        logits, state = self(inputs, self._initial_state(stage, inputs.size(0)), reset)
         self._keep_state(stage, state)
         # Softmax in float32 whatever the compute dtype: the loss is a sum of many logs.
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
-        self._record_step(stage, loss.detach(), inputs.size(0), targets.numel())
+        flat_logits, flat_targets = logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1)
+        if reset is None:
+            loss = F.cross_entropy(flat_logits, flat_targets)
+            tokens = targets.numel()
+        else:
+            # The mean over the predicted tokens; a window predicting none (a row of padding) adds 0.
+            tokens = int((flat_targets != -100).sum())
+            loss = F.cross_entropy(flat_logits, flat_targets, reduction="sum") / max(tokens, 1)
+        self._record_step(stage, loss.detach(), inputs.size(0), tokens)
         return loss
 
     # Bookkeeping, not computation: under `compile` (which Lightning applies to the step methods

@@ -31,7 +31,7 @@ def compose_with(overrides, tmp_path):
 def test_the_config_tree_has_the_documented_groups():
     groups = config_groups()
     assert set(groups["model"]) >= {"sru", "srupp", "lstm", "sru_large"}
-    assert set(groups["data"]) >= {"pydoc", "stdlib", "enwik8", "text"}
+    assert set(groups["data"]) >= {"pydoc", "stdlib", "enwik8", "text", "documents"}
     assert set(groups["trainer"]) >= {
         "default",
         "cpu",

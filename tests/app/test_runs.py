@@ -426,10 +426,15 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
     enwik8 = tmp_path / "enwik8"
     enwik8.write_bytes(text.read_bytes()[:60_000])
     enwik8_data = [f"data.path={enwik8}", "data.train_bytes=40000", "data.val_bytes=10000", "data.test_bytes=10000"]
+    documents = tmp_path / "documents"
+    documents.mkdir()
+    for index, key in enumerate(sorted(topics)[:40]):
+        (documents / f"{index:03d}.txt").write_text(topics[key][:3000])
     extra = {
         ("data", "stdlib"): ["data.max_chars=200000"],
         ("data", "enwik8"): enwik8_data,
         ("data", "text"): [f"data.path={text}"],
+        ("data", "documents"): [f"data.path={documents}"],
         ("model", "sru_large"): ["model.sru_options.projection_size=8"],
         ("experiment", "enwik8"): [
             *enwik8_data,

@@ -67,6 +67,11 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
         model_kwargs["token_unit"] = datamodule.token_unit
     model = instantiate_setting(model_config, **model_kwargs)
+    if getattr(datamodule, "packs_documents", False) and not getattr(model, "accepts_document_boundaries", True):
+        raise UsageError(
+            f"data ({data_config.get('_target_')}) packs documents with their boundaries, which "
+            f"model.rnn={model_config.get('rnn')!r} cannot keep apart: use model=sru (model.rnn='sru')"
+        )
     if command == "fit" and ckpt_path is not None:
         with checkpoint_setting():
             check_fits_model(ckpt_path, model)

@@ -1,0 +1,272 @@
+"""A corpus of separate documents, packed into rows with their boundaries marked.
+
+Batches are ``(inputs, targets, reset)``: ``reset`` (B, L) is True at each document's first
+token, so the recurrence restarts there (see ``reset`` in
+:func:`sru_lightning.ops.functional.sru_recurrence`), and a target that is the next document's
+first token is :data:`IGNORED` (no document is predicted from another's last token). The flags
+are cut into truncated-BPTT windows with the tokens, so the state a window carries over restarts
+where a document starts inside it.
+
+* Training rows are the documents joined end to end and cut into ``batch_size`` equal streams,
+  as :class:`~sru_lightning.data.streams.ContiguousStreams` cuts a text: no padding, every
+  window full.
+* Validation and test rows hold whole documents (the longest first, each to the row with the
+  fewest tokens so far) and end in ignored padding, so every document is read from its first
+  token and its bits per character equal those of the document evaluated alone.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import torch
+from torch.utils.data import IterableDataset
+
+from .modules import SPLITS, Corpus, LanguageModelDataModule, _readable_path
+from .streams import Vocabulary
+
+# The target index cross-entropy leaves out (torch's default ignore_index).
+IGNORED = -100
+
+
+def document_targets(tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
+    """The next-token targets of a packed stream (``tokens[1:]``) with each target that starts a
+    document replaced by :data:`IGNORED`."""
+    return torch.where(starts[1:], torch.full_like(tokens[1:], IGNORED), tokens[1:])
+
+
+class PackedDocumentStreams(IterableDataset):
+    """Training windows ``(inputs, targets, reset)`` of a packed split: the joined documents cut
+    into `batch_size` equal streams (each data-parallel rank its own), read in windows of
+    `seq_len`. Every stream's first token counts as a document start (nothing comes before it)."""
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        starts: torch.Tensor,
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__()
+        total_rows = batch_size * world_size
+        stream_len = (tokens.numel() - 1) // total_rows
+        if stream_len < seq_len:
+            raise ValueError(
+                f"PackedDocumentStreams: {tokens.numel()} tokens are too few for batch_size={batch_size} x "
+                f"world_size={world_size} streams of seq_len={seq_len}; need at least {total_rows * seq_len + 1}"
+            )
+        self.seq_len = seq_len
+        self.num_windows = stream_len // seq_len
+        used = self.num_windows * seq_len
+        rows = (torch.arange(total_rows) * stream_len)[rank::world_size]
+        index = rows[:, None] + torch.arange(used + 1)[None, :]
+        self.tokens, self.starts = tokens[index], starts[index].clone()
+        self.starts[:, 0] = True
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __iter__(self):
+        for k in range(self.num_windows):
+            span = slice(k * self.seq_len, (k + 1) * self.seq_len + 1)
+            tokens, starts = self.tokens[:, span].long(), self.starts[:, span]
+            targets = torch.where(starts[:, 1:], torch.full_like(tokens[:, 1:], IGNORED), tokens[:, 1:])
+            yield tokens[:, :-1], targets, starts[:, :-1]
+
+
+class WholeDocumentRows(IterableDataset):
+    """Evaluation windows ``(inputs, targets, reset)``: `batch_size` rows per rank, each a run of
+    whole documents, padded at its end (padding targets are :data:`IGNORED`)."""
+
+    def __init__(
+        self,
+        documents: list[torch.Tensor],
+        batch_size: int,
+        seq_len: int,
+        *,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
+        super().__init__()
+        total_rows = batch_size * world_size
+        rows: list[list[torch.Tensor]] = [[] for _ in range(total_rows)]
+        lengths = [0] * total_rows
+        for document in sorted(documents, key=len, reverse=True):
+            row = min(range(total_rows), key=lambda r: (lengths[r], r))
+            rows[row].append(document)
+            lengths[row] += document.numel()
+        mine = rows[rank::world_size]
+        longest = max([sum(d.numel() for d in row) for row in rows] + [2])
+        self.seq_len = seq_len
+        self.num_windows = math.ceil((longest - 1) / seq_len)
+        width = self.num_windows * seq_len + 1
+        self.tokens = torch.zeros(len(mine), width, dtype=torch.long)
+        self.targets = torch.full((len(mine), width - 1), IGNORED, dtype=torch.long)
+        self.starts = torch.zeros(len(mine), width, dtype=torch.bool)
+        for r, row in enumerate(mine):
+            position = 0
+            for document in row:
+                n = document.numel()
+                self.tokens[r, position : position + n] = document
+                self.targets[r, position : position + n - 1] = document[1:]
+                self.starts[r, position] = True
+                position += n
+            self.starts[r, position:] = True  # padding: each step on its own, nothing carried
+
+    def __len__(self) -> int:
+        return self.num_windows
+
+    def __iter__(self):
+        for k in range(self.num_windows):
+            span = slice(k * self.seq_len, (k + 1) * self.seq_len)
+            yield self.tokens[:, span], self.targets[:, span], self.starts[:, span]
+
+
+class DocumentsDataModule(LanguageModelDataModule):
+    """Separate documents, character level: a folder of text files (one document per file, in
+    order of their paths) or a JSON Lines file (one document per line, its text under `field`).
+
+    Documents are split into train / validation / test by `val_fraction` / `test_fraction` of the
+    documents (at least one each), and batches carry the documents' boundaries (see the module).
+    """
+
+    #: batches are (inputs, targets, reset): the model must restart its state at each document
+    packs_documents = True
+
+    def __init__(
+        self,
+        path: str | None = None,
+        field: str = "text",
+        val_fraction: float = 0.1,
+        test_fraction: float = 0.1,
+        encoding: str = "utf-8",
+        **kwargs,
+    ) -> None:
+        super().__init__(**kwargs)
+        self.path = _readable_path(
+            path, "data.path", "DocumentsDataModule", "a folder of text files or a JSON Lines file"
+        )
+        for name, value in (("val_fraction", val_fraction), ("test_fraction", test_fraction)):
+            if not isinstance(value, (int, float)) or not 0.0 < value < 0.5:
+                raise ValueError(f"DocumentsDataModule: `data.{name}` must be in (0, 0.5), got {value!r}")
+        if not isinstance(field, str) or not field:
+            raise ValueError(f"DocumentsDataModule: `data.field` must be a non-empty string, got {field!r}")
+        self.field = field
+        self.val_fraction, self.test_fraction = float(val_fraction), float(test_fraction)
+        self.encoding = encoding
+        self._documents: dict[str, list[torch.Tensor]] = {}
+
+    def describe_source(self) -> str:
+        return f"data.path={str(self.path)!r}"
+
+    # -- reading ----------------------------------------------------------------------------
+    def read_documents(self) -> list[str]:
+        """The documents' texts, in order; empty documents are left out."""
+        if self.path.is_dir():
+            files = sorted(f for f in self.path.rglob("*") if f.is_file() and not f.name.startswith("."))
+            texts = [self._read_file(file) for file in files]
+        else:
+            texts = self._read_json_lines(self.path)
+        texts = [text for text in texts if text]
+        if len(texts) < 3:
+            raise ValueError(
+                f"DocumentsDataModule: `data.path`={str(self.path)!r} must hold at least 3 non-empty documents "
+                f"(one each for training, validation and test), got {len(texts)}"
+            )
+        return texts
+
+    def _read_file(self, file: Path) -> str:
+        try:
+            return file.read_text(encoding=self.encoding)
+        except (OSError, UnicodeDecodeError) as error:
+            raise ValueError(
+                f"DocumentsDataModule: cannot read {str(file)!r} under `data.path` as {self.encoding} text "
+                f"(set data.encoding): {error}"
+            ) from error
+
+    def _read_json_lines(self, file: Path) -> list[str]:
+        texts = []
+        for number, line in enumerate(self._read_file(file).splitlines(), start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"DocumentsDataModule: line {number} of `data.path`={str(file)!r} must be a JSON object "
+                    f"(one document per line), got invalid JSON: {error}"
+                ) from None
+            if not isinstance(record, dict) or not isinstance(record.get(self.field), str):
+                got = sorted(record) if isinstance(record, dict) else type(record).__name__
+                raise ValueError(
+                    f"DocumentsDataModule: line {number} of `data.path`={str(file)!r} must be an object with a "
+                    f"string under `data.field`={self.field!r}, got {got}"
+                )
+            texts.append(record[self.field])
+        return texts
+
+    # -- corpus -----------------------------------------------------------------------------
+    def load_corpus(self) -> Corpus:
+        texts = self.read_documents()
+        n_val = max(1, math.floor(len(texts) * self.val_fraction))
+        n_test = max(1, math.floor(len(texts) * self.test_fraction))
+        n_train = len(texts) - n_val - n_test
+        vocab = Vocabulary("".join(texts))
+        encoded = [vocab.encode(text) for text in texts]
+        self._documents = {
+            "train": encoded[:n_train],
+            "val": encoded[n_train : n_train + n_val],
+            "test": encoded[n_train + n_val :],
+        }
+        joined = {split: torch.cat(documents) for split, documents in self._documents.items()}
+        return Corpus(joined["train"], joined["val"], joined["test"], len(vocab), vocab.itos)
+
+    def documents(self, split: str) -> list[torch.Tensor]:
+        """The token ids of each document of `split`, in order."""
+        if split not in SPLITS:
+            raise ValueError(f"DocumentsDataModule.documents: `split` must be one of {SPLITS}, got {split!r}")
+        self.corpus  # noqa: B018  (loads the documents)
+        return self._documents[split]
+
+    def starts(self, split: str) -> torch.Tensor:
+        """(tokens of `split`,) bool: True at each document's first token."""
+        flags = [torch.zeros(document.numel(), dtype=torch.bool) for document in self.documents(split)]
+        for flag in flags:
+            flag[0] = True
+        return torch.cat(flags)
+
+    def adopt_vocabulary(self, codec) -> int:
+        unknown = super().adopt_vocabulary(codec)
+        # The splits were encoded again with the same lengths: cut them into the same documents.
+        for split in SPLITS:
+            lengths = [document.numel() for document in self._documents[split]]
+            self._documents[split] = list(torch.split(getattr(self.corpus, split), lengths))
+        return unknown
+
+    def check_sizes(self, world_size: int = 1) -> None:
+        needed = self.batch_size * world_size * self.seq_len + 1
+        if self.corpus.train.numel() < needed:
+            raise ValueError(
+                f"DocumentsDataModule: the training documents of {self.describe_source()} hold "
+                f"{self.corpus.train.numel()} tokens, too few for {self.batch_size} streams x {world_size} "
+                f"process(es) x data.seq_len={self.seq_len}: they need at least {needed}; use more documents "
+                "or lower data.batch_size / data.seq_len"
+            )
+
+    # -- Lightning hooks --------------------------------------------------------------------
+    def setup(self, stage: str | None = None) -> None:
+        rank, world_size = 0, 1
+        if self.trainer is not None:
+            rank, world_size = self.trainer.global_rank, self.trainer.world_size
+        self._datasets["train"] = PackedDocumentStreams(
+            self.corpus.train, self.starts("train"), self.batch_size, self.seq_len, rank=rank, world_size=world_size
+        )
+        for split in ("val", "test"):
+            self._datasets[split] = WholeDocumentRows(
+                self.documents(split), self.eval_batch_size, self.seq_len, rank=rank, world_size=world_size
+            )

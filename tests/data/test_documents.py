@@ -1,0 +1,161 @@
+"""DocumentsDataModule: documents read from a folder or JSON Lines, packed into rows with their
+boundaries, and a validation bpc equal to evaluating the documents one by one."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from lightning.pytorch import Trainer, seed_everything
+
+from sru_lightning.data import DocumentsDataModule
+from sru_lightning.data.documents import IGNORED, WholeDocumentRows
+from sru_lightning.models import SRULanguageModel
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog. " * 3,
+    "Pack my box with five dozen liquor jugs!",
+    "How vexingly quick daft zebras jump.",
+    "Sphinx of black quartz, judge my vow. " * 2,
+    "Two driven jocks help fax my big quiz.",
+    "Jackdaws love my big sphinx of quartz.",
+    "The five boxing wizards jump quickly.",
+    "A wizard's job is to vex chumps quickly in fog.",
+    "Watch Jeopardy!, Alex Trebek's fun TV quiz game.",
+    "By Jove, my quick study of lexicography won a prize.",
+]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    root = tmp_path / "documents"
+    root.mkdir()
+    for index, text in enumerate(TEXTS):
+        (root / f"doc{index:02d}.txt").write_text(text)
+    return root
+
+
+def test_a_folder_and_json_lines_give_the_same_documents(folder, tmp_path):
+    lines = tmp_path / "documents.jsonl"
+    lines.write_text("".join(json.dumps({"body": text, "id": i}) + "\n" for i, text in enumerate(TEXTS)))
+    from_folder = DocumentsDataModule(path=str(folder), batch_size=2, seq_len=8)
+    from_lines = DocumentsDataModule(path=str(lines), field="body", batch_size=2, seq_len=8)
+    assert from_folder.read_documents() == from_lines.read_documents() == TEXTS
+    # 10 documents: 1 for validation, 1 for test (a tenth each, at least one), the rest train
+    decoded = {
+        split: [from_folder.decode(d) for d in from_folder.documents(split)] for split in ("train", "val", "test")
+    }
+    assert decoded == {"train": TEXTS[:8], "val": [TEXTS[8]], "test": [TEXTS[9]]}
+
+
+@pytest.mark.parametrize(
+    "content, match",
+    [
+        ('{"text": "a"}\nnot json\n', r"line 2 of `data.path`=.* must be a JSON object .*got invalid JSON"),
+        (
+            '{"text": "a"}\n{"title": "b"}\n',
+            r"line 2 .* must be an object with a string under `data.field`='text', got \['title'\]",
+        ),
+        ('{"text": "a"}\n{"text": "b"}\n', r"must hold at least 3 non-empty documents .*got 2"),
+    ],
+)
+def test_bad_json_lines_are_refused_naming_the_setting_and_the_line(tmp_path, content, match):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(content)
+    with pytest.raises(ValueError, match=match):
+        DocumentsDataModule(path=str(path)).load_corpus()
+
+
+def test_a_missing_path_and_bad_fractions_are_refused(tmp_path):
+    with pytest.raises(ValueError, match=r"`data.path` must point to a folder of text files or a JSON Lines file"):
+        DocumentsDataModule(path=str(tmp_path / "nowhere"))
+    with pytest.raises(ValueError, match=r"`data.path` is not set"):
+        DocumentsDataModule()
+    with pytest.raises(ValueError, match=r"`data.val_fraction` must be in \(0, 0.5\), got 0.7"):
+        DocumentsDataModule(path=str(tmp_path), val_fraction=0.7)
+
+
+def test_training_windows_flag_each_document_start_and_lose_no_token(folder):
+    data = DocumentsDataModule(path=str(folder), batch_size=2, seq_len=7)
+    data.setup()
+    windows = list(data.train_dataloader())
+    inputs = torch.cat([w[0] for w in windows], 1)
+    targets = torch.cat([w[1] for w in windows], 1)
+    reset = torch.cat([w[2] for w in windows], 1)
+    assert all(w[0].shape == w[1].shape == w[2].shape == (2, 7) for w in windows)
+    tokens, starts = data.corpus.train, data.starts("train")
+    stream_len = (tokens.numel() - 1) // 2
+    for row in range(2):
+        begin = row * stream_len
+        expected = tokens[begin : begin + inputs.shape[1]]
+        assert torch.equal(inputs[row], expected)
+        flags = starts[begin : begin + inputs.shape[1]].clone()
+        flags[0] = True
+        assert torch.equal(reset[row], flags)
+        # the next token is the target, except where it starts another document
+        following = tokens[begin + 1 : begin + 1 + inputs.shape[1]]
+        next_starts = starts[begin + 1 : begin + 1 + inputs.shape[1]]
+        assert torch.equal(targets[row], torch.where(next_starts, torch.full_like(following, IGNORED), following))
+
+
+def test_evaluation_rows_hold_whole_documents_and_ignore_their_padding():
+    documents = [torch.arange(1, n + 1) for n in (9, 4, 6, 3)]
+    rows = WholeDocumentRows(documents, batch_size=2, seq_len=4)
+    windows = list(rows)
+    inputs = torch.cat([w[0] for w in windows], 1)
+    targets = torch.cat([w[1] for w in windows], 1)
+    reset = torch.cat([w[2] for w in windows], 1)
+    # longest first, each to the shorter row: row 0 = [9 tokens, 3 tokens], row 1 = [6, 4]
+    assert inputs[0, :12].tolist() == list(range(1, 10)) + [1, 2, 3]
+    assert inputs[1, :10].tolist() == list(range(1, 7)) + [1, 2, 3, 4]
+    assert reset[0, :12].nonzero().flatten().tolist() == [0, 9]
+    assert reset[1, :10].nonzero().flatten().tolist() == [0, 6]
+    predicted = (targets != IGNORED).sum().item()
+    assert predicted == sum(d.numel() - 1 for d in documents)  # every token after a document's first
+
+
+def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder):
+    data = DocumentsDataModule(path=str(folder), batch_size=2, seq_len=5, val_fraction=0.3, test_fraction=0.1)
+    seed_everything(0, verbose=False)
+    model = SRULanguageModel(
+        vocab_size=data.vocab_size, embedding_dim=8, hidden_size=16, num_layers=2, dropout=0.0
+    ).double()
+    trainer = Trainer(
+        accelerator="cpu",
+        precision="64-true",
+        logger=False,
+        enable_progress_bar=False,
+        enable_checkpointing=False,
+        enable_model_summary=False,
+    )
+    packed = trainer.validate(model, datamodule=data, verbose=False)[0]["val_bpc"]
+
+    nats, predicted = 0.0, 0
+    model.eval()
+    with torch.no_grad():
+        for document in data.documents("val"):
+            document = document.long()
+            logits, _ = model(document[:-1].unsqueeze(0))
+            nats += F.cross_entropy(logits[0], document[1:], reduction="sum").item()
+            predicted += document.numel() - 1
+        # the packed windows, read as validation reads them (state carried), in float64
+        packed_nats, packed_predicted, state = 0.0, 0, None
+        for inputs, targets, reset in data.val_dataloader():
+            logits, state = model(inputs, state, reset)
+            packed_nats += F.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1), reduction="sum")
+            packed_predicted += int((targets != IGNORED).sum())
+    assert len(data.documents("val")) == 3 and predicted > 3 * 5  # documents longer than a window
+    assert packed_predicted == predicted
+    assert packed_nats.item() == pytest.approx(nats, rel=1e-12)
+    # the run's metric: the loss in float32 (as every run computes it), per predicted character
+    assert packed == pytest.approx(nats / predicted / math.log(2), rel=1e-6)
+
+
+def test_the_lstm_and_srupp_models_refuse_document_boundaries():
+    tokens, reset = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool)
+    lstm = SRULanguageModel(vocab_size=5, rnn="lstm", embedding_dim=4, hidden_size=4, num_layers=1)
+    with pytest.raises(ValueError, match=r"packed documents \(`reset`\) need model.rnn='sru', got model.rnn='lstm'"):
+        lstm(tokens, None, reset)
