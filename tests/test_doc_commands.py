@@ -53,6 +53,8 @@ PLACEHOLDERS = {
     "outputs/<date>/<time>": "{run}",
     "HOST:29500": "127.0.0.1:29500",
     "/data/enwik8": "{scratch}/enwik8",
+    "data.path=my_documents/": "data.path={scratch}/my_documents/",
+    "data.path=corpus.jsonl": "data.path={scratch}/corpus.jsonl",
 }
 
 # Documented fit/validate/test commands that only compose (matched by a substring of the
@@ -420,6 +422,14 @@ def scratch(tmp_path_factory):
         os.chdir(here)
     (result,) = folder.glob("outputs/*/*/result.json")
     assert json.loads(result.read_text())["status"] == "completed"
+    # the documents of `data=documents`: a folder of text files, and the same as JSON Lines
+    from pydoc_data.topics import topics
+
+    texts = [topics[key][:3000] for key in sorted(topics)[:40]]
+    (folder / "my_documents").mkdir()
+    for index, text in enumerate(texts):
+        (folder / "my_documents" / f"{index:03d}.txt").write_text(text)
+    (folder / "corpus.jsonl").write_text("".join(json.dumps({"body": text}) + "\n" for text in texts))
     return folder, result.parent.relative_to(folder).as_posix()
 
 
