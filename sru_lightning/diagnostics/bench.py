@@ -479,6 +479,8 @@ def main(argv=None) -> int:
             warmup=args.warmup,
             statistic=args.statistic,
         )
+        print(documents_bench.format_packing(documents_config, documents_bench.measure_packing(documents_config)))
+        print()
         times = documents_bench.measure_reset_overhead(documents_config)
         print(documents_bench.format_table(documents_config, times))
         return 0

@@ -103,12 +103,34 @@ def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_gen
     assert float(rows["SRU (model=sru)"][-4]) > 0
 
 
-def test_documents_bench_times_the_op_with_and_without_document_boundaries(capsys):
+def test_documents_bench_times_packed_against_padded_and_the_op_with_and_without_boundaries(capsys):
     arguments = ["--documents", "--length", "16", "--batch", "2", "--hidden", "8", "--repeats", "2", "--warmup", "0"]
     assert bench.main(arguments) == 0
-    lines = capsys.readouterr().out.splitlines()
+    packing, overhead = capsys.readouterr().out.split("\n\n")
+    packing_lines = packing.splitlines()
+    assert packing_lines[0].startswith("training on 8 documents of 1..16 tokens")
+    layouts = {line[:28].strip(): line[28:].split() for line in packing_lines[2:]}
+    assert sorted(layouts) == ["packed (reset)", "padded (mask_pad)"] and layouts["padded (mask_pad)"][1] == "1.00"
+    assert all(float(rate) > 0 and float(ratio) > 0 for rate, ratio in layouts.values())
+    lines = overhead.strip().splitlines()
     assert lines[0].startswith("recurrence op, forward+backward, float32, L=16 B=2 D=8")
     rows = {line[:28].strip(): line[28:].split() for line in lines[2:]}
     assert sorted(rows) == sorted(["no flags (reset=None)", "flags, no boundary", "a document every 32 steps"])
     assert rows["no flags (reset=None)"][1] == "1.000"
     assert all(float(ms) > 0 and float(ratio) > 0 for ms, ratio in rows.values())
+
+
+def test_packed_and_padded_batches_hold_the_same_documents_and_predictions():
+    from sru_lightning.diagnostics import documents_bench
+
+    documents = [torch.arange(1, n + 1) for n in (5, 1, 8, 3, 6)]
+    padded = documents_bench.padded_batches(documents, batch=2, length=8)
+    packed = documents_bench.packed_batches(documents, batch=2, length=8)
+    predicted = sum(d.numel() - 1 for d in documents)
+    for batches in (padded, packed):
+        assert sum(int((targets != -100).sum()) for _, targets, _, _ in batches) == predicted
+    real = sum(int((~mask_pad).sum()) for _, _, mask_pad, _ in padded)
+    assert real == sum(d.numel() for d in documents) and sum(t.shape[0] for t, *_ in padded) == 5
+    stream = torch.cat([tokens.reshape(-1) for tokens, *_ in packed])[:23]
+    starts = torch.cat([reset.reshape(-1) for *_, reset in packed])[:23]
+    assert torch.equal(stream, torch.cat(documents)) and starts.nonzero().flatten().tolist() == [0, 5, 6, 14, 17]
