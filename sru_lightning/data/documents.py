@@ -25,22 +25,18 @@ import torch
 from torch.utils.data import IterableDataset
 
 from .modules import SPLITS, Corpus, LanguageModelDataModule, _readable_path
-from .streams import Vocabulary
+from .streams import ContiguousStreams, Vocabulary
 
 # The target index cross-entropy leaves out (torch's default ignore_index).
 IGNORED = -100
 
 
-def document_targets(tokens: torch.Tensor, starts: torch.Tensor) -> torch.Tensor:
-    """The next-token targets of a packed stream (``tokens[1:]``) with each target that starts a
-    document replaced by :data:`IGNORED`."""
-    return torch.where(starts[1:], torch.full_like(tokens[1:], IGNORED), tokens[1:])
-
-
-class PackedDocumentStreams(IterableDataset):
+class PackedDocumentStreams(ContiguousStreams):
     """Training windows ``(inputs, targets, reset)`` of a packed split: the joined documents cut
-    into `batch_size` equal streams (each data-parallel rank its own), read in windows of
-    `seq_len`. Every stream's first token counts as a document start (nothing comes before it)."""
+    into `batch_size` equal streams (each data-parallel rank its own) as
+    :class:`~sru_lightning.data.streams.ContiguousStreams` cuts a text, read in windows of
+    `seq_len`, with `starts` (True at each document's first token) laid out the same way. Every
+    stream's first token counts as a document start (nothing comes before it)."""
 
     def __init__(
         self,
@@ -52,29 +48,14 @@ class PackedDocumentStreams(IterableDataset):
         rank: int = 0,
         world_size: int = 1,
     ) -> None:
-        super().__init__()
-        total_rows = batch_size * world_size
-        stream_len = (tokens.numel() - 1) // total_rows
-        if stream_len < seq_len:
-            raise ValueError(
-                f"PackedDocumentStreams: {tokens.numel()} tokens are too few for batch_size={batch_size} x "
-                f"world_size={world_size} streams of seq_len={seq_len}; need at least {total_rows * seq_len + 1}"
-            )
-        self.seq_len = seq_len
-        self.num_windows = stream_len // seq_len
-        used = self.num_windows * seq_len
-        rows = (torch.arange(total_rows) * stream_len)[rank::world_size]
-        index = rows[:, None] + torch.arange(used + 1)[None, :]
-        self.tokens, self.starts = tokens[index], starts[index].clone()
+        super().__init__(tokens, batch_size, seq_len, rank=rank, world_size=world_size)
+        self.starts = starts[self.index].clone()
         self.starts[:, 0] = True
-
-    def __len__(self) -> int:
-        return self.num_windows
 
     def __iter__(self):
         for k in range(self.num_windows):
             span = slice(k * self.seq_len, (k + 1) * self.seq_len + 1)
-            tokens, starts = self.tokens[:, span].long(), self.starts[:, span]
+            tokens, starts = self.streams[:, span].long(), self.starts[:, span]
             targets = torch.where(starts[:, 1:], torch.full_like(tokens[:, 1:], IGNORED), tokens[:, 1:])
             yield tokens[:, :-1], targets, starts[:, :-1]
 

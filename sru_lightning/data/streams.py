@@ -35,17 +35,17 @@ class ContiguousStreams(IterableDataset):
         super().__init__()
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len), ("world_size", world_size)):
             if not isinstance(value, int) or value < 1:
-                raise ValueError(f"ContiguousStreams: `{name}` must be a positive integer, got {value!r}")
+                raise ValueError(f"{type(self).__name__}: `{name}` must be a positive integer, got {value!r}")
         if not 0 <= rank < world_size:
-            raise ValueError(f"ContiguousStreams: `rank` must be in [0, {world_size}), got {rank!r}")
+            raise ValueError(f"{type(self).__name__}: `rank` must be in [0, {world_size}), got {rank!r}")
         if token_ids.dim() != 1:
-            raise ValueError(f"ContiguousStreams: `token_ids` must be 1-D, got shape {tuple(token_ids.shape)}")
+            raise ValueError(f"{type(self).__name__}: `token_ids` must be 1-D, got shape {tuple(token_ids.shape)}")
         total_rows = batch_size * world_size
         # One token more than the inputs need, for the last target.
         stream_len = (token_ids.numel() - 1) // total_rows
         if stream_len < seq_len:
             raise ValueError(
-                f"ContiguousStreams: {token_ids.numel()} tokens are too few for batch_size={batch_size} "
+                f"{type(self).__name__}: {token_ids.numel()} tokens are too few for batch_size={batch_size} "
                 f"x world_size={world_size} streams of seq_len={seq_len}; need at least "
                 f"{total_rows * seq_len + 1}"
             )
@@ -56,7 +56,10 @@ class ContiguousStreams(IterableDataset):
         starts = torch.arange(total_rows) * stream_len
         rows = starts[rank::world_size]
         offsets = torch.arange(used + 1)
-        self.streams = token_ids[rows[:, None] + offsets[None, :]]
+        # Where each stream's tokens sit in `token_ids` (rows, used + 1): other per-token data
+        # (a document's start flags) is laid out the same way through it.
+        self.index = rows[:, None] + offsets[None, :]
+        self.streams = token_ids[self.index]
 
     def __len__(self) -> int:
         return self.num_windows

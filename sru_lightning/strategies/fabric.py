@@ -27,7 +27,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from torch import nn
 
 from .deepspeed import cpu_device_rank, refuse_unsupported_fp16
-from .fsdp import recurrent_layer_wrap_policy
+from .fsdp import recurrent_layer_wrap_policy, wrap_on_cpu
 from .fsdp2 import fsdp2_mixed_precision, shard_recurrent_model
 
 __all__ = ["DeepSpeedStrategy", "FSDPStrategy", "FSDP2Strategy", "DeviceAutocastFSDPPrecision"]
@@ -117,20 +117,10 @@ class FSDPStrategy(FabricFSDPStrategy):
         FabricFSDPStrategy.precision.fset(self, plugin)
 
     def setup_module(self, module: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if self._on_cpu and not any(isinstance(m, FullyShardedDataParallel) for m in module.modules()):
-            module = FullyShardedDataParallel(
-                module=module,
-                cpu_offload=self.cpu_offload,
-                mixed_precision=self.mixed_precision_config,
-                sharding_strategy=self.sharding_strategy,
-                device_id=torch.device("cpu"),
-                **self._fsdp_kwargs,
+        if self._on_cpu:
+            module = wrap_on_cpu(
+                module, self.cpu_offload, self.mixed_precision_config, self.sharding_strategy, self._fsdp_kwargs
             )
-            # Already wrapped: Fabric's method now only finishes the setup (and would warn
-            # that the wrap policy is ignored).
-            self._fsdp_kwargs.pop("auto_wrap_policy", None)
         if isinstance(self.precision, DeviceAutocastFSDPPrecision):
             self.precision.device_type = self.root_device.type
         return super().setup_module(module)

@@ -22,6 +22,28 @@ def recurrent_layer_wrap_policy() -> set[type[nn.Module]]:
     return {SRUCell, SRUppCell}
 
 
+def wrap_on_cpu(module: nn.Module, cpu_offload, mixed_precision, sharding_strategy, kwargs: dict) -> nn.Module:
+    """``module`` wrapped by FSDP for CPU processes, as Lightning would wrap it on a GPU but with
+    ``device_id=torch.device("cpu")`` (Lightning passes the device index, which a CPU device does
+    not have); a module holding FSDP units already is left as it is. The wrap policy is taken out
+    of ``kwargs``, so Lightning's own setup afterwards only finishes (and does not warn that the
+    policy is ignored). The Trainer's and Fabric's FSDPStrategy both wrap through it."""
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    if any(isinstance(submodule, FullyShardedDataParallel) for submodule in module.modules()):
+        return module
+    wrapped = FullyShardedDataParallel(
+        module=module,
+        cpu_offload=cpu_offload,
+        mixed_precision=mixed_precision,
+        sharding_strategy=sharding_strategy,
+        device_id=torch.device("cpu"),
+        **kwargs,
+    )
+    kwargs.pop("auto_wrap_policy", None)
+    return wrapped
+
+
 class ShardedClippingFSDPPrecision(FSDPPrecision):
     """FSDPPrecision that clips gradients by norm through the root FSDP module's
     ``clip_grad_norm_``, which reduces the norm over every rank's shard (Lightning's plugin
@@ -86,20 +108,10 @@ class FSDPStrategy(LightningFSDPStrategy):
         LightningFSDPStrategy.precision_plugin.fset(self, plugin)
 
     def _setup_model(self, model: nn.Module) -> nn.Module:
-        from torch.distributed.fsdp import FullyShardedDataParallel
-
-        if self._on_cpu and not any(isinstance(module, FullyShardedDataParallel) for module in model.modules()):
-            model = FullyShardedDataParallel(
-                module=model,
-                cpu_offload=self.cpu_offload,
-                mixed_precision=self.mixed_precision_config,
-                sharding_strategy=self.sharding_strategy,
-                device_id=torch.device("cpu"),
-                **self.kwargs,
+        if self._on_cpu:
+            model = wrap_on_cpu(
+                model, self.cpu_offload, self.mixed_precision_config, self.sharding_strategy, self.kwargs
             )
-            # Already wrapped: Lightning's method now only finishes the setup (and would
-            # warn that the wrap policy is ignored).
-            self.kwargs.pop("auto_wrap_policy", None)
         model = super()._setup_model(model)
         plugin = self.precision_plugin
         if isinstance(plugin, ShardedClippingFSDPPrecision):
