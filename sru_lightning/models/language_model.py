@@ -219,8 +219,9 @@ class SRULanguageModel(pl.LightningModule):
     @property
     def accepts_document_boundaries(self) -> bool:
         """Whether batches of packed documents (a `reset` flag per token) can be read: the SRU
-        stack restarts its state at each flag; nn.LSTM cannot, and SRU++ attention does not yet
-        keep documents apart."""
+        stack restarts its state at each flag; nn.LSTM cannot, and the SRU++ layers keep
+        documents apart (`SRUpp(..., reset=, memory_reset=)`) but this model does not yet carry
+        its memory's document starts from one window to the next."""
         return self.rnn_type == "sru"
 
     # -- model ------------------------------------------------------------------------------
@@ -238,7 +239,8 @@ class SRULanguageModel(pl.LightningModule):
         if reset is not None and self.rnn_type != "sru":
             raise ValueError(
                 f"SRULanguageModel: packed documents (`reset`) need model.rnn='sru', got model.rnn={self.rnn_type!r} "
-                "(nn.LSTM has no per-step state reset, and SRU++ attention is not yet blocked by document); "
+                "(nn.LSTM has no per-step state reset, and this model does not yet carry SRU++'s memory document "
+                "starts across windows); "
                 "use model=sru, or data whose batches carry no document boundaries"
             )
         if self.rnn_type == "srupp":

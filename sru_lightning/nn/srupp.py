@@ -56,7 +56,7 @@ class SRUpp(StackMixin, nn.Module):
     both is an error); the other layers use :class:`SRUppProjectedLinear`.
 
     forward(input, c0=None, mask_pad=None, attn_mask=None, memory=None,
-    memory_mask_pad=None) -> (output, c, memory_bank)
+    memory_mask_pad=None, reset=None, memory_reset=None) -> (output, c, memory_bank)
 
     * ``input``: (L, B, input_size), (B, L, input_size) with ``batch_first=True``, or a
       ``PackedSequence`` (padding is then masked and the output is packed);
@@ -69,6 +69,13 @@ class SRUpp(StackMixin, nn.Module):
       (M, B, layer input width) ((B, M, width) with ``batch_first``), attended to before
       the current input -- typically the previous call's ``memory_bank["saved_inputs"]``;
     * ``memory_mask_pad``: (M, B) ((B, M) with ``batch_first``), padding in the memory;
+    * ``reset``: the layout of ``mask_pad``, True at each document's first step: documents
+      packed into one row run as if each were alone -- the recurrence restarts from a zero
+      state there, and attention reaches only positions of the same document (document id =
+      running count of starts; memory positions belong to the document in progress at the
+      end of the memory, so a query stops seeing the memory once its row starts a document);
+    * ``memory_reset``: (M, B) ((B, M) with ``batch_first``), the memory's own document
+      starts (with ``reset``): memory before the memory's last start is never attended to;
     * ``output``: (L, B, dirs*hidden_size) in the input's layout;
     * ``c``: (num_layers, B, dirs*hidden_size), or (num_layers*dirs, B, hidden_size) with
       ``nn_rnn_compatible_return=True``;
@@ -235,6 +242,8 @@ class SRUpp(StackMixin, nn.Module):
         attn_mask: Tensor | None = None,
         memory: Sequence[Tensor | None] | None = None,
         memory_mask_pad: Tensor | None = None,
+        reset: Tensor | None = None,
+        memory_reset: Tensor | None = None,
     ) -> tuple[Tensor | PackedSequence, Tensor, MemoryBank]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
@@ -242,6 +251,11 @@ class SRUpp(StackMixin, nn.Module):
         batch_first = self.batch_first
         lengths = None
         if isinstance(input, PackedSequence):
+            if reset is not None:
+                raise ValueError(
+                    f"{owner}: `reset` must be None for a PackedSequence input (its sequences are separate "
+                    f"already), got a tensor of shape {tuple(reset.shape)}"
+                )
             input, lengths, mask_pad = unpack_sequence(owner, input, mask_pad, device)
             batch_first = False
         x, _ = to_time_major(owner, input, self.input_size, batch_first, device, one_step_allowed=False)
@@ -262,6 +276,17 @@ class SRUpp(StackMixin, nn.Module):
             memory_mask_pad = time_major_padding_mask(
                 owner, memory_mask_pad, memory_length, batch, False, batch_first, device, "memory_mask_pad"
             )
+        if reset is not None:
+            reset = time_major_padding_mask(owner, reset, length, batch, False, batch_first, device, "reset")
+        if memory_reset is not None:
+            if reset is None or memory_length is None:
+                raise ValueError(
+                    f"{owner}: `memory_reset` must be None unless both `reset` and `memory` are given, "
+                    f"got a tensor of shape {tuple(memory_reset.shape)}"
+                )
+            memory_reset = time_major_padding_mask(
+                owner, memory_reset, memory_length, batch, False, batch_first, device, "memory_reset"
+            )
         if attn_mask is not None:
             check_floating_tensor(owner, "attn_mask", attn_mask)
             context = (memory_length or 0) + length
@@ -280,6 +305,8 @@ class SRUpp(StackMixin, nn.Module):
                 attn_mask=attn_mask,
                 memory=layer_mem,
                 memory_mask_pad=memory_mask_pad if layer_mem is not None else None,
+                reset=reset,
+                memory_reset=memory_reset if layer_mem is not None else None,
             )
             last_states.append(c_last)
         c_stack = self._stacked_last_states(last_states, batch)

@@ -2,8 +2,8 @@
 
 Each computes U, the recurrence's input, from a layer input of shape (L, B, in_features),
 through a bottleneck of ``proj_features`` columns. Both take the same keyword arguments
-(``mask_pad``, ``attn_mask``, ``memory``, ``memory_mask_pad``) so a layer calls either one
-the same way; the projected linear ignores everything but the input.
+(``mask_pad``, ``attn_mask``, ``memory``, ``memory_mask_pad``, ``reset``, ``memory_reset``) so
+a layer calls either one the same way; the projected linear ignores everything but the input.
 
 Parameter names and layouts (``linear1``/``linear2``/``linear3`` as ``nn.Linear`` without
 bias, ``alpha``, ``layer_norm``) are those of the ``sru`` 3.0.0-dev SRU++ modules, so their
@@ -67,6 +67,8 @@ class SRUppProjectedLinear(nn.Module):
         attn_mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_mask_pad: Tensor | None = None,
+        reset: Tensor | None = None,
+        memory_reset: Tensor | None = None,
     ) -> Tensor:
         bottleneck = self.linear1(input)
         if self.layer_norm is not None:
@@ -87,8 +89,9 @@ class SRUppAttention(nn.Module):
 
     Shapes are time-major: input (L, B, in_features), ``mask_pad`` (L, B) and
     ``memory_mask_pad`` (M, B) with True (non-zero) on padding, additive float ``attn_mask``
-    (L, M + L). The stack :class:`~sru_lightning.nn.SRUpp` checks its arguments; this module
-    trusts them.
+    (L, M + L), ``reset`` (L, B) and ``memory_reset`` (M, B) True at each document's first
+    step: no position attends to another document's (see :meth:`_document_mask`). The stack
+    :class:`~sru_lightning.nn.SRUpp` checks its arguments; this module trusts them.
     """
 
     def __init__(
@@ -137,6 +140,8 @@ class SRUppAttention(nn.Module):
         attn_mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_mask_pad: Tensor | None = None,
+        reset: Tensor | None = None,
+        memory_reset: Tensor | None = None,
     ) -> Tensor:
         length, batch = input.shape[0], input.shape[1]
         memory_length = 0 if memory is None else memory.shape[0]
@@ -152,6 +157,8 @@ class SRUppAttention(nn.Module):
         mask = self._combined_mask(
             attn_mask, mask_pad, memory_mask_pad, length, memory_length, batch, input.device, queries.dtype
         )
+        if reset is not None:
+            mask = self._document_mask(mask, reset, memory_reset, length, memory_length, batch, queries.dtype)
         attended = F.scaled_dot_product_attention(
             queries, keys, values, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0
         )
@@ -162,6 +169,40 @@ class SRUppAttention(nn.Module):
         if self.layer_norm is not None and self.normalize_after:
             output = self.layer_norm(output)
         return self.linear3(self.dropout(output))
+
+    @staticmethod
+    def _document_mask(
+        mask: Tensor | None,
+        reset: Tensor,
+        memory_reset: Tensor | None,
+        length: int,
+        memory_length: int,
+        batch: int,
+        dtype: torch.dtype,
+    ) -> Tensor:
+        """`mask` (or none) with attention across documents blocked: (B, 1, L, M + L).
+
+        A position's document id is the number of document starts (`reset`, (L, B)) up to and
+        including it, so the document in progress when the call begins is 0. Memory positions
+        carry 0 too (the document in progress at the end of the memory): a query attends to
+        the memory only until its row starts a new document. With `memory_reset` (M, B) the
+        memory's own documents count down from it (the last is 0, earlier ones negative), so
+        memory from a document that ended inside the memory is never attended to.
+        """
+        reset = reset.to(torch.bool)
+        query_ids = torch.cumsum(reset.to(torch.int32), dim=0)  # (L, B)
+        key_ids = query_ids
+        if memory_length:
+            if memory_reset is None:
+                memory_ids = query_ids.new_zeros(memory_length, batch)
+            else:
+                counts = torch.cumsum(memory_reset.to(torch.bool).to(torch.int32), dim=0)
+                memory_ids = counts - counts[-1:]
+            key_ids = torch.cat([memory_ids, query_ids], dim=0)  # (M + L, B)
+        other_document = query_ids.t()[:, :, None] != key_ids.t()[:, None, :]  # (B, L, M + L)
+        if mask is None:
+            mask = torch.zeros(1, 1, length, memory_length + length, dtype=dtype, device=reset.device)
+        return mask.masked_fill(other_document[:, None], float("-inf"))
 
     def _split_heads(self, x: Tensor) -> Tensor:
         """(S, B, proj_features) -> (B, heads, S, head_dim)."""

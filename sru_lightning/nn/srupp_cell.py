@@ -31,10 +31,13 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
     ``transform_module`` maps the (optionally layer-normalised) input (L, B, input_size) to U
     (L, B, dirs*hidden_size*k), k = 3 when input_size equals the output size (the input is
     the skip term) and 4 otherwise (U carries its own skip column); it is called with the
-    keywords ``mask_pad``, ``attn_mask``, ``memory`` and ``memory_mask_pad``.
+    keywords ``mask_pad``, ``attn_mask``, ``memory`` and ``memory_mask_pad`` (and ``reset``,
+    ``memory_reset`` when documents are packed).
 
-    forward(input, c0=None, mask_pad=None, attn_mask=None, memory=None, memory_mask_pad=None)
-    -> (h, c) on time-major, already checked tensors (:class:`SRUpp` checks them). The memory
+    forward(input, c0=None, mask_pad=None, attn_mask=None, memory=None, memory_mask_pad=None,
+    reset=None, memory_reset=None) -> (h, c) on time-major, already checked tensors
+    (:class:`SRUpp` checks them); ``reset`` (L, B) restarts the recurrence at each document's
+    first step and keeps the attention inside documents. The memory
     goes to the transform as given (not layer-normalised), as in the reference.
     """
 
@@ -110,14 +113,18 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
         attn_mask: Tensor | None = None,
         memory: Tensor | None = None,
         memory_mask_pad: Tensor | None = None,
+        reset: Tensor | None = None,
+        memory_reset: Tensor | None = None,
     ) -> tuple[Tensor, Tensor]:
         refuse_jit_trace(type(self).__name__)
+        documents = {} if reset is None else {"reset": reset, "memory_reset": memory_reset}
         U = self.transform_module(
             self._normalized_input(input),
             mask_pad=mask_pad,
             attn_mask=attn_mask,
             memory=memory,
             memory_mask_pad=memory_mask_pad,
+            **documents,
         )
         expected_width = self.output_size * self.num_matrices
         if U.shape[-1] != expected_width:
@@ -129,7 +136,7 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
         if self.training and self.dropout > 0:
             mask_c = time_shared_dropout_mask(self.bias, (input.shape[1], self.output_size), self.dropout)
         skip = input if self.num_matrices == 3 else None
-        return self._recurrence(U, skip, self.weight_c, c0, mask_c, mask_pad, has_skip_term=True)
+        return self._recurrence(U, skip, self.weight_c, c0, mask_c, mask_pad, has_skip_term=True, reset=reset)
 
     def extra_repr(self) -> str:
         parts = [f"{self.input_size}, {self.hidden_size}"]
