@@ -219,10 +219,9 @@ class SRULanguageModel(pl.LightningModule):
     @property
     def accepts_document_boundaries(self) -> bool:
         """Whether batches of packed documents (a `reset` flag per token) can be read: the SRU
-        stack restarts its state at each flag; nn.LSTM cannot, and the SRU++ layers keep
-        documents apart (`SRUpp(..., reset=, memory_reset=)`) but this model does not yet carry
-        its memory's document starts from one window to the next."""
-        return self.rnn_type == "sru"
+        stack restarts its state at each flag, and SRU++ also keeps its attention (and memory)
+        inside each document; nn.LSTM has no per-step state reset."""
+        return self.rnn_type in ("sru", "srupp")
 
     # -- model ------------------------------------------------------------------------------
     def forward(
@@ -232,19 +231,19 @@ class SRULanguageModel(pl.LightningModule):
 
         Feeding the returned state back with the next tokens continues the sequence, one token
         at a time for generation as well as segment by segment in training. `reset` (B, L) bool
-        marks the first token of each document packed into the rows (rnn="sru" only): the
-        recurrence restarts from zero there, so no document reads another.
+        marks the first token of each document packed into the rows (rnn "sru" or "srupp"): the
+        recurrence restarts from zero there (and SRU++ attends within each document only), so no
+        document reads another.
         """
         embedded = self.dropout(self.embedding(tokens.t()))  # time-major (L, B, E)
-        if reset is not None and self.rnn_type != "sru":
+        if reset is not None and not self.accepts_document_boundaries:
             raise ValueError(
-                f"SRULanguageModel: packed documents (`reset`) need model.rnn='sru', got model.rnn={self.rnn_type!r} "
-                "(nn.LSTM has no per-step state reset, and this model does not yet carry SRU++'s memory document "
-                "starts across windows); "
-                "use model=sru, or data whose batches carry no document boundaries"
+                f"SRULanguageModel: packed documents (`reset`) need model.rnn='sru' or 'srupp', got "
+                f"model.rnn={self.rnn_type!r} (nn.LSTM has no per-step state reset); use model=sru, or data "
+                "whose batches carry no document boundaries"
             )
         if self.rnn_type == "srupp":
-            output, state = self._srupp_forward(embedded, state)
+            output, state = self._srupp_forward(embedded, state, None if reset is None else reset.t())
         elif reset is not None:
             output, state = self.rnn(embedded, state, reset=reset.t())
         else:
@@ -254,7 +253,9 @@ class SRULanguageModel(pl.LightningModule):
             output = self.projection(output)
         return self.decoder(output).transpose(0, 1), state
 
-    def _srupp_forward(self, embedded: torch.Tensor, state: tuple | None) -> tuple[torch.Tensor, tuple]:
+    def _srupp_forward(
+        self, embedded: torch.Tensor, state: tuple | None, reset: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple]:
         """SRU++ over (L, B, E) with a causal mask over memory + segment.
 
         The state is the flat tuple (c, memory_0, ..., memory_{n-1}): c (num_layers, B, H) and
@@ -265,7 +266,44 @@ class SRULanguageModel(pl.LightningModule):
         """
         from sru_lightning.nn.streaming import srupp_stream_step
 
-        return srupp_stream_step(self.rnn, embedded, state, self.memory_length)
+        layers = self.rnn.num_layers
+        if reset is None and (state is None or len(state) <= 1 + layers):
+            return srupp_stream_step(self.rnn, embedded, state, self.memory_length)
+        return self._srupp_documents_forward(embedded, state, reset)
+
+    def _srupp_documents_forward(
+        self, embedded: torch.Tensor, state: tuple | None, reset: torch.Tensor | None
+    ) -> tuple[torch.Tensor, tuple]:
+        """SRU++ over packed documents: `reset` (L, B) restarts the recurrence and keeps attention
+        inside each document. The carried state ends with one more entry, the memory's own
+        document starts (M, B) (as 0/1 in the memory's dtype, so it moves and checkpoints like the
+        rest), so memory from a document that ended inside it is never attended to."""
+        from sru_lightning.nn.streaming import causal_attention_mask
+
+        layers = self.rnn.num_layers
+        length, batch = embedded.shape[0], embedded.shape[1]
+        if reset is None:  # a window without flags after packed ones
+            reset = torch.zeros(length, batch, dtype=torch.bool, device=embedded.device)
+        c0, memory, memory_starts = None, None, None
+        if state is not None:
+            c0, memory = state[0], list(state[1 : 1 + layers]) or None
+            memory_starts = state[1 + layers].to(torch.bool) if len(state) > 1 + layers else None
+        memory_steps = 0 if memory is None else memory[0].shape[0]
+        mask = causal_attention_mask(memory_steps, length, embedded.device)
+        output, c, bank = self.rnn(
+            embedded,
+            c0,
+            attn_mask=mask,
+            memory=memory,
+            reset=reset,
+            memory_reset=memory_starts if memory is not None else None,
+        )
+        if self.memory_length == 0:
+            return output, (c,)
+        kept = self.rnn.extend_memory(memory, bank["saved_inputs"], max_length=self.memory_length)
+        earlier = memory_starts if memory_starts is not None else reset.new_zeros(memory_steps, batch)
+        starts = torch.cat([earlier, reset], dim=0)[-kept[0].shape[0] :]
+        return output, (c, *kept, starts.to(kept[0].dtype))
 
     def step(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, Any]:
         """Read `tokens` on from `state`; return the logits of the token after the last one.

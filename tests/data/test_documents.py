@@ -117,11 +117,15 @@ def test_evaluation_rows_hold_whole_documents_and_ignore_their_padding():
     assert predicted == sum(d.numel() - 1 for d in documents)  # every token after a document's first
 
 
-def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder):
+SRUPP = dict(rnn="srupp", sru_options={"proj_size": 8, "attention_last_n_layers": 1}, memory_length=200)
+
+
+@pytest.mark.parametrize("options", [{}, SRUPP], ids=["sru", "srupp-with-memory"])
+def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder, options):
     data = DocumentsDataModule(path=str(folder), batch_size=2, seq_len=5, val_fraction=0.3, test_fraction=0.1)
     seed_everything(0, verbose=False)
     model = SRULanguageModel(
-        vocab_size=data.vocab_size, embedding_dim=8, hidden_size=16, num_layers=2, dropout=0.0
+        vocab_size=data.vocab_size, embedding_dim=8, hidden_size=16, num_layers=2, dropout=0.0, **options
     ).double()
     trainer = Trainer(
         accelerator="cpu",
@@ -154,8 +158,8 @@ def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder)
     assert packed == pytest.approx(nats / predicted / math.log(2), rel=1e-6)
 
 
-def test_the_lstm_and_srupp_models_refuse_document_boundaries():
+def test_the_lstm_model_refuses_document_boundaries():
     tokens, reset = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool)
     lstm = SRULanguageModel(vocab_size=5, rnn="lstm", embedding_dim=4, hidden_size=4, num_layers=1)
-    with pytest.raises(ValueError, match=r"packed documents \(`reset`\) need model.rnn='sru', got model.rnn='lstm'"):
+    with pytest.raises(ValueError, match=r"need model.rnn='sru' or 'srupp', got model.rnn='lstm'"):
         lstm(tokens, None, reset)

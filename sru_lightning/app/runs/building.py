@@ -70,7 +70,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     if getattr(datamodule, "packs_documents", False) and not getattr(model, "accepts_document_boundaries", True):
         raise UsageError(
             f"data ({data_config.get('_target_')}) packs documents with their boundaries, which "
-            f"model.rnn={model_config.get('rnn')!r} cannot keep apart: use model=sru (model.rnn='sru')"
+            f"model.rnn={model_config.get('rnn')!r} cannot keep apart: use model=sru or model=srupp"
         )
     if command == "fit" and ckpt_path is not None:
         with checkpoint_setting():
