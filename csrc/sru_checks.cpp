@@ -26,6 +26,7 @@ RecurrenceArgs CallArguments::recurrence() const {
       self["mask_c"].toOptional<at::Tensor>(),
       self["mask_pad"].toOptional<at::Tensor>(),
       self["reset"].toOptional<at::Tensor>(),
+      self["c_starts"].toOptional<at::Tensor>(),
       self["bidirectional"].toBool(),
       self["has_skip_term"].toBool(),
   };
@@ -63,8 +64,8 @@ void check_step_flags(const char* name, const OptionalTensor& flags, const at::T
 }  // namespace
 
 RecurrenceDims check_recurrence_args(const RecurrenceArgs& args) {
-  const auto& [U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad, reset, bidirectional,
-               has_skip_term] = args;
+  const auto& [U, x, weight_c, bias, c0, scale_x, scale_x_value, mask_c, mask_pad, reset, c_starts,
+               bidirectional, has_skip_term] = args;
   const auto storage = U.scalar_type();
   TORCH_CHECK_TYPE(storage == at::kFloat || storage == at::kDouble || storage == at::kHalf ||
                        storage == at::kBFloat16,
@@ -110,6 +111,12 @@ RecurrenceDims check_recurrence_args(const RecurrenceArgs& args) {
   check_optional("mask_c", mask_c, U, {dims.batch, width});
   check_step_flags("mask_pad", mask_pad, U, dims);
   check_step_flags("reset", reset, U, dims);
+  if (c_starts.has_value() && c_starts->defined()) {
+    TORCH_CHECK_VALUE(reset.has_value() && reset->defined(),
+                      "sru_lightning recurrence: `c_starts` gives the state each document starts from, "
+                      "so it needs `reset` (where the documents start), got reset=None");
+    check_optional("c_starts", c_starts, U, {dims.length, dims.batch, width});
+  }
   if (scale_x.has_value() && scale_x->defined()) {
     TORCH_CHECK_VALUE(scale_x->numel() == 1,
                       "sru_lightning recurrence: `scale_x` must have one element, got shape ",

@@ -301,8 +301,8 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
       const int64_t t = dims.time_of(step, blk.d);
       const int64_t offset = t * columns + blk.column;
       if (dims.restarts(a.reset, step, blk.d, blk.b)) {
-        // A document starts: its state starts from zero.
-        load<T, A>(nullptr, blk.n, arena.get(slot, kState), A(0));
+        // A document starts: its state starts from c_starts at this step, or zero.
+        load(a.c_starts == nullptr ? nullptr : a.c_starts + offset, blk.n, arena.get(slot, kState), A(0));
       }
       if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
         // Padding: the state is carried over and the output is zero.
@@ -368,7 +368,8 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   A* wf = arena.get(slot, kForgetWeight);
   A* wr = arena.get(slot, kResetWeight);
   if (dims.restarts(a.reset, step, blk.d, blk.b)) {
-    load<T, A>(nullptr, n, c_prev, A(0));  // a document's first step started from zero
+    // a document's first step started from c_starts, or zero
+    load(a.c_starts == nullptr ? nullptr : a.c_starts + offset, n, c_prev, A(0));
   } else if (step > 0) {
     load(a.c_all + dims.time_of(step - 1, blk.d) * columns + blk.column, n, c_prev, A(0));
   } else {
@@ -435,9 +436,16 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
       const ColumnBlock blk = block_at(dims, task);
       const int64_t slot = task - begin;
       const int64_t t = dims.time_of(step, blk.d);
+      const int64_t offset = t * columns + blk.column;
+      if (a.grad_c_all != nullptr) {
+        // The state after this step is an output too: its gradient joins the carried one.
+        A* carried = arena.get(slot, kState);
+        alignas(64) A incoming[kBlock];
+        load(a.grad_c_all + offset, blk.n, incoming, A(0));
+        for (int64_t i = 0; i < blk.n; ++i) carried[i] += incoming[i];
+      }
       if (a.mask_pad != nullptr && a.mask_pad[t * dims.batch + blk.b]) {
         // Padding passed c through unchanged and emitted h = 0: only grad_c flows on.
-        const int64_t offset = t * columns + blk.column;
         for (int64_t i = 0; i < blk.n * K; ++i) a.grad_U[offset * K + i] = static_cast<T>(A(0));
         if (a.grad_x != nullptr)
           for (int64_t i = 0; i < blk.n; ++i) a.grad_x[offset + i] = static_cast<T>(A(0));
@@ -449,8 +457,10 @@ SRU_LEVEL_FN void backward_blocks(const RecurrenceDims& dims, const BackwardArgs
         backward_block_step<T, K, 0>(dims, a, blk, step, scale, arena, slot);
       }
       if (dims.restarts(a.reset, step, blk.d, blk.b)) {
-        // The state entering a document's first step was zero, not the previous document's:
-        // no gradient flows back across the boundary (nor into c0).
+        // The state entering a document's first step was c_starts (or zero), not the previous
+        // document's: the carried gradient is c_starts', and none crosses the boundary (nor
+        // reaches c0).
+        if (a.grad_c_starts != nullptr) store(arena.get(slot, kState), blk.n, a.grad_c_starts + offset);
         load<T, A>(nullptr, blk.n, arena.get(slot, kState), A(0));
       }
     }

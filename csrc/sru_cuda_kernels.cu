@@ -86,7 +86,7 @@ template <typename A>
 struct StepLoads {
   int64_t offset;  // position of (t, column) in an (L, B, dirs*D) tensor
   bool padded;     // mask_pad marks the step as padding: both passes skip its math
-  bool restart;    // a document starts: the state entering the step is zero (RecurrenceDims::restarts)
+  bool restart;    // a document starts: the state entering the step is c_starts' or zero (RecurrenceDims::restarts)
   A u0, u1, u2, skip, wf, wr;
   A grad_h, c_prev;  // backward only
 };
@@ -136,7 +136,7 @@ __device__ __forceinline__ void forward_column(const RecurrenceDims& dims, const
                                                bool vector_u, const T* __restrict__ U,
                                                const T* __restrict__ x, const T* __restrict__ weight_c,
                                                const bool* __restrict__ mask_pad, const bool* __restrict__ reset,
-                                               T* __restrict__ h,
+                                               const T* __restrict__ c_starts, T* __restrict__ h,
                                                T* __restrict__ c_all, T* __restrict__ c_last) {
   A c = in.c0;
   StepLoads<A> next{};
@@ -144,7 +144,7 @@ __device__ __forceinline__ void forward_column(const RecurrenceDims& dims, const
   for (int64_t step = 0; step < dims.length; ++step) {
     const StepLoads<A> now = next;
     if (step + 1 < dims.length) next = load_step<T, A>(dims, in, vector_u, step + 1, U, x, weight_c, mask_pad, reset);
-    if (now.restart) c = A(0);
+    if (now.restart) c = c_starts != nullptr ? static_cast<A>(c_starts[now.offset]) : A(0);
     if (now.padded) {
       h[now.offset] = static_cast<T>(A(0));
       if (c_all != nullptr) c_all[now.offset] = static_cast<T>(c);
@@ -165,7 +165,8 @@ __global__ void forward_kernel(RecurrenceDims dims, ForwardArgs<T, accumulate_t<
   using A = accumulate_t<T>;
   ColumnInputs<A> in;
   if (!load_column(dims, a, in)) return;
-  forward_column<T, A>(dims, in, vector_u, a.U, a.x, a.weight_c, a.mask_pad, a.reset, a.h, a.c_all, a.c_last);
+  forward_column<T, A>(dims, in, vector_u, a.U, a.x, a.weight_c, a.mask_pad, a.reset, a.c_starts, a.h, a.c_all,
+                       a.c_last);
 }
 
 // The backward loads of one step: the forward's plus the incoming gradient of h and the
@@ -174,12 +175,12 @@ template <typename T, typename A>
 __device__ __forceinline__ StepLoads<A> load_backward_step(
     const RecurrenceDims& dims, const ColumnInputs<A>& in, bool vector_u, int64_t step,
     const T* __restrict__ U, const T* __restrict__ x, const T* __restrict__ weight_c,
-    const bool* __restrict__ mask_pad, const bool* __restrict__ reset, const T* __restrict__ grad_h,
-    const T* __restrict__ c_all) {
+    const bool* __restrict__ mask_pad, const bool* __restrict__ reset, const T* __restrict__ c_starts,
+    const T* __restrict__ grad_h, const T* __restrict__ c_all) {
   StepLoads<A> s = load_step<T, A>(dims, in, vector_u, step, U, x, weight_c, mask_pad, reset);
   if (s.padded) return s;
   s.grad_h = static_cast<A>(grad_h[s.offset]);
-  s.c_prev = s.restart ? A(0)
+  s.c_prev = s.restart ? (c_starts != nullptr ? static_cast<A>(c_starts[s.offset]) : A(0))
              : step > 0 ? static_cast<A>(c_all[dims.time_of(step - 1, in.pos.direction) * dims.columns() + in.column])
                         : in.c0;
   return s;
@@ -189,24 +190,28 @@ template <typename T, typename A>
 __device__ __forceinline__ void backward_column(
     const RecurrenceDims& dims, const ColumnInputs<A>& in, bool vector_u, const T* __restrict__ U,
     const T* __restrict__ x, const T* __restrict__ weight_c, const bool* __restrict__ mask_pad,
-    const bool* __restrict__ reset, const T* __restrict__ grad_h, const T* __restrict__ c_all,
-    const T* __restrict__ grad_c_last,
+    const bool* __restrict__ reset, const T* __restrict__ c_starts, const T* __restrict__ grad_h,
+    const T* __restrict__ c_all, const T* __restrict__ grad_c_last, const T* __restrict__ grad_c_all,
     T* __restrict__ grad_U, T* __restrict__ grad_x, T* __restrict__ grad_weight_c,
-    A* __restrict__ weight_c_partials, A* __restrict__ bias_partials, T* __restrict__ grad_c0) {
+    A* __restrict__ weight_c_partials, A* __restrict__ bias_partials, T* __restrict__ grad_c0,
+    T* __restrict__ grad_c_starts) {
   const int64_t width = dims.directions * dims.hidden;
   A grad_c = grad_c_last != nullptr ? static_cast<A>(grad_c_last[in.column]) : A(0);
   A sum_wf = A(0), sum_wr = A(0), sum_bf = A(0), sum_br = A(0);
   StepLoads<A> next{};
   if (dims.length > 0) {
-    next = load_backward_step<T, A>(dims, in, vector_u, dims.length - 1, U, x, weight_c, mask_pad, reset, grad_h,
-                                   c_all);
+    next = load_backward_step<T, A>(dims, in, vector_u, dims.length - 1, U, x, weight_c, mask_pad, reset, c_starts,
+                                   grad_h, c_all);
   }
   for (int64_t step = dims.length - 1; step >= 0; --step) {
     const StepLoads<A> now = next;
     if (step > 0) {
-      next = load_backward_step<T, A>(dims, in, vector_u, step - 1, U, x, weight_c, mask_pad, reset, grad_h, c_all);
+      next = load_backward_step<T, A>(dims, in, vector_u, step - 1, U, x, weight_c, mask_pad, reset, c_starts, grad_h,
+                                      c_all);
     }
     T* grad_u = grad_U + now.offset * dims.k;
+    // The state after this step is an output too: its gradient joins the carried one.
+    if (grad_c_all != nullptr) grad_c += static_cast<A>(grad_c_all[now.offset]);
     if (now.padded) {
       for (int64_t i = 0; i < dims.k; ++i) grad_u[i] = static_cast<T>(A(0));
       if (grad_x != nullptr) grad_x[now.offset] = static_cast<T>(A(0));
@@ -214,12 +219,16 @@ __device__ __forceinline__ void backward_column(
         grad_weight_c[now.offset * 2] = static_cast<T>(A(0));
         grad_weight_c[now.offset * 2 + 1] = static_cast<T>(A(0));
       }
-      if (now.restart) grad_c = A(0);  // the zero state entering a document takes no gradient
+      if (now.restart) {  // the state entering a document was c_starts' (or zero), not the previous one
+        if (grad_c_starts != nullptr) grad_c_starts[now.offset] = static_cast<T>(grad_c);
+        grad_c = A(0);
+      }
       continue;
     }
     StepGradients<A> g;
     backward_step<A>(now.u0, now.u1, now.u2, now.skip, now.wf, now.wr, in.bf, in.br, in.mask, now.c_prev,
                      now.grad_h, grad_c, g);
+    if (now.restart && grad_c_starts != nullptr) grad_c_starts[now.offset] = static_cast<T>(g.c_prev);
     grad_c = now.restart ? A(0) : g.c_prev;
     sum_wf += g.wf;
     sum_wr += g.wr;
@@ -251,9 +260,9 @@ __global__ void backward_kernel(RecurrenceDims dims, BackwardArgs<T, accumulate_
   using A = accumulate_t<T>;
   ColumnInputs<A> in;
   if (!load_column(dims, a, in)) return;
-  backward_column<T, A>(dims, in, vector_u, a.U, a.x, a.weight_c, a.mask_pad, a.reset, a.grad_h, a.c_all,
-                        a.grad_c_last, a.grad_U, a.grad_x, a.grad_weight_c, a.weight_c_partials, a.bias_partials,
-                        a.grad_c0);
+  backward_column<T, A>(dims, in, vector_u, a.U, a.x, a.weight_c, a.mask_pad, a.reset, a.c_starts, a.grad_h,
+                        a.c_all, a.grad_c_last, a.grad_c_all, a.grad_U, a.grad_x, a.grad_weight_c,
+                        a.weight_c_partials, a.bias_partials, a.grad_c0, a.grad_c_starts);
 }
 
 unsigned int grid_for(const RecurrenceDims& dims) {

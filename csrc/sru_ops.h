@@ -9,6 +9,7 @@
 #include <ATen/core/dispatch/Dispatcher.h>
 #include <ATen/core/stack.h>
 #include <ATen/ops/empty_like.h>
+#include <ATen/ops/zeros.h>
 
 #include <optional>
 #include <string>
@@ -26,12 +27,14 @@ using OptionalTensor = std::optional<at::Tensor>;
 constexpr const char* kRecurrenceForwardSchema =
     "recurrence_forward(Tensor U, Tensor? x, Tensor weight_c, Tensor bias, Tensor? c0, "
     "Tensor? scale_x, float scale_x_value, Tensor? mask_c, Tensor? mask_pad, Tensor? reset, "
-    "bool bidirectional, bool has_skip_term, bool store_c) -> (Tensor h, Tensor c_last, Tensor c_all)";
+    "Tensor? c_starts, bool bidirectional, bool has_skip_term, bool store_c) -> "
+    "(Tensor h, Tensor c_last, Tensor c_all)";
 constexpr const char* kRecurrenceBackwardSchema =
-    "recurrence_backward(Tensor grad_h, Tensor? grad_c_last, Tensor U, Tensor? x, Tensor weight_c, "
-    "Tensor bias, Tensor? c0, Tensor? scale_x, float scale_x_value, Tensor? mask_c, "
-    "Tensor? mask_pad, Tensor? reset, Tensor c_all, bool bidirectional, bool has_skip_term) -> "
-    "(Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, Tensor grad_c0)";
+    "recurrence_backward(Tensor grad_h, Tensor? grad_c_last, Tensor? grad_c_all, Tensor U, Tensor? x, "
+    "Tensor weight_c, Tensor bias, Tensor? c0, Tensor? scale_x, float scale_x_value, Tensor? mask_c, "
+    "Tensor? mask_pad, Tensor? reset, Tensor? c_starts, Tensor c_all, bool bidirectional, "
+    "bool has_skip_term) -> (Tensor grad_U, Tensor grad_x, Tensor grad_weight_c, Tensor grad_bias, "
+    "Tensor grad_c0, Tensor grad_c_starts)";
 
 // The arguments both recurrence ops take, read by name from a boxed call: the one C++ form
 // of the argument list, which every binding (CPU, CUDA, emulated CUDA) receives whole.
@@ -46,6 +49,7 @@ struct RecurrenceArgs {
   OptionalTensor mask_c;
   OptionalTensor mask_pad;
   OptionalTensor reset;
+  OptionalTensor c_starts;
   bool bidirectional;
   bool has_skip_term;
 };
@@ -111,7 +115,7 @@ const T* data_or_null(const at::Tensor& tensor) {
 // The inputs both passes read, contiguous (scale_x in the accumulation dtype). It owns the
 // tensors whose raw pointers `fill` hands to the kernel, so they outlive the launch.
 struct ContiguousInputs {
-  at::Tensor U, x, weight_c, bias, c0, mask_c, mask_pad, reset, scale_x;
+  at::Tensor U, x, weight_c, bias, c0, mask_c, mask_pad, reset, c_starts, scale_x;
   double scale_x_value;
 
   ContiguousInputs(const RecurrenceDims& dims, const RecurrenceArgs& args)
@@ -123,6 +127,7 @@ struct ContiguousInputs {
         mask_c(contiguous_or_undefined(args.mask_c)),
         mask_pad(contiguous_or_undefined(args.mask_pad)),
         reset(contiguous_or_undefined(args.reset)),
+        c_starts(contiguous_or_undefined(args.c_starts)),
         scale_x(scale_in_accumulate_dtype(args.scale_x, args.U.scalar_type())),
         scale_x_value(args.scale_x_value) {}
 
@@ -136,6 +141,7 @@ struct ContiguousInputs {
     args.mask_c = data_or_null<T>(mask_c);
     args.mask_pad = data_or_null<bool>(mask_pad);
     args.reset = data_or_null<bool>(reset);
+    args.c_starts = data_or_null<T>(c_starts);
     args.scale_x = data_or_null<A>(scale_x);
     args.scale_x_value = static_cast<A>(scale_x_value);
   }
@@ -173,12 +179,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> recurrence_forward_impl(const Cal
 // Vector weight_c and bias gradients come back from the kernel as per-batch partial sums
 // in the accumulation dtype and are reduced over the batch here.
 template <typename Launch>
-std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrence_backward_impl(
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrence_backward_impl(
     const CallArguments& call, Launch&& launch) {
   const RecurrenceArgs args_in = call.recurrence();
   const at::Tensor& U = args_in.U;
   const at::Tensor& grad_h = call["grad_h"].toTensor();
   const OptionalTensor grad_c_last = call["grad_c_last"].toOptional<at::Tensor>();
+  const OptionalTensor grad_c_all = call["grad_c_all"].toOptional<at::Tensor>();
   const at::Tensor& c_all = call["c_all"].toTensor();
   const RecurrenceDims dims = check_recurrence_args(args_in);
   const int64_t width = dims.directions * dims.hidden;
@@ -195,6 +202,13 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
   const at::Tensor grad_c_last_c =
       grad_c_last.has_value() && grad_c_last->defined() ? grad_c_last->to(U.scalar_type()).contiguous()
                                                         : at::Tensor();
+  if (grad_c_all.has_value() && grad_c_all->defined()) {
+    TORCH_CHECK_VALUE(grad_c_all->sizes() == c_all.sizes(), "sru_lightning recurrence backward: `grad_c_all` must have shape ",
+                      c_all.sizes(), ", got ", grad_c_all->sizes());
+  }
+  const at::Tensor grad_c_all_c = grad_c_all.has_value() && grad_c_all->defined()
+                                      ? grad_c_all->to(U.scalar_type()).contiguous()
+                                      : at::Tensor();
   const at::Tensor c_all_c = c_all.contiguous();
 
   at::Tensor grad_U = output_tensor(inputs.U.sizes(), options);
@@ -206,12 +220,16 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
                                      : at::empty({dims.batch, 2 * width}, options.dtype(accumulate));
   at::Tensor bias_partials = at::empty({dims.batch, 2 * width}, options.dtype(accumulate));
   at::Tensor grad_c0 = at::empty({dims.batch, width}, options);
+  // Written by the kernels at the steps that read c_starts only: zero elsewhere.
+  at::Tensor grad_c_starts = inputs.c_starts.defined() ? at::zeros(inputs.c_starts.sizes(), options)
+                                                        : at::empty({0}, options);
   AT_DISPATCH_FLOATING_TYPES_AND2(at::kHalf, at::kBFloat16, U.scalar_type(), "sru_recurrence_backward", [&] {
     using A = accumulate_t<scalar_t>;
     BackwardArgs<scalar_t, A> args{};
     inputs.fill(args);
     args.grad_h = grad_h_c.const_data_ptr<scalar_t>();
     args.grad_c_last = data_or_null<scalar_t>(grad_c_last_c);
+    args.grad_c_all = data_or_null<scalar_t>(grad_c_all_c);
     args.c_all = c_all_c.const_data_ptr<scalar_t>();
     args.grad_U = grad_U.mutable_data_ptr<scalar_t>();
     args.grad_x = dims.skip_from_x ? grad_x.mutable_data_ptr<scalar_t>() : nullptr;
@@ -219,13 +237,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor, at::Tensor> recurrenc
     args.weight_c_partials = dims.per_step_weight_c ? nullptr : weight_c_partials.mutable_data_ptr<A>();
     args.bias_partials = bias_partials.mutable_data_ptr<A>();
     args.grad_c0 = grad_c0.mutable_data_ptr<scalar_t>();
+    args.grad_c_starts = inputs.c_starts.defined() ? grad_c_starts.mutable_data_ptr<scalar_t>() : nullptr;
     launch(dims, args);
   });
   at::Tensor grad_weight_c = dims.per_step_weight_c
                                  ? grad_weight_c_step
                                  : weight_c_partials.sum(0).to(U.scalar_type()).view(args_in.weight_c.sizes());
   at::Tensor grad_bias = bias_partials.sum(0).to(U.scalar_type());
-  return {grad_U, grad_x, grad_weight_c, grad_bias, grad_c0};
+  return {grad_U, grad_x, grad_weight_c, grad_bias, grad_c0, grad_c_starts};
 }
 
 }  // namespace sru_lightning

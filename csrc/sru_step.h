@@ -210,6 +210,7 @@ struct RecurrenceInputs {
   const T* mask_c;       // (B, dirs*D) or null (ones)
   const bool* mask_pad;  // (L, B) or null
   const bool* reset;     // (L, B) document starts, or null (RecurrenceDims::restarts)
+  const T* c_starts;     // (L, B, dirs*D) the state a restarted step starts from, or null (zeros)
   const A* scale_x;      // one value or null (then scale_x_value)
   A scale_x_value;
 
@@ -227,6 +228,7 @@ template <typename T, typename A>
 struct BackwardArgs : RecurrenceInputs<T, A> {
   const T* grad_h;       // (L, B, dirs*D)
   const T* grad_c_last;  // (B, dirs*D) or null (zeros)
+  const T* grad_c_all;   // (L, B, dirs*D) gradient of every step's state, or null (zeros)
   const T* c_all;        // forward's per-step state
   T* grad_U;             // (L, B, dirs, D, k)
   T* grad_x;             // (L, B, dirs*D) when skip_from_x, else null
@@ -234,6 +236,7 @@ struct BackwardArgs : RecurrenceInputs<T, A> {
   A* weight_c_partials;  // vector weight_c: (B, 2, dirs, D) per-batch partial sums, else null
   A* bias_partials;      // (B, 2, dirs, D) per-batch partial sums
   T* grad_c0;            // (B, dirs*D)
+  T* grad_c_starts;      // (L, B, dirs*D), pre-zeroed, written at restarted steps; null without c_starts
 };
 
 }  // namespace sru_lightning

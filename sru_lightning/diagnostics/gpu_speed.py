@@ -75,13 +75,13 @@ def measure_bandwidth(dtype: torch.dtype, length: int, batch: int, hidden: int, 
     bias = torch.zeros(2 * hidden, device=device, dtype=dtype)
     c0 = torch.zeros(batch, hidden, device=device, dtype=dtype)
     recurrence = torch.ops.sru_lightning
-    arguments = (U, x, weight_c, bias, c0, None, 1.0, None, None, None, False, True)
+    arguments = (U, x, weight_c, bias, c0, None, 1.0, None, None, None, None, False, True)
     h, c_last, c_all = recurrence.recurrence_forward(*arguments, True)
     grad_h, grad_c = torch.randn_like(h), torch.randn_like(c_last)
     forward_ms = cuda_median_ms(lambda: recurrence.recurrence_forward(*arguments, True))
     backward_ms = cuda_median_ms(
         lambda: recurrence.recurrence_backward(
-            grad_h, grad_c, U, x, weight_c, bias, c0, None, 1.0, None, None, None, c_all, False, True
+            grad_h, grad_c, None, U, x, weight_c, bias, c0, None, 1.0, None, None, None, None, c_all, False, True
         )
     )
     traffic = recurrence_traffic(length, batch, hidden, k, U.element_size())

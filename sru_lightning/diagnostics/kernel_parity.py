@@ -51,6 +51,7 @@ class Variant:
     mask_c: bool = False
     mask_pad: bool = False
     documents: bool = False  # document starts inside the rows (reset)
+    document_states: bool = False  # documents start from c_starts; every step's state is an output
     per_step_weight_c: bool = False
     scale_x: str | None = None  # None, "float" or "tensor"
     single_step: bool = False
@@ -73,6 +74,13 @@ VARIANTS = (
     # 600 columns: two full blocks of 256 threads and a partial third (a GPU block size).
     Variant("documents", documents=True),
     Variant("bidirectional documents + mask_pad", bidirectional=True, documents=True, mask_pad=True),
+    Variant(
+        "documents from given states, per-step states out",
+        bidirectional=True,
+        documents=True,
+        document_states=True,
+        mask_pad=True,
+    ),
     Variant("several blocks, last partial", bidirectional=True, mask_pad=True, shape=(9, 3, 100)),
     Variant("large", shape=(64, 32, 256)),
 )
@@ -105,6 +113,11 @@ def make_inputs(variant: Variant, dtype: torch.dtype, seed: int = 0) -> dict:
         generator = torch.Generator().manual_seed(seed + 1)
         lead = (batch,) if variant.single_step else (length, batch)
         inputs["reset"] = torch.rand(lead, generator=generator) < 0.2
+    inputs["c_starts"] = None
+    if variant.document_states:
+        generator = torch.Generator().manual_seed(seed + 2)
+        width = inputs["bias"].shape[0] // 2
+        inputs["c_starts"] = torch.randn(length, batch, width, generator=generator).to(dtype)
     return inputs
 
 
@@ -118,7 +131,7 @@ def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int =
             name: (value.double() if isinstance(value, torch.Tensor) and value.is_floating_point() else value)
             for name, value in moved.items()
         }
-    differentiable = [name for name in ("U", "x", "weight_c", "bias", "c0") if moved[name] is not None]
+    differentiable = [name for name in ("U", "x", "weight_c", "bias", "c0", "c_starts") if moved[name] is not None]
     for name in differentiable:
         moved[name] = moved[name].detach().requires_grad_(True)
     options = dict(
@@ -126,19 +139,23 @@ def run_recurrence(inputs: dict, variant: Variant, device: str, grad_seed: int =
         mask_c=moved["mask_c"],
         mask_pad=moved["mask_pad"],
         reset=moved["reset"],
+        c_starts=moved["c_starts"],
         bidirectional=variant.bidirectional,
         has_skip_term=variant.has_skip_term,
     )
     positional = [moved[name] for name in ("U", "x", "weight_c", "bias", "c0")]
+    states = dict(return_states=True) if variant.document_states else {}
     if reference:
-        h, c_last = sru_recurrence_reference(*positional, compute_dtype=torch.float64, **options)
+        results = sru_recurrence_reference(*positional, compute_dtype=torch.float64, **options, **states)
     else:
-        h, c_last = functional.sru_recurrence(*positional, **options)
+        results = functional.sru_recurrence(*positional, **options, **states)
+    h, c_last = results[:2]
     generator = torch.Generator().manual_seed(grad_seed)
-    grad_h = torch.randn(h.shape, generator=generator).to(device=h.device, dtype=h.dtype)
-    grad_c = torch.randn(c_last.shape, generator=generator).to(device=h.device, dtype=h.dtype)
-    torch.autograd.backward([h, c_last], [grad_h, grad_c])
+    grads = [torch.randn(t.shape, generator=generator).to(device=h.device, dtype=h.dtype) for t in results]
+    torch.autograd.backward(list(results), grads)
     outputs = {"h": h, "c_last": c_last}
+    if variant.document_states:
+        outputs["c_all"] = results[2]
     outputs.update({f"grad_{name}": moved[name].grad for name in differentiable})
     if not reference:
         with torch.no_grad():

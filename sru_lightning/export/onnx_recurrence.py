@@ -42,10 +42,13 @@ def _node(graph_nodes: list, op_type: str, *inputs, **attributes) -> ir.Value:
     return node.outputs[0]
 
 
-def _cell_scan_body(forget_weight: ir.Value, masked: bool, restarting: bool = False) -> ir.Graph:
-    """The loop body: state c (B, [dirs,] D); scan inputs U0, U1 + bf (and the padding, and the
-    document starts); outputs the new c and, per step, the new c and the previous one (which the
-    reset gate reads). A step that starts a document reads a previous c of zero."""
+def _cell_scan_body(
+    forget_weight: ir.Value, masked: bool, restarting: bool = False, given_starts: bool = False
+) -> ir.Graph:
+    """The loop body: state c (B, [dirs,] D); scan inputs U0, U1 + bf (and the padding, the
+    document starts, and the states they start from); outputs the new c and, per step, the new c
+    and the previous one (which the reset gate reads). A step that starts a document reads a
+    previous c of zero, or its given start state."""
     float_type = ir.TensorType(ir.DataType.FLOAT)
     c_carried = ir.Value(name="c_carried", type=float_type)
     candidate = ir.Value(name="u_candidate", type=float_type)
@@ -53,11 +56,13 @@ def _cell_scan_body(forget_weight: ir.Value, masked: bool, restarting: bool = Fa
     inputs = [c_carried, candidate, forget_in]
     pad = ir.Value(name="pad", type=ir.TensorType(ir.DataType.BOOL)) if masked else None
     restart = ir.Value(name="restart", type=ir.TensorType(ir.DataType.BOOL)) if restarting else None
-    inputs += [value for value in (pad, restart) if value is not None]
+    start_state = ir.Value(name="start_state", type=float_type) if given_starts else None
+    inputs += [value for value in (pad, restart, start_state) if value is not None]
     nodes: list = []
     c_prev = c_carried
     if restart is not None:
-        c_prev = _node(nodes, "Where", restart, _node(nodes, "Constant", value_float=0.0), c_carried)
+        start = start_state if start_state is not None else _node(nodes, "Constant", value_float=0.0)
+        c_prev = _node(nodes, "Where", restart, start, c_carried)
     forget = _node(nodes, "Sigmoid", _node(nodes, "Add", forget_in, _node(nodes, "Mul", forget_weight, c_prev)))
     c_new = _node(nodes, "Add", candidate, _node(nodes, "Mul", forget, _node(nodes, "Sub", c_prev, candidate)))
     if pad is not None:
@@ -148,6 +153,7 @@ def recurrence_forward(
     mask_c,
     mask_pad,
     reset,
+    c_starts,
     bidirectional: bool,
     has_skip_term: bool,
     store_c: bool,
@@ -209,7 +215,12 @@ def recurrence_forward(
         scan_inputs.append(pad)
     if reset is not None:
         scan_inputs.append(_restarts(reset, directions))
-    body = _cell_scan_body(forget_weight, masked=pad is not None, restarting=reset is not None)
+    if c_starts is not None:  # (L, B, dirs*D): the state each restarted step starts from
+        starts = c_starts if directions == 1 else op.Reshape(c_starts, op.Constant(value_ints=[0, 0, *column_shape]))
+        scan_inputs.append(_time_aligned(starts, directions))
+    body = _cell_scan_body(
+        forget_weight, masked=pad is not None, restarting=reset is not None, given_starts=c_starts is not None
+    )
     c_last, c_all, c_before = _scan(c_init, scan_inputs, body)
 
     # The reset gate and h need only the previous step's c: all steps at once.

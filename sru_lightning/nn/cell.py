@@ -86,10 +86,14 @@ class SRUCell(RecurrentCellMixin, nn.Module):
     * ``reset``: the layout of ``mask_pad``, non-zero/True at each document's first step: documents
       packed into one row are computed as if each were alone (the state restarts from zero there,
       in both directions; see :func:`sru_lightning.ops.functional.sru_recurrence`);
+    * ``c_starts`` (with ``reset``): the layout of ``input`` with dirs*hidden_size features, the
+      state each document starts from instead of zero (read only where a document starts; its
+      gradient is exact);
     * ``mask_pad``: (L, B) (or (B,) for one step), non-zero/True marks padding: a padded
       step keeps ``c`` and emits ``h = 0``;
     * returns ``h`` (L, B, dirs*hidden_size) (or (B, dirs*hidden_size) for one step) and the
-      last ``c`` (B, dirs*hidden_size).
+      last ``c`` (B, dirs*hidden_size); with ``return_states=True`` also every step's ``c`` in
+      ``h``'s layout (a packed document's final state is its last step's, with its gradient).
 
     Keyword names are those of ``sru.SRUCell`` 2.6. Differences, all deliberate:
 
@@ -261,8 +265,15 @@ class SRUCell(RecurrentCellMixin, nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(
-        self, input: Tensor, c0: Tensor | None = None, mask_pad: Tensor | None = None, reset: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
+        self,
+        input: Tensor,
+        c0: Tensor | None = None,
+        mask_pad: Tensor | None = None,
+        reset: Tensor | None = None,
+        *,
+        c_starts: Tensor | None = None,
+        return_states: bool = False,
+    ) -> tuple[Tensor, ...]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
         device = self.bias.device
@@ -278,16 +289,30 @@ class SRUCell(RecurrentCellMixin, nn.Module):
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)
         if reset is not None:
             reset = time_major_padding_mask(owner, reset, length, batch, one_step, self.batch_first, device, "reset")
+        if c_starts is not None:
+            check_floating_tensor(owner, "c_starts", c_starts)
+            check_same_device(owner, "c_starts", c_starts, device, "the input's")
+            c_starts = c_starts.unsqueeze(0) if one_step else c_starts
+            c_starts = c_starts.transpose(0, 1) if self.batch_first and not one_step else c_starts
 
-        h, c = self.forward_time_major(x, c0, mask_pad, reset)
+        h, c, *states = self.forward_time_major(x, c0, mask_pad, reset, c_starts, return_states)
         if one_step:
-            return h.squeeze(0), c
-        return (h.transpose(0, 1) if self.batch_first else h), c
+            return (h.squeeze(0), c, *(s.squeeze(0) for s in states))
+        if self.batch_first:
+            h, states = h.transpose(0, 1), [s.transpose(0, 1) for s in states]
+        return (h, c, *states)
 
     def forward_time_major(
-        self, x: Tensor, c0: Tensor | None, mask_pad: Tensor | None, reset: Tensor | None = None
-    ) -> tuple[Tensor, Tensor]:
-        """The layer on already-checked tensors: x (L, B, input_size), mask_pad and reset (L, B) bool."""
+        self,
+        x: Tensor,
+        c0: Tensor | None,
+        mask_pad: Tensor | None,
+        reset: Tensor | None = None,
+        c_starts: Tensor | None = None,
+        return_states: bool = False,
+    ) -> tuple[Tensor, ...]:
+        """The layer on already-checked tensors: x (L, B, input_size), mask_pad and reset (L, B)
+        bool, c_starts (L, B, dirs*hidden_size)."""
         x = self._one_half_copy_of_input(x)
         residual = x
         x = self._normalized_input(x)
@@ -300,7 +325,9 @@ class SRUCell(RecurrentCellMixin, nn.Module):
 
         U, weight_c = self.compute_uv(x)
         skip = residual if self.has_skip_term and self.num_matrices == 3 else None
-        return self._recurrence(U, skip, weight_c, c0, mask_c, mask_pad, self.has_skip_term, reset)
+        return self._recurrence(
+            U, skip, weight_c, c0, mask_c, mask_pad, self.has_skip_term, reset, c_starts, return_states
+        )
 
     def _one_half_copy_of_input(self, x: Tensor) -> Tensor:
         """Under autocast, cast a float32 input once to the half dtype the recurrence stores.

@@ -159,17 +159,23 @@ class RecurrentCellMixin(RefusesTorchScript):
         mask_pad: Tensor | None,
         has_skip_term: bool,
         reset: Tensor | None = None,
-    ) -> tuple[Tensor, Tensor]:
-        """h and the last c from U through the package op, then the output-side layer norm.
+        c_starts: Tensor | None = None,
+        return_states: bool = False,
+    ) -> tuple[Tensor, ...]:
+        """h and the last c from U through the package op, then the output-side layer norm
+        (and every step's c after them with ``return_states``).
 
         The autograd entry point is used only when a gradient is needed, so inference does not
         keep what backward would use. ``functional`` is looked up at call time (so ``apex.amp``
         can patch its entry points).
         """
-        tensors = (U, skip, weight_c, self.bias, c0)
+        tensors = (U, skip, weight_c, self.bias, c0, c_starts)
         needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
         recurrence = functional.sru_recurrence if needs_grad else functional.sru_recurrence_inference
-        h, c = recurrence(
+        states = {}
+        if return_states:  # the per-step states exist only where the autograd entry stores them
+            recurrence, states = functional.sru_recurrence, {"return_states": True}
+        outputs = recurrence(
             U,
             skip,
             weight_c,
@@ -179,13 +185,16 @@ class RecurrentCellMixin(RefusesTorchScript):
             mask_c=mask_c,
             mask_pad=mask_pad,
             reset=reset,
+            c_starts=c_starts,
             bidirectional=self.bidirectional,
             has_skip_term=has_skip_term,
             policy=self.recurrence_policy,
+            **states,
         )
+        h, *rest = outputs
         if self.layer_norm is not None and self.normalize_after:
             h = self.layer_norm(h)
-        return h, c
+        return (h, *rest)
 
 
 # ---------------------------------------------------------------------- a stack of layers

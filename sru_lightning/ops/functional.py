@@ -46,10 +46,37 @@ def _cpp_backend_ready(device_type: str) -> bool:
     return True
 
 
-def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term, policy, inference):
+def _run(
+    U,
+    x,
+    weight_c,
+    bias,
+    c0,
+    scale_x,
+    mask_c,
+    mask_pad,
+    reset,
+    bidirectional,
+    has_skip_term,
+    policy,
+    inference,
+    c_starts=None,
+    return_states=False,
+):
     validate_policy(policy)
     shape = check_recurrence_inputs(
-        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, reset=reset
+        U,
+        x,
+        weight_c,
+        bias,
+        c0,
+        scale_x,
+        mask_c,
+        mask_pad,
+        bidirectional,
+        has_skip_term,
+        reset=reset,
+        c_starts=c_starts,
     )
     device_type = U.device.type
     out_dtype = U.dtype
@@ -66,6 +93,7 @@ def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirection
         bias_s = to_storage(bias)
         c0_s = to_storage(c0)
         mask_c_s = to_storage(mask_c)
+        c_starts_s = to_storage(c_starts)
         mask_pad_b = None if mask_pad is None else mask_pad.to(torch.bool)
         if shape.single_step:
             U_s = U_s.unsqueeze(0)
@@ -73,18 +101,36 @@ def _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirection
             weight_c_s = weight_c_s.unsqueeze(0) if shape.per_step_weight_c else weight_c_s
             mask_pad_b = None if mask_pad_b is None else mask_pad_b.unsqueeze(0)
             reset = None if reset is None else reset.unsqueeze(0)
+            c_starts_s = None if c_starts_s is None else c_starts_s.unsqueeze(0)
 
         call = RecurrenceCall(
-            U_s, x_s, weight_c_s, bias_s, c0_s, scale_x, mask_c_s, mask_pad_b, reset, bidirectional, has_skip_term
+            U_s,
+            x_s,
+            weight_c_s,
+            bias_s,
+            c0_s,
+            scale_x,
+            mask_c_s,
+            mask_pad_b,
+            reset,
+            c_starts_s,
+            bidirectional,
+            has_skip_term,
         )
         if _cpp_backend_ready(device_type):
             from . import op
 
-            h, c_last = (op.sru_inference if inference else op.sru_forward)(*call)
+            if return_states:
+                h, c_last, c_all = op.sru_forward_states(*call)
+            else:
+                h, c_last = (op.sru_inference if inference else op.sru_forward)(*call)
         else:
-            h, c_last = _run_reference(call, inference)
+            h, c_last, c_all = _run_reference(call, inference)
         if shape.single_step:
             h = h.squeeze(0)
+        if return_states:
+            c_all = c_all.squeeze(0) if shape.single_step else c_all
+            return h.to(out_dtype), c_last.to(out_dtype), c_all.to(out_dtype)
         return h.to(out_dtype), c_last.to(out_dtype)
 
 
@@ -93,7 +139,7 @@ def _run_reference(call: RecurrenceCall, inference: bool):
     accumulate = accumulation_dtype(storage)
     grad_context = torch.no_grad() if inference else contextlib.nullcontext()
     with grad_context:
-        h, c_last = sru_recurrence_reference(
+        h, c_last, c_all = sru_recurrence_reference(
             call.U,
             call.x,
             call.weight_c,
@@ -103,6 +149,8 @@ def _run_reference(call: RecurrenceCall, inference: bool):
             mask_c=call.mask_c,
             mask_pad=call.mask_pad,
             reset=call.reset,
+            c_starts=call.c_starts,
+            return_states=True,
             bidirectional=call.bidirectional,
             has_skip_term=call.has_skip_term,
             compute_dtype=accumulate,
@@ -117,7 +165,7 @@ def _run_reference(call: RecurrenceCall, inference: bool):
 
         h.register_hook(_record_backward)
     # Results are stored in S like the kernel's, before the caller casts them to U's dtype.
-    return h.to(storage), c_last.to(storage)
+    return h.to(storage), c_last.to(storage), c_all.to(storage)
 
 
 def sru_recurrence(
@@ -131,11 +179,14 @@ def sru_recurrence(
     mask_c=None,
     mask_pad=None,
     reset=None,
+    c_starts=None,
     bidirectional: bool = False,
     has_skip_term: bool = True,
     policy: str = "auto",
+    return_states: bool = False,
 ):
-    """SRU elementwise recurrence with autograd. Returns ``(h, c_last)`` in ``U``'s dtype.
+    """SRU elementwise recurrence with autograd. Returns ``(h, c_last)`` in ``U``'s dtype, and
+    ``c_all`` after them with ``return_states``.
 
     Args:
         U: (L, B, dirs*D*k) output of the input matmul, viewed as (L, B, dirs, D, k), k in
@@ -153,11 +204,34 @@ def sru_recurrence(
             restarts from zero there, in both directions; no gradient crosses a boundary).
             Flags per step rather than ``cu_seqlens`` offsets: they share the (L, B) layout
             of ``mask_pad``, slice with a truncated-BPTT window, and scan in ONNX.
+        c_starts: (L, B, dirs*D), with ``reset``: the state each document starts from instead
+            of zero (a per-document initial state, with its gradient). It is read only where a
+            document starts in a direction's order: at a flagged step t for the forward
+            direction's columns, at a document's last step (``reset[t + 1]``) for the backward
+            direction's.
         bidirectional: the second half of the columns runs from t = L-1 down to 0.
         has_skip_term: add the highway skip term to h.
         policy: "auto", "fp32" or "half" (see :mod:`sru_lightning.ops.storage_dtype`).
+        return_states: also return ``c_all`` (L, B, dirs*D), the state after every step, with
+            its gradient: a packed document's final state is ``c_all`` at its last step.
     """
-    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term, policy, False)
+    return _run(
+        U,
+        x,
+        weight_c,
+        bias,
+        c0,
+        scale_x,
+        mask_c,
+        mask_pad,
+        reset,
+        bidirectional,
+        has_skip_term,
+        policy,
+        False,
+        c_starts=c_starts,
+        return_states=return_states,
+    )
 
 
 def sru_recurrence_inference(
@@ -171,9 +245,25 @@ def sru_recurrence_inference(
     mask_c=None,
     mask_pad=None,
     reset=None,
+    c_starts=None,
     bidirectional: bool = False,
     has_skip_term: bool = True,
     policy: str = "auto",
 ):
     """Same as :func:`sru_recurrence` without autograd; the per-step c is never stored."""
-    return _run(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term, policy, True)
+    return _run(
+        U,
+        x,
+        weight_c,
+        bias,
+        c0,
+        scale_x,
+        mask_c,
+        mask_pad,
+        reset,
+        bidirectional,
+        has_skip_term,
+        policy,
+        True,
+        c_starts=c_starts,
+    )

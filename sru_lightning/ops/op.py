@@ -80,6 +80,7 @@ def _backward_fake(*values):
         U.new_empty(a["weight_c"].shape),
         U.new_empty(a["bias"].shape),
         U.new_empty((U.shape[1], width)),
+        U.new_empty(a["c_starts"].shape) if a["c_starts"] is not None else U.new_empty((0,)),
     )
 
 
@@ -99,7 +100,7 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(*(a[name] for name in _SAVED), c_all)
     ctx.options = {name: a[name] for name in _OPTIONS}
     ctx.skip_from_x = _skip_from_x(a)
-    ctx.mark_non_differentiable(c_all)
+    # c_all is an output with a gradient too (a packed document's final state is one of its steps).
     # Unused outputs then get None instead of freshly filled zero tensors.
     ctx.set_materialize_grads(False)
 
@@ -110,7 +111,7 @@ def _saved_arguments(ctx) -> tuple[dict, torch.Tensor]:
     return {**dict(zip(_SAVED, tensors)), **ctx.options}, c_all
 
 
-def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last):
+def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last, grad_c_all):
     """First-order gradients as a graph of the inputs (``create_graph=True``), through the reference.
 
     The backward kernel has no derivative of its own; recomputing the recurrence with the
@@ -121,12 +122,14 @@ def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last):
     from .reference import sru_recurrence_reference
 
     U = a["U"]
-    inputs = [U, a["x"] if skip_from_x else None, a["weight_c"], a["bias"], a["c0"]]
+    inputs = [U, a["x"] if skip_from_x else None, a["weight_c"], a["bias"], a["c0"], a["c_starts"]]
     # A fresh leaf for an input without grad: its gradient is still returned, as by the kernel.
     inputs = [None if t is None else (t if t.requires_grad else t.detach().requires_grad_()) for t in inputs]
     scale_x = a["scale_x"] if a["scale_x"] is not None else a["scale_x_value"]
-    h, c_last = sru_recurrence_reference(
-        *inputs,
+    h, c_last, c_all = sru_recurrence_reference(
+        *inputs[:5],
+        c_starts=inputs[5],
+        return_states=True,
         scale_x=scale_x,
         mask_c=a["mask_c"],
         mask_pad=a["mask_pad"],
@@ -139,6 +142,9 @@ def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last):
     if grad_c_last is not None:
         outputs.append(c_last.to(U.dtype))
         grads.append(grad_c_last)
+    if grad_c_all is not None:
+        outputs.append(c_all.to(U.dtype))
+        grads.append(grad_c_all)
     wanted = [t for t in inputs if t is not None]
     found = iter(torch.autograd.grad(outputs, wanted, grads, create_graph=True, allow_unused=True))
     gradients = [None if t is None else next(found) for t in inputs]
@@ -146,18 +152,19 @@ def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last):
     return dict(zip(signature.DIFFERENTIABLE, gradients))
 
 
-def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
+def _backward(ctx, grad_h, grad_c_last, grad_c_all):
     a, c_all = _saved_arguments(ctx)
     U = a["U"]
     if grad_h is None:
         grad_h = torch.zeros_like(c_all)
     if torch.is_grad_enabled() and not torch.compiler.is_compiling():
         # backward(create_graph=True): the gradients must be differentiable themselves.
-        gradients = _differentiable_gradients(a, ctx.skip_from_x, grad_h, grad_c_last)
+        gradients = _differentiable_gradients(a, ctx.skip_from_x, grad_h, grad_c_last, grad_c_all)
         backend = "reference"
     else:
         values = signature.ordered(
-            BACKWARD_ARGUMENTS, {**a, "grad_h": grad_h, "grad_c_last": grad_c_last, "c_all": c_all}
+            BACKWARD_ARGUMENTS,
+            {**a, "grad_h": grad_h, "grad_c_last": grad_c_last, "grad_c_all": grad_c_all, "c_all": c_all},
         )
         gradients = dict(zip(signature.DIFFERENTIABLE, torch.ops.sru_lightning.recurrence_backward(*values)))
         backend = "cpp"
@@ -165,8 +172,9 @@ def _backward(ctx, grad_h, grad_c_last, _grad_c_all):
     # Inputs the forward did not read get no gradient.
     if not ctx.skip_from_x:
         gradients["x"] = None
-    if a["c0"] is None:
-        gradients["c0"] = None
+    for optional in ("c0", "c_starts"):
+        if a[optional] is None:
+            gradients[optional] = None
     return signature.forward_input_gradients(gradients)
 
 
@@ -205,12 +213,19 @@ def sru_forward(*arguments):
     """Differentiable recurrence on storage-dtype inputs (L, B, ...). Returns (h, c_last).
 
     ``arguments`` are those of :class:`~sru_lightning.ops.signature.RecurrenceCall`: U, x,
-    weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term.
+    weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, c_starts, bidirectional, has_skip_term.
     """
-    h, c_last, _ = torch.ops.sru_lightning.recurrence_forward(*_op_arguments(arguments, store_c=True))
+    h, c_last, _ = sru_forward_states(*arguments)
+    return h, c_last
+
+
+def sru_forward_states(*arguments):
+    """:func:`sru_forward` that also returns c_all (L, B, dirs*D), the state after every step,
+    with its gradient."""
+    h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*_op_arguments(arguments, store_c=True))
     U = arguments[0]
     record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "cpp", "forward")
-    return h, c_last
+    return h, c_last, c_all
 
 
 def sru_inference(*arguments):

@@ -18,7 +18,12 @@ Document boundaries: ``reset`` (L, B) is True at each document's first step. The
 direction then runs that step from c_{t-1} = 0 (instead of the previous document's state, or
 c0), the backward direction runs a document's last step t (where ``reset[t + 1]``) from 0, so
 each document of a packed row is computed as if it were alone, and no gradient crosses a
-boundary. A flag on a padded step still restarts the carried state.
+boundary. A flag on a padded step still restarts the carried state. With ``c_starts``
+(L, B, dirs*D) a restarted step starts from ``c_starts[t]`` instead of 0 (the state a
+document starts from, read only at those steps), and its gradient goes there.
+
+``return_states`` also returns ``c_all`` (L, B, dirs*D), the state after every step
+(differentiable): a document's final state is ``c_all`` at its last step.
 """
 
 from __future__ import annotations
@@ -43,14 +48,28 @@ def sru_recurrence_reference(
     has_skip_term: bool = True,
     compute_dtype: torch.dtype | None = None,
     reset=None,
+    c_starts=None,
+    return_states: bool = False,
 ):
-    """SRU recurrence with plain autograd. Returns ``(h, c_last)`` in ``U``'s dtype.
+    """SRU recurrence with plain autograd. Returns ``(h, c_last)`` in ``U``'s dtype, and
+    ``c_all`` after them with ``return_states``.
 
     ``compute_dtype`` None computes in float32 (float64 for float64 ``U``); a half dtype does
     every operation in that dtype.
     """
     shape = check_recurrence_inputs(
-        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional, has_skip_term, reset=reset
+        U,
+        x,
+        weight_c,
+        bias,
+        c0,
+        scale_x,
+        mask_c,
+        mask_pad,
+        bidirectional,
+        has_skip_term,
+        reset=reset,
+        c_starts=c_starts,
     )
     out_dtype = U.dtype
     dtype = compute_dtype if compute_dtype is not None else accumulation_dtype(U.dtype)
@@ -81,17 +100,19 @@ def sru_recurrence_reference(
         drop = None if mask_c is None else cast(mask_c).reshape(B, dirs, D)
         pad = None if mask_pad is None else mask_pad.reshape(L, B, 1).to(torch.bool)
         starts = None if reset is None else reset.reshape(L, B, 1)
+        start_states = None if c_starts is None else cast(c_starts).reshape(L, B, dirs, D)
 
-        h_directions, c_last_directions = [], []
+        h_directions, c_last_directions, c_directions = [], [], []
         for d in range(dirs):
             c_prev = c_init[:, d]
-            h_steps = [None] * L
+            h_steps, c_steps = [None] * L, [None] * L
             steps = range(L) if d == 0 else range(L - 1, -1, -1)
             for t in steps:
                 # the first step of a document in this direction's order starts from zero
                 first = t if d == 0 else t + 1
                 if starts is not None and first < L:
-                    c_prev = torch.where(starts[first], torch.zeros_like(c_prev), c_prev)
+                    start = torch.zeros_like(c_prev) if start_states is None else start_states[t, :, d]
+                    c_prev = torch.where(starts[first], start, c_prev)
                 forget = torch.sigmoid(u[t, :, d, :, 1] + forget_w[t, :, d] * c_prev + forget_b[d])
                 reset = torch.sigmoid(u[t, :, d, :, 2] + reset_w[t, :, d] * c_prev + reset_b[d])
                 c_t = forget * c_prev + (1 - forget) * u[t, :, d, :, 0]
@@ -104,12 +125,16 @@ def sru_recurrence_reference(
                     h_t = gate * c_t + (1 - gate) * skip[t, :, d]
                 if pad is not None:
                     h_t = torch.where(pad[t], torch.zeros_like(h_t), h_t)
-                h_steps[t] = h_t
+                h_steps[t], c_steps[t] = h_t, c_t
                 c_prev = c_t
             h_directions.append(torch.stack(h_steps) if L else u.new_zeros(0, B, D))  # (L, B, D)
+            c_directions.append(torch.stack(c_steps) if L else u.new_zeros(0, B, D))
             c_last_directions.append(c_prev)
         h = torch.stack(h_directions, dim=2).reshape(L, B, dirs * D)
         c_last = torch.stack(c_last_directions, dim=1).reshape(B, dirs * D)
+        c_all = torch.stack(c_directions, dim=2).reshape(L, B, dirs * D)
         if shape.single_step:
-            h = h[0]
+            h, c_all = h[0], c_all[0]
+    if return_states:
+        return h.to(out_dtype), c_last.to(out_dtype), c_all.to(out_dtype)
     return h.to(out_dtype), c_last.to(out_dtype)

@@ -119,6 +119,20 @@ def _check_batch_tensors(c0, mask_c, mask_pad, reset, lead: tuple, batch: int, c
             raise ValueError(f"SRU recurrence: `{name}` must have shape {lead} (L, B), got {_shape(value)}")
 
 
+def _check_document_starts(c_starts, reset, lead: tuple, columns: int) -> None:
+    if c_starts is None:
+        return
+    if reset is None:
+        raise ValueError(
+            "SRU recurrence: `c_starts` gives the state each document starts from, so it needs `reset` "
+            "(where the documents start), got reset=None"
+        )
+    if _shape(c_starts) != lead + (columns,):
+        raise ValueError(
+            f"SRU recurrence: `c_starts` must have shape {lead + (columns,)} (L, B, dirs*D), got {_shape(c_starts)}"
+        )
+
+
 def _check_scale_x(scale_x) -> None:
     if scale_x is None:
         return
@@ -134,12 +148,33 @@ def _check_scale_x(scale_x) -> None:
 
 
 def check_recurrence_inputs(
-    U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, bidirectional: bool, has_skip_term: bool, reset=None
+    U,
+    x,
+    weight_c,
+    bias,
+    c0,
+    scale_x,
+    mask_c,
+    mask_pad,
+    bidirectional: bool,
+    has_skip_term: bool,
+    reset=None,
+    c_starts=None,
 ) -> RecurrenceShape:
     """Validate every argument against the layout and return the inferred sizes."""
     _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad, reset)
+    _require_tensor("c_starts", c_starts, allow_none=True)
     _check_devices(
-        U, x=x, weight_c=weight_c, bias=bias, c0=c0, mask_c=mask_c, mask_pad=mask_pad, reset=reset, scale_x=scale_x
+        U,
+        x=x,
+        weight_c=weight_c,
+        bias=bias,
+        c0=c0,
+        mask_c=mask_c,
+        mask_pad=mask_pad,
+        reset=reset,
+        scale_x=scale_x,
+        c_starts=c_starts,
     )
     directions = 2 if bidirectional else 1
     hidden = _hidden_from_bias(bias, directions)
@@ -152,5 +187,6 @@ def check_recurrence_inputs(
         _check_x(x, lead, columns)
     per_step = _is_per_step_weight_c(weight_c, lead, columns)
     _check_batch_tensors(c0, mask_c, mask_pad, reset, lead, batch, columns)
+    _check_document_starts(c_starts, reset, lead, columns)
     _check_scale_x(scale_x)
     return RecurrenceShape(length, batch, directions, hidden, k, single_step, per_step)

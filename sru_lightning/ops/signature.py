@@ -36,6 +36,7 @@ RECURRENCE_ARGUMENTS = (
     Argument("mask_c", "Tensor?"),
     Argument("mask_pad", "Tensor?"),
     Argument("reset", "Tensor?"),
+    Argument("c_starts", "Tensor?", differentiable=True),
     Argument("bidirectional", "bool"),
     Argument("has_skip_term", "bool"),
 )
@@ -48,7 +49,7 @@ DIFFERENTIABLE = tuple(argument.name for argument in RECURRENCE_ARGUMENTS if arg
 def _backward_arguments() -> tuple[Argument, ...]:
     # The backward op takes the forward's arguments with the incoming gradients in front and
     # the stored states c_all before the two flags.
-    gradients = (Argument("grad_h", "Tensor"), Argument("grad_c_last", "Tensor?"))
+    gradients = (Argument("grad_h", "Tensor"), Argument("grad_c_last", "Tensor?"), Argument("grad_c_all", "Tensor?"))
     tensors, flags = RECURRENCE_ARGUMENTS[:-2], RECURRENCE_ARGUMENTS[-2:]
     return gradients + tensors + (Argument("c_all", "Tensor"),) + flags
 

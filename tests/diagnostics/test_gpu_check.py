@@ -199,12 +199,12 @@ def test_bandwidth_counts_the_bytes_of_every_tensor_the_kernels_touch(k, bidirec
     )
     forward_in = [U, x, weight_c, bias, c0]
     forward_out = torch.ops.sru_lightning.recurrence_forward(
-        U, x, weight_c, bias, c0, None, 1.0, None, None, None, bidirectional, True, True
+        U, x, weight_c, bias, c0, None, 1.0, None, None, None, None, bidirectional, True, True
     )
     h, c_last, c_all = forward_out
     backward_in = [torch.randn_like(h), torch.randn_like(c_last), U, x, weight_c, bias, c0, c_all]
     backward_out = torch.ops.sru_lightning.recurrence_backward(
-        *backward_in[:7], None, 1.0, None, None, None, c_all, bidirectional, True
+        *backward_in[:2], None, *backward_in[2:7], None, 1.0, None, None, None, None, c_all, bidirectional, True
     )
 
     def nbytes(tensors):

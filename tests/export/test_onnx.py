@@ -125,6 +125,44 @@ def test_documents_packed_in_a_row_match_eager_in_onnxruntime(bidirectional, tmp
             assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={steps}"
 
 
+class CellWithDocumentStates(nn.Module):
+    def __init__(self, cell: SRUCell) -> None:
+        super().__init__()
+        self.cell = cell
+
+    def forward(self, x, reset, c_starts):
+        return self.cell(x, reset=reset, c_starts=c_starts)
+
+
+def test_documents_starting_from_given_states_match_eager_in_onnxruntime(tmp_path):
+    module = CellWithDocumentStates(SRUCell(8, 6, bidirectional=True)).eval()
+    width = module.cell.output_size
+    batch, length = torch.export.Dim("batch", min=1, max=4096), torch.export.Dim("length", min=1, max=1 << 16)
+    example = (
+        torch.randn(TRACED[1], TRACED[0], 8),
+        torch.rand(TRACED[1], TRACED[0]) < 0.3,
+        torch.randn(TRACED[1], TRACED[0], width),
+    )
+    session = onnx_session(
+        module,
+        example,
+        ({0: length, 1: batch}, {0: length, 1: batch}, {0: length, 1: batch}),
+        tmp_path / "starts.onnx",
+    )
+    generator = torch.Generator().manual_seed(1)
+    for b, steps in CHECKED:
+        x, c_starts = torch.randn(steps, b, 8, generator=generator), torch.randn(steps, b, width, generator=generator)
+        reset = torch.rand(steps, b, generator=generator) < 0.3
+        with torch.no_grad():
+            expected = module(x, reset, c_starts)
+            from_zero = module(x, reset, torch.zeros_like(c_starts))
+        got = session.run(None, {"x": x.numpy(), "reset": reset.numpy(), "c_starts": c_starts.numpy()})
+        for name, e, g in zip(("h", "c_last"), expected, got):
+            assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={steps}"
+        if reset[: steps - 1].any():  # a document inside the row starts from its given state
+            assert relative_error(torch.from_numpy(got[0]), from_zero[0]) > 1e-3
+
+
 def test_training_only_inputs_are_refused_with_a_clear_error():
     from sru_lightning.models import SRULanguageModel
 

@@ -42,7 +42,9 @@ def cpp_forward(
     bidirectional=False,
     has_skip_term=True,
 ):
-    return op.sru_forward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term)
+    return op.sru_forward(
+        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, None, bidirectional, has_skip_term
+    )
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -148,10 +150,10 @@ def test_inference_does_not_store_states_and_matches_training_forward():
     (U, x, weight_c, bias, c0), kwargs = make_case(dtype=torch.float32, bidirectional=True, with_mask_pad=True)
     scale = kwargs["scale_x"]
     h_all, c_all_last, c_all = torch.ops.sru_lightning.recurrence_forward(
-        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], None, True, True, True
+        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], None, None, True, True, True
     )
     h_inf, c_inf_last, no_states = torch.ops.sru_lightning.recurrence_forward(
-        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], None, True, True, False
+        U, x, weight_c, bias, c0, scale, 1.0, None, kwargs["mask_pad"], None, None, True, True, False
     )
     assert c_all.shape == h_all.shape and no_states.numel() == 0
     assert torch.equal(h_all, h_inf) and torch.equal(c_all_last, c_inf_last)
@@ -168,6 +170,7 @@ def test_backward_without_stored_states_is_a_clear_error():
         torch.ops.sru_lightning.recurrence_backward(
             torch.ones(5, 3, 4),
             None,
+            None,
             U,
             x,
             weight_c,
@@ -175,6 +178,7 @@ def test_backward_without_stored_states_is_a_clear_error():
             c0,
             None,
             1.0,
+            None,
             None,
             None,
             None,
@@ -188,7 +192,7 @@ def test_cpp_op_rejects_mixed_dtypes_with_the_argument_name():
     (U, x, weight_c, bias, c0), _ = make_case(dtype=torch.float32)
     with pytest.raises(TypeError, match="`x` must have U's dtype"):
         torch.ops.sru_lightning.recurrence_forward(
-            U, x.double(), weight_c, bias, c0, None, 1.0, None, None, None, False, True, True
+            U, x.double(), weight_c, bias, c0, None, 1.0, None, None, None, None, False, True, True
         )
 
 
@@ -259,7 +263,7 @@ def test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named()
     script = (
         "import torch; from sru_lightning.ops import op; from sru_lightning.ops.testing import make_case\n"
         "(U, x, w, b, c0), kw = make_case(length=64, batch=32, hidden=256, dtype=torch.float32)\n"
-        "h, c = op.sru_forward(U, x, w, b, c0, kw['scale_x'], None, None, None, False, True)\n"
+        "h, c = op.sru_forward(U, x, w, b, c0, kw['scale_x'], None, None, None, None, False, True)\n"
         "del h, c\n"
         "print('freed', op.release_cached_buffers())\n"
     )

@@ -62,6 +62,7 @@ def test_the_emulated_ops_have_their_own_namespace_and_the_cpu_kernels_come_back
         None,
         None,
         None,
+        None,
         False,
         True,
         False,

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sru_lightning.nn import SRU
+from sru_lightning.nn import SRU, SRUCell
 from sru_lightning.ops.functional import sru_recurrence
 from sru_lightning.ops.reference import sru_recurrence_reference
 from sru_lightning.ops.testing import recurrence_inputs, relative_error
@@ -120,6 +120,130 @@ def test_packed_documents_equal_each_document_alone_with_exact_gradients(
         assert relative_error(got, expected) <= EXACT, name
 
 
+def starts_and_ends_one_by_one(inputs, c_starts, reset, bidirectional, has_skip_term, mask_pad):
+    """Each document of a packed batch run alone with the reference from its own initial state
+    (read from `c_starts` where the packed call reads it: the forward half at the document's
+    first step, the backward half at its last; the row's c0 where no flag restarts it), giving
+    h and each document's final state in each direction (the forward half at its last step,
+    the backward half at its first)."""
+    U, x, c0 = inputs["U"], inputs["x"], inputs["c0"]
+    length, batch = U.shape[:2]
+    width = inputs["bias"].shape[0] // 2
+    half = width // 2 if bidirectional else width
+    rows, finals = [], []
+    for b in range(batch):
+        pieces = []
+        for start, end in documents(reset, b):
+            forward_start = c_starts[start, b, :half] if reset[start, b] else c0[b, :half]
+            start_state = [forward_start]
+            if bidirectional:
+                start_state.append(c_starts[end - 1, b, half:] if end < length else c0[b, half:])
+            h, c_last = sru_recurrence_reference(
+                U[start:end, b : b + 1],
+                None if x is None else x[start:end, b : b + 1],
+                inputs["weight_c"],
+                inputs["bias"],
+                torch.cat(start_state).unsqueeze(0),
+                mask_pad=None if mask_pad is None else mask_pad[start:end, b : b + 1],
+                bidirectional=bidirectional,
+                has_skip_term=has_skip_term,
+            )
+            pieces.append(h)
+            finals.append(c_last[0])
+        rows.append(torch.cat(pieces, 0))
+    return torch.cat(rows, 1), torch.stack(finals)
+
+
+def final_states_from_steps(c_all, reset, bidirectional):
+    """Each document's final state gathered from the packed call's per-step states: the forward
+    half at the document's last step, the backward half at its first."""
+    width = c_all.shape[-1]
+    half = width // 2 if bidirectional else width
+    finals = []
+    for b in range(c_all.shape[1]):
+        for start, end in documents(reset, b):
+            state = [c_all[end - 1, b, :half]]
+            if bidirectional:
+                state.append(c_all[start, b, half:])
+            finals.append(torch.cat(state))
+    return torch.stack(finals)
+
+
+@pytest.mark.parametrize("runtime", sorted(RUNTIMES))
+@pytest.mark.parametrize("bidirectional", [False, True], ids=["unidirectional", "bidirectional"])
+@pytest.mark.parametrize("padded", [False, True], ids=["full", "padded-tail"])
+def test_documents_start_from_their_own_states_and_give_their_final_states_with_exact_gradients(
+    runtime, bidirectional, padded
+):
+    length, batch, hidden = 13, 4, 5
+    inputs = recurrence_inputs(length, batch, hidden, bidirectional=bidirectional, seed=21)
+    reset = document_starts(length, batch, seed=22)
+    width = inputs["bias"].shape[0] // 2
+    c_starts = torch.randn(length, batch, width, dtype=torch.float64, generator=torch.Generator().manual_seed(23))
+    mask_pad = None
+    if padded:
+        mask_pad = torch.zeros(length, batch, dtype=torch.bool)
+        mask_pad[length - 3 :, 2] = True
+        reset[length - 2, 2] = True  # a document that starts inside the padding
+    names = ("U", "x", "weight_c", "bias", "c0")
+    leaves = [inputs[name].requires_grad_() for name in names] + [c_starts.requires_grad_()]
+
+    h, _, c_all = RUNTIMES[runtime](
+        *(inputs[name] for name in names),
+        mask_pad=mask_pad,
+        reset=reset,
+        c_starts=c_starts,
+        bidirectional=bidirectional,
+        return_states=True,
+    )
+    finals = final_states_from_steps(c_all, reset, bidirectional)
+    h_alone, finals_alone = starts_and_ends_one_by_one(inputs, c_starts, reset, bidirectional, True, mask_pad)
+    assert relative_error(h.detach(), h_alone.detach()) <= EXACT
+    assert relative_error(finals.detach(), finals_alone.detach()) <= EXACT
+    got = gradients(h, finals, leaves, seed=24)
+    expected = gradients(h_alone, finals_alone, leaves, seed=24)
+    for name, got_grad, expected_grad in zip([*names, "c_starts"], got, expected):
+        assert relative_error(got_grad, expected_grad) <= EXACT, name
+    # c_starts is read only where a document starts: nowhere else does it get a gradient
+    (_, _, _, _, _, grad_starts) = got
+    read = reset.clone()
+    if bidirectional:
+        read = torch.stack([reset, torch.cat([reset[1:], torch.zeros_like(reset[:1])])], -1)
+        read = read.repeat_interleave(hidden, -1)
+    else:
+        read = read.unsqueeze(-1).expand(-1, -1, width)
+    assert torch.all(grad_starts[~read] == 0) and torch.count_nonzero(grad_starts[read]) > 0
+
+
+def test_gradcheck_of_document_start_states_and_per_step_states():
+    inputs = recurrence_inputs(5, 2, 3, bidirectional=True, seed=25)
+    reset = torch.tensor([[True, True], [False, False], [True, False], [False, True], [True, False]])
+    c_starts = torch.randn(5, 2, 6, dtype=torch.float64)
+    tensors = [inputs[name].requires_grad_() for name in ("U", "x", "weight_c", "bias", "c0")]
+
+    def run(U, x, weight_c, bias, c0, c_starts):
+        h, c_last, c_all = sru_recurrence(
+            U, x, weight_c, bias, c0, reset=reset, c_starts=c_starts, bidirectional=True, return_states=True
+        )
+        return h, c_last, c_all
+
+    assert torch.autograd.gradcheck(run, [*tensors, c_starts.requires_grad_()])
+    assert torch.autograd.gradgradcheck(run, [*tensors, c_starts])
+
+
+@pytest.mark.parametrize(
+    "c_starts, reset, match",
+    [
+        (torch.zeros(6, 3, 4), None, r"`c_starts` gives the state each document starts from, so it needs `reset`"),
+        (torch.zeros(6, 3, 5), torch.zeros(6, 3, dtype=torch.bool), r"`c_starts` must have shape \(6, 3, 4\)"),
+    ],
+)
+def test_bad_document_start_states_are_refused_naming_them(c_starts, reset, match):
+    inputs = recurrence_inputs(6, 3, 4, seed=9, dtype=torch.float32)
+    with pytest.raises(ValueError, match=match):
+        sru_recurrence(inputs["U"], inputs["x"], inputs["weight_c"], inputs["bias"], reset=reset, c_starts=c_starts)
+
+
 def test_a_document_starting_at_step_zero_gives_c0_no_gradient_and_no_flags_change_nothing():
     inputs = recurrence_inputs(6, 3, 4, seed=1)
     c0 = inputs["c0"].requires_grad_()
@@ -193,6 +317,7 @@ def test_the_kernel_refuses_a_bad_reset_naming_it():
         mask_c=None,
         mask_pad=None,
         reset=torch.zeros(5, 3, dtype=torch.bool),
+        c_starts=None,
         bidirectional=False,
         has_skip_term=True,
         store_c=True,
@@ -228,6 +353,49 @@ def test_compiled_layer_with_documents_equals_eager():
     eager, c_eager = layer(x, reset=reset)
     compiled, c_compiled = torch.compile(layer, fullgraph=True, backend="aot_eager")(x, reset=reset)
     assert torch.equal(eager, compiled) and torch.equal(c_eager, c_compiled)
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_a_layer_takes_document_start_states_and_returns_every_steps_state(batch_first):
+    torch.manual_seed(0)
+    cell = SRUCell(6, 5, bidirectional=True, batch_first=batch_first).double()
+    length, batch, width = 9, 3, cell.output_size
+    x = torch.randn(length, batch, 6, dtype=torch.float64)
+    reset = document_starts(length, batch, seed=31)
+    c_starts = torch.randn(length, batch, width, dtype=torch.float64, requires_grad=True)
+
+    def laid(t):
+        return t.transpose(0, 1) if batch_first else t
+
+    h, c_last, c_all = cell(laid(x), reset=laid(reset), c_starts=laid(c_starts), return_states=True)
+    h, c_all = laid(h), laid(c_all)
+    # the layer is its projection followed by the op: the same call through the functional entry
+    U = x @ cell.weight
+    h_op, c_op, c_all_op = sru_recurrence(
+        U, x, cell.weight_c, cell.bias, reset=reset, c_starts=c_starts, bidirectional=True, return_states=True
+    )
+    assert torch.equal(h, h_op) and torch.equal(c_last, c_op) and torch.equal(c_all, c_all_op)
+    finals = final_states_from_steps(c_all, reset, bidirectional=True)
+    (grad_starts,) = torch.autograd.grad(finals.square().sum(), [c_starts])
+    (grad_starts_op,) = torch.autograd.grad(final_states_from_steps(c_all_op, reset, True).square().sum(), [c_starts])
+    assert torch.equal(grad_starts, grad_starts_op) and torch.count_nonzero(grad_starts) > 0
+
+
+def test_compiled_layer_with_document_start_states_equals_eager():
+    torch.manual_seed(0)
+    cell = SRUCell(4, 4)
+    x = torch.randn(7, 2, 4)
+    reset = document_starts(7, 2, seed=32)
+    c_starts = torch.randn(7, 2, 4, requires_grad=True)
+
+    def run(layer):
+        h, c_last, c_all = layer(x, reset=reset, c_starts=c_starts, return_states=True)
+        loss = h.sum() + c_all.square().sum()
+        return (h, c_last, c_all, *torch.autograd.grad(loss, [c_starts, cell.weight]))
+
+    eager = run(cell)
+    compiled = run(torch.compile(cell, fullgraph=True, backend="aot_eager"))
+    assert all(torch.equal(a, b) for a, b in zip(eager, compiled))
 
 
 @pytest.mark.slow  # compiles C++ (AOTInductor)

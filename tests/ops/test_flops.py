@@ -231,7 +231,7 @@ def test_a_mask_pad_without_values_counts_every_step():
         mask_pad = torch.zeros(length, batch, dtype=torch.bool)
         with FlopCounterMode(display=False) as counter:
             torch.ops.sru_lightning.recurrence_forward(
-                U, x, weight_c, bias, None, None, 1.0, None, mask_pad, None, False, True, True
+                U, x, weight_c, bias, None, None, 1.0, None, mask_pad, None, None, False, True, True
             )
     every_step = recurrence(length * batch, batch, hidden, skip_from_x=True, backward=False)
     assert counter.get_total_flops() == every_step.total

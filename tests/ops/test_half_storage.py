@@ -41,7 +41,9 @@ BOUNDS = {torch.float16: (2e-3, 1e-2), torch.bfloat16: (1.6e-2, 8e-2)}
 
 def kernel(U, x, weight_c, bias, c0, *, scale_x=None, mask_c=None, mask_pad=None, reset=None, bidirectional=False,
            has_skip_term=True):
-    return op.sru_forward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, bidirectional, has_skip_term)
+    c_starts = None
+    return op.sru_forward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, c_starts, bidirectional,
+                          has_skip_term)
 
 
 def cast(tensors, kwargs, dtype):

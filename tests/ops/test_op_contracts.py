@@ -35,7 +35,9 @@ def laid_out(tensor, layout, lead_dims):
     return tensor
 
 
-def forward_arguments(layout, *, k=3, bidirectional=False, per_step_weight_c=False, dtype=torch.float64):
+def forward_arguments(
+    layout, *, k=3, bidirectional=False, per_step_weight_c=False, with_c_starts=False, dtype=torch.float64
+):
     (U, x, weight_c, bias, c0), kwargs = make_case(
         length=4,
         batch=3,
@@ -54,8 +56,10 @@ def forward_arguments(layout, *, k=3, bidirectional=False, per_step_weight_c=Fal
     reset = torch.zeros(mask_pad.shape, dtype=torch.bool)
     reset[0, 1] = reset[2, 0] = True  # documents starting inside the rows
     reset = laid_out(reset, layout, 2)
-    differentiable = [t.detach().requires_grad_() for t in (U, x, weight_c, bias, c0)]
-    U, x, weight_c, bias, c0 = differentiable
+    # the states those documents start from (the variant with c_starts; None in the others)
+    c_starts = laid_out(torch.randn(*mask_pad.shape, bias.shape[0] // 2, dtype=dtype), layout, 2)
+    differentiable = [t.detach().requires_grad_() for t in (U, x, weight_c, bias, c0, c_starts)]
+    U, x, weight_c, bias, c0, c_starts = differentiable
     return (
         U,
         x if k == 3 else None,
@@ -67,13 +71,14 @@ def forward_arguments(layout, *, k=3, bidirectional=False, per_step_weight_c=Fal
         mask_c,
         mask_pad,
         reset,
+        c_starts if with_c_starts else None,
         bidirectional,
         True,
         True,
     )
 
 
-VARIANTS = [dict(), dict(k=4, bidirectional=True), dict(per_step_weight_c=True)]
+VARIANTS = [dict(), dict(k=4, bidirectional=True, with_c_starts=True), dict(per_step_weight_c=True)]
 
 
 @pytest.mark.parametrize("variant", VARIANTS, ids=["k3", "k4-bidirectional", "per-step-weight_c"])
@@ -89,12 +94,16 @@ def test_opcheck_recurrence_backward(layout, variant):
     forward = forward_arguments(layout, **variant)
     with torch.no_grad():
         h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*forward)
-    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, reset, bidirectional, skip, _) = forward
+    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, reset, c_starts, bidirectional, skip, _) = (
+        forward
+    )
     grad_h = laid_out(torch.randn_like(h), layout, 2)
     grad_c_last = laid_out(torch.randn_like(c_last), layout, 1)
+    grad_c_all = laid_out(torch.randn_like(c_all), layout, 2)
     arguments = (
         grad_h,
         grad_c_last,
+        grad_c_all,
         U.detach(),
         None if x is None else x.detach(),
         weight_c.detach(),
@@ -105,6 +114,7 @@ def test_opcheck_recurrence_backward(layout, variant):
         mask_c,
         mask_pad,
         reset,
+        None if c_starts is None else c_starts.detach(),
         c_all,
         bidirectional,
         skip,
@@ -162,7 +172,7 @@ def test_autograd_returns_one_gradient_slot_per_forward_argument():
 
 
 def test_backward_returns_the_gradients_of_the_differentiable_arguments():
-    assert signature.BACKWARD_RETURNS == ("grad_U", "grad_x", "grad_weight_c", "grad_bias", "grad_c0")
+    assert signature.BACKWARD_RETURNS == ("grad_U", "grad_x", "grad_weight_c", "grad_bias", "grad_c0", "grad_c_starts")
 
 
 def test_cpp_vector_level_names_are_the_python_ones():
@@ -244,10 +254,13 @@ def test_gradgradcheck_through_the_op():
 def test_differentiating_the_backward_op_itself_is_refused_by_name():
     forward = forward_arguments("contiguous")
     h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*forward)
-    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, reset, bidirectional, skip, _) = forward
+    (U, x, weight_c, bias, c0, scale_x, scale_value, mask_c, mask_pad, reset, c_starts, bidirectional, skip, _) = (
+        forward
+    )
     grad_h = torch.randn_like(h).requires_grad_()
     grads = torch.ops.sru_lightning.recurrence_backward(
         grad_h,
+        None,
         None,
         U,
         x,
@@ -259,6 +272,7 @@ def test_differentiating_the_backward_op_itself_is_refused_by_name():
         mask_c,
         mask_pad,
         reset,
+        c_starts,
         c_all.detach(),
         bidirectional,
         skip,

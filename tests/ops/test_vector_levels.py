@@ -21,7 +21,7 @@ for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloa
         tensors, kwargs = make_case(length=5, batch=3, hidden=70, dtype=dtype, **variant)
         kwargs["reset"] = torch.tensor([[0, 1, 0], [0, 0, 0], [1, 0, 0], [0, 1, 1], [0, 0, 0]], dtype=torch.bool)
         fn = lambda U, x, w, b, c0, **kw: op.sru_forward(U, x, w, b, c0, kw.get("scale_x"), kw.get("mask_c"),
-                                                         kw.get("mask_pad"), kw.get("reset"), kw["bidirectional"],
+                                                         kw.get("mask_pad"), kw.get("reset"), None, kw["bidirectional"],
                                                          kw["has_skip_term"])
         got = run_with_grads(fn, tensors, kwargs)
         doubled = {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()}
