@@ -26,11 +26,12 @@ def slurm_cluster():
 
 
 # The uninterrupted local runs a test file's requeued jobs are compared with, started in the
-# background as the file starts.
+# background as the file starts: those of the process counts in its REFERENCE_TASKS (default all).
 @pytest.fixture(scope="module")
-def references(tmp_path_factory):
+def references(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("references")
-    started = {tasks: Reference(root, tasks) for tasks in TRAINERS}
+    wanted = getattr(request.module, "REFERENCE_TASKS", tuple(TRAINERS))
+    started = {tasks: Reference(root, tasks) for tasks in wanted}
     yield started
     for reference in started.values():
         reference.stop()

@@ -12,6 +12,7 @@ from helpers.requeue_jobs import MAX_STEPS, Job, assert_losses_equal
 from helpers.signal_sender import POINTS
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
+REFERENCE_TASKS = (2,)
 
 SEED = 2026
 PER_PREEMPTION_S = 60  # a stop, the requeue and a restart of two ranks on a loaded 2-core machine
@@ -60,6 +61,8 @@ def test_ten_sigusr1_preemptions_at_random_moments_all_end_requeue_and_complete_
     fired = [(markers / f"moment-{index}").read_text().strip() for index in range(len(plan))]
     assert all(fired), fired
     assert job.field("Restarts") == str(len(plan)), job.cluster.job(job.id)
+    # both ranks of every attempt were the tasks of one srun step
+    assert job.output.count("GLOBAL_RANK: 1, MEMBER: 2/2") == len(plan) + 1, job.output[-3000:]
 
     *stopped, completed = job.history()
     assert [entry["status"] for entry in stopped] == ["interrupted"] * len(plan), stopped

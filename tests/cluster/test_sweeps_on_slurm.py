@@ -21,6 +21,8 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.distributed_fits import step_losses
+from helpers.requeue_jobs import FIT, LOSS_TOLERANCE, MAX_STEPS, PAUSE_AT, pause
 from helpers.tiny_run import TINY_RUN
 
 pytestmark = [pytest.mark.slow, pytest.mark.slurm]
@@ -39,7 +41,9 @@ TIMEOUT = 180
 
 def sweep_environment(cluster) -> dict[str, str]:
     env = cluster.env
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    # tests/helpers too: a job may hold at a step (pause_for_signal) for a test to signal it
+    helpers = str(REPO / "tests" / "helpers")
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), helpers, env.get("PYTHONPATH")]))
     env["OMP_NUM_THREADS"] = "1"
     env.pop("HYDRA_FULL_ERROR", None)
     return env
@@ -169,3 +173,60 @@ def _task_state(cluster, task: str) -> str | None:
     )
     states = dict(line.strip().split("|", 1) for line in done.stdout.splitlines() if "|" in line)
     return states.get(task)
+
+
+def test_c_a_job_preempted_by_submitit_usr2_is_requeued_and_continues_its_own_folder(slurm_cluster, tmp_path):
+    """SLURM's warning before a time limit or preemption of a submitit job (`--signal=USR2@...`,
+    sent here with `scancel --signal=USR2`): the run stops at a batch boundary with a checkpoint,
+    the job is requeued, and the requeued job continues the sweep job's own folder with the
+    per-step losses of an uninterrupted run; the summary says completed."""
+    sweep_dir, marker = tmp_path / "sweep", tmp_path / "paused"
+    # Long enough to hold at step PAUSE_AT: the sizes of the requeue tests (helpers/requeue_jobs.py).
+    fit = [
+        "model.dropout=0.0",
+        "trainer.limit_train_batches=null",
+        "trainer.max_epochs=null",
+        *(override for override in FIT if not override.startswith("~")),
+    ]
+    reference_dir = tmp_path / "reference"
+    reference = subprocess.Popen(
+        [sys.executable, "-m", "sru_lightning", "fit", "threads=1", *TINY_RUN, *fit, f"hydra.run.dir={reference_dir}"],
+        cwd=tmp_path,
+        env=sweep_environment(slurm_cluster),
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    process = start_sweep(slurm_cluster, tmp_path, [*fit, *pause(marker)])
+    try:
+        deadline = time.monotonic() + TIMEOUT
+        while not marker.exists():
+            assert process.poll() is None and time.monotonic() < deadline, "".join(finish(process, 1)[1:])[-4000:]
+            time.sleep(0.1)
+        # a sweep of one job is one SLURM job, not an array: its submitit folder is its id
+        (job,) = [path.name for path in (sweep_dir / ".submitit").glob("*") if path.name.isdigit()]
+        done = slurm_cluster.run(["scancel", "--signal=USR2", job], timeout=30)
+        assert done.returncode == 0, done.stderr
+        returncode, out, err = finish(process)
+    finally:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        for path in (sweep_dir / ".submitit").glob("*"):
+            slurm_cluster.run(["scancel", path.name], timeout=30)
+    assert returncode == 0, (out + err)[-4000:]
+    (row,) = summary(sweep_dir)
+    assert row["status"] == "completed" and math.isfinite(float(row["val_bpc"])), row
+
+    run_dir = sweep_dir / "0"
+    stopped, completed = [json.loads(line) for line in (run_dir / "history.jsonl").read_text().splitlines()]
+    assert stopped["status"] == "interrupted" and "SIGUSR2" in stopped["error"], stopped
+    assert stopped["requeue"] == "asked" and stopped["optimizer_steps"] == PAUSE_AT, stopped
+    assert completed["status"] == "completed" and completed["ckpt_step"] == PAUSE_AT, completed
+    assert completed["owner"] == stopped["owner"], (stopped, completed)  # the same job, requeued
+    assert sorted(os.listdir(sweep_dir)) == sorted(["0", ".submitit", "multirun.yaml", "summary.md", "summary.csv"])
+
+    assert reference.wait(timeout=TIMEOUT) == 0, reference.stderr.read()[-3000:]
+    expected = step_losses(reference_dir)
+    assert sorted(expected) == list(range(MAX_STEPS)), expected
+    assert step_losses(run_dir) == pytest.approx(expected, **LOSS_TOLERANCE)

@@ -427,8 +427,10 @@ def test_the_documented_example_runs_as_written():
     from pathlib import Path
 
     text = (Path(__file__).resolve().parents[2] / "docs" / "kernels.md").read_text()
-    section = text.split("### Documents packed in a row", 1)[1]
-    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    section = text.split("### Documents packed in a row", 1)[1].split("\n## ", 1)[0]
+    blocks = [block.split("```", 1)[0] for block in section.split("```python\n")[1:]]
+    assert len(blocks) == 2, "the section's two examples: packed rows, and documents' own states"
     namespace: dict = {}
-    exec(compile(code, "docs/kernels.md", "exec"), namespace)  # its own assert checks the claim
-    assert namespace["output"].shape == (2, 10, 16)
+    for code in blocks:
+        exec(compile(code, "docs/kernels.md", "exec"), namespace)  # their own asserts check the claims
+    assert namespace["output"].shape == (2, 10, 16) and namespace["c_all"].shape == (10, 2, 16)
