@@ -27,7 +27,7 @@ from lightning.fabric.utilities.seed import reset_seed
 from torch import nn
 
 from .deepspeed import cpu_device_rank, refuse_unsupported_fp16
-from .fsdp import recurrent_layer_wrap_policy, wrap_on_cpu
+from .fsdp import RecurrentLayerUnits, wrap_on_cpu
 from .fsdp2 import fsdp2_mixed_precision, shard_recurrent_model
 
 __all__ = ["DeepSpeedStrategy", "FSDPStrategy", "FSDP2Strategy", "DeviceAutocastFSDPPrecision"]
@@ -88,7 +88,7 @@ class DeviceAutocastFSDPPrecision(FSDPPrecision):
         return converted
 
 
-class FSDPStrategy(FabricFSDPStrategy):
+class FSDPStrategy(RecurrentLayerUnits, FabricFSDPStrategy):
     """``lightning.fabric.strategies.FSDPStrategy`` that also runs on CPU processes (gloo).
 
     * ``auto_wrap_policy`` defaults to one FSDP unit per SRU / SRU++ layer, as the Trainer's
@@ -96,15 +96,6 @@ class FSDPStrategy(FabricFSDPStrategy):
     * on CPU the model is wrapped with ``device_id=torch.device("cpu")`` (Fabric passes the
       device index, which a CPU device does not have), and the mixed modes autocast the CPU.
     """
-
-    def __init__(self, *args: Any, auto_wrap_policy: Any = "recurrent_layers", **kwargs: Any) -> None:
-        if auto_wrap_policy == "recurrent_layers":
-            auto_wrap_policy = recurrent_layer_wrap_policy()
-        super().__init__(*args, auto_wrap_policy=auto_wrap_policy, **kwargs)
-
-    @property
-    def _on_cpu(self) -> bool:
-        return self.parallel_devices is not None and self.root_device.type == "cpu"
 
     @property
     def precision(self) -> FSDPPrecision:

@@ -75,7 +75,22 @@ class ShardedClippingFSDPPrecision(FSDPPrecision):
         return converted
 
 
-class FSDPStrategy(LightningFSDPStrategy):
+class RecurrentLayerUnits:
+    """What the Trainer's and Fabric's FSDP strategies of this package share (a mixin before
+    Lightning's class): ``auto_wrap_policy="recurrent_layers"`` (the default) makes one FSDP
+    unit per SRU / SRU++ layer, and ``_on_cpu`` says whether the processes run on CPU."""
+
+    def __init__(self, *args: Any, auto_wrap_policy: Any = "recurrent_layers", **kwargs: Any) -> None:
+        if auto_wrap_policy == "recurrent_layers":
+            auto_wrap_policy = recurrent_layer_wrap_policy()
+        super().__init__(*args, auto_wrap_policy=auto_wrap_policy, **kwargs)
+
+    @property
+    def _on_cpu(self) -> bool:
+        return self.parallel_devices is not None and self.root_device.type == "cpu"
+
+
+class FSDPStrategy(RecurrentLayerUnits, LightningFSDPStrategy):
     """``lightning.pytorch.strategies.FSDPStrategy`` that also runs on CPU and clips by norm.
 
     * On CPU (gloo) the model is wrapped with ``device_id=torch.device("cpu")`` (Lightning
@@ -87,15 +102,6 @@ class FSDPStrategy(LightningFSDPStrategy):
       CPU offload that crashes there (the tensors are on the CPU already).
     * ``auto_wrap_policy`` defaults to one FSDP unit per SRU / SRU++ layer.
     """
-
-    def __init__(self, *args: Any, auto_wrap_policy: Any = "recurrent_layers", **kwargs: Any) -> None:
-        if auto_wrap_policy == "recurrent_layers":
-            auto_wrap_policy = recurrent_layer_wrap_policy()
-        super().__init__(*args, auto_wrap_policy=auto_wrap_policy, **kwargs)
-
-    @property
-    def _on_cpu(self) -> bool:
-        return self.parallel_devices is not None and self.root_device.type == "cpu"
 
     @property
     def precision_plugin(self) -> FSDPPrecision:
