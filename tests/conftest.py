@@ -21,13 +21,16 @@ from helpers import preloaded
 # Test files (relative to tests/) that take longest, longest first: started first under xdist.
 LONGEST_FILES = [
     # mostly waiting on the cluster's jobs: started first, beside the files that keep the CPUs busy
-    "cluster/test_preemption.py",
     "cluster/test_preemption_moments.py",
+    "cluster/test_preemption.py",
     "cluster/test_sweeps_on_slurm.py",
     "strategies/test_engines.py",
     "app/test_signals_ddp.py",
     "app/test_runs.py",
     "ops/test_build_processes.py",
+    "nn/test_streaming.py",
+    "export/test_streaming_exports.py",
+    "precision/test_fabric_strategies.py",
     "app/test_export_cli.py",
     "app/test_cli_examples.py",
     "app/test_sweepers.py",
@@ -66,6 +69,11 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_configure(config):
+    # pytest-xdist 3.7+ hands out the files with the most tests first unless told not to, which
+    # would start the long files of few tests (the cluster's) last and leave them running alone
+    # at the end: keep the order above (older releases keep it anyway).
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # two workers with all the cores each would fight over them
         share = max(1, (os.cpu_count() or 1) // workers)
