@@ -377,6 +377,23 @@ class SRULanguageModel(pl.LightningModule):
         for metric in self.mean_nats.values():
             metric.set_dtype(torch.float32)
 
+    def setup(self, stage: str) -> None:
+        # An example batch of the datamodule's size lets the model summary printed at the start
+        # of a fit count a forward's FLOPs and show each layer's input and output shapes. Not
+        # under FSDP (its root flattens the embedding's weight, so a forward outside the wrapper
+        # fails) nor with `compile` set (the summary's forward would compile the model once more).
+        trainer = self._trainer
+        datamodule = getattr(trainer, "datamodule", None) if trainer is not None else None
+        batch, length = getattr(datamodule, "batch_size", None), getattr(datamodule, "seq_len", None)
+        if (
+            self.example_input_array is None
+            and isinstance(batch, int)
+            and isinstance(length, int)
+            and not isinstance(trainer.strategy, pl.strategies.FSDPStrategy)
+            and self.hparams.get("compile", False) is False
+        ):
+            self.example_input_array = torch.zeros(batch, length, dtype=torch.long)
+
     def on_fit_start(self) -> None:
         self._metrics_in_float32()
 

@@ -217,3 +217,38 @@ def test_word_level_models_log_bits_per_word_and_word_perplexity(tmp_path):
     assert result["val_bpw"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-5)
     with pytest.raises(ValueError, match="`token_unit` must be one of"):
         tiny(token_unit="sentence")
+
+
+def test_the_fit_summary_counts_the_flops_of_a_forward_of_one_batch(tmp_path):
+    """The summary printed as a fit starts runs an example batch of the datamodule's size: its
+    FLOPs are those of a forward of that batch, recurrence included (the summary printed
+    `0` without one)."""
+    from lightning.fabric.utilities.throughput import measure_flops
+    from lightning.pytorch.callbacks import ModelSummary
+
+    seen = {}
+
+    class Summary(ModelSummary):
+        def summarize(self, summary_data, total_parameters, trainable_parameters, model_size, *args, **kwargs):
+            seen.update(kwargs, rows=dict(summary_data))
+
+    data = PydocDataModule(batch_size=3, seq_len=10)
+    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=2)
+    trainer = pl.Trainer(
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        callbacks=[Summary()],
+        max_steps=1,
+        limit_val_batches=0,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, datamodule=data)
+    assert tuple(model.example_input_array.shape) == (3, 10)
+    model.eval()
+    with torch.no_grad():
+        expected = measure_flops(model, lambda: model(model.example_input_array))
+    decoder_only = 2 * 3 * 10 * 12 * data.vocab_size
+    assert seen["total_flops"] == expected > decoder_only  # the SRU layers' FLOPs are counted too
+    rnn_row = seen["rows"]["Name"].index("rnn")
+    assert seen["rows"]["FLOPs"][rnn_row] not in ("0", 0)
