@@ -3,10 +3,12 @@ precision policy (:mod:`.precision`, with the shape advice of :mod:`.tensor_core
 counterpart for a Fabric loop, ``SRUFabricPrecision`` / ``apply_precision``), a stop on
 SIGTERM / Ctrl+C at a batch boundary (:mod:`.graceful_interrupt`, with the signals and the
 supervisor protocol of :mod:`.stop_signals`) and its checkpoint (:mod:`.interruption_checkpoint`),
+Lightning's ``ModelCheckpoint`` with a record that follows a moved run folder (:mod:`.folder_checkpoint`),
 an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a stop on a non-finite
 loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` fit
 (:mod:`.validate_before_stop`) and training throughput (:mod:`.throughput`)."""
 
+from .folder_checkpoint import FolderModelCheckpoint
 from .graceful_interrupt import GracefulInterrupt
 from .interruption_checkpoint import InterruptionCheckpoint
 from .nonfinite_loss import StopOnNonFiniteLoss
@@ -18,6 +20,7 @@ from .throughput import TrainingThroughput
 from .validate_before_stop import ValidateBeforeStop
 
 __all__ = [
+    "FolderModelCheckpoint",
     "GracefulInterrupt",
     "InterruptionCheckpoint",
     "RestoreDataPosition",

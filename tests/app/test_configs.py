@@ -100,7 +100,7 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
     names = {type(c).__name__ for c in callbacks}
     assert names == {
         "SRUPrecisionCallback",
-        "ModelCheckpoint",
+        "FolderModelCheckpoint",
         "LearningRateMonitor",
         "RichProgressBar",
         # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
@@ -111,7 +111,7 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
         # honest runs: a NaN loss stops the run
         "StopOnNonFiniteLoss",
     }
-    checkpoint = next(c for c in callbacks if type(c).__name__ == "ModelCheckpoint")
+    checkpoint = next(c for c in callbacks if type(c).__name__ == "FolderModelCheckpoint")
     assert checkpoint.save_last and Path(checkpoint.dirpath) == tmp_path / "checkpoints"
     loggers = [instantiate(node) for node in cfg.logger.values()]
     trainer = instantiate(cfg.trainer, callbacks=callbacks, logger=loggers)

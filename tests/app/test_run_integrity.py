@@ -122,6 +122,12 @@ def test_a_moved_run_resumes_and_serves_its_newest_weights(tmp_path, capsys):
     assert len(steps) == len(set(steps)), f"steps trained twice: {steps}"
     assert sorted(os.listdir(moved / "checkpoints")).count("last.ckpt") == 1
     assert not any(name.startswith("last-v") for name in os.listdir(moved / "checkpoints"))
+    # the record of the best checkpoint moved with the folder: still one best (save_top_k=1),
+    # the lowest val_bpc of all four validations, before and after the move
+    (best,) = [name for name in os.listdir(moved / "checkpoints") if name.startswith("epoch")]
+    with open(next(moved.glob("csv/**/metrics.csv"))) as handle:
+        scores = [float(row["val_bpc"]) for row in csv.DictReader(handle) if row.get("val_bpc")]
+    assert len(scores) == 4 and best.endswith(f"val_bpc{min(scores):.4f}.ckpt"), (best, scores)
     capsys.readouterr()
     assert cli.main(["validate", f"ckpt_path={moved}", f"hydra.run.dir={tmp_path / 'v'}"]) == 0
     assert result_of(tmp_path / "v")["evaluated_with"]["step"] == 8

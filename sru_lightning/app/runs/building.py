@@ -32,7 +32,12 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ProgressBar
     from omegaconf import OmegaConf
 
-    from sru_lightning.callbacks import SRUPrecisionCallback, TrainingThroughput, ValidateBeforeStop
+    from sru_lightning.callbacks import (
+        FolderModelCheckpoint,
+        SRUPrecisionCallback,
+        TrainingThroughput,
+        ValidateBeforeStop,
+    )
     from sru_lightning.nn.policy import iter_sru_cells
 
     from .directories import evaluated_run
@@ -105,7 +110,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     elif not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
         # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
         callbacks.append(
-            ModelCheckpoint(dirpath=output_dir / CHECKPOINTS_DIR, save_last=True, enable_version_counter=False)
+            FolderModelCheckpoint(dirpath=output_dir / CHECKPOINTS_DIR, save_last=True, enable_version_counter=False)
         )
     # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
     if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
