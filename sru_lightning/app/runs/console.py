@@ -24,6 +24,9 @@ log = logging.getLogger("sru_lightning")
 _QUIET_WARNINGS = (
     r".*Your `IterableDataset` has `__len__` defined.*",
     r".*isinstance\(treespec, LeafSpec\)` is deprecated.*",
+    # Mixed precision keeps the weights in float32, which is what the summary then assumes:
+    # its size estimate is right.
+    r".*Precision (bf16-|16-)?mixed is not supported by the model summary.*",
     # Resuming into the run's own directory: its checkpoints are expected there.
     r".*Checkpoint directory .* exists and is not empty.*",
 )
