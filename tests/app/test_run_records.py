@@ -56,6 +56,7 @@ def test_a_refused_or_mismatched_attempt_leaves_the_run_directory_byte_for_byte(
     assert digests(run) == before
     err = capsys.readouterr().err
     assert "already holds checkpoints of an earlier run" in err and "model.hidden_size=16" in err
+    assert "pass ckpt_path=auto to continue that run" in err
     # the run's own record still describes it: evaluating it needs no overrides
     assert (
         cli.main(["validate", f"ckpt_path={run}", "trainer.limit_val_batches=2", f"hydra.run.dir={tmp_path / 'check'}"])
@@ -80,6 +81,24 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_it_writes(tmp_p
     out, err = capsys.readouterr()
     assert "holds the jobs of an earlier sweep (0)" in err and "Traceback" not in out + err
     assert digests(sweep_dir) == before  # summary.md still describes the sweep that ran
+    # the advice works: each job continues its own folder
+    assert "pass ckpt_path=auto to continue those jobs" in err
+    assert (
+        cli.main(
+            [
+                "fit",
+                "-m",
+                "model.dropout=0.0",
+                *TINY,
+                "trainer.max_epochs=2",
+                "ckpt_path=auto",
+                f"hydra.sweep.dir={sweep_dir}",
+            ]
+        )
+        == 0
+    )
+    record = json.loads((sweep_dir / "0" / "result.json").read_text())
+    assert record["status"] == "completed" and record["ckpt_step"] > 0, record
 
 
 def test_a_summary_lists_only_the_jobs_this_sweep_started(tmp_path):

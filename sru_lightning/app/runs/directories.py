@@ -210,6 +210,6 @@ class RunDirectoryGuard(Callback):
             shown = ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
             raise usage_exit(
                 f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds the jobs of an "
-                f"earlier sweep ({shown}); choose another hydra.sweep.dir, or pass ckpt_path=last to continue "
+                f"earlier sweep ({shown}); choose another hydra.sweep.dir, or pass ckpt_path=auto to continue "
                 "those jobs"
             )

@@ -60,7 +60,7 @@ def starting_point(
             # A fresh fit would write over them; continuing must be asked for.
             raise UsageError(
                 f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run "
-                f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=last to continue that run, "
+                f"({', '.join(p.name for p in earlier[:3])}); pass ckpt_path=auto to continue that run, "
                 "or choose another hydra.run.dir"
             )
         return StartingPoint(cfg)
