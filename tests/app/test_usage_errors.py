@@ -27,7 +27,12 @@ PROG = "python -m sru_lightning"
 # its vocabulary lacks, "{empty_dir}" a folder without checkpoints.
 TRAINER_CASES = [
     ("fit", "seed", ["seed=abc"], "`seed` must be an integer"),
-    ("fit", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
+    (
+        "fit",
+        "ckpt_path",
+        ["ckpt_path=/no/such.ckpt"],
+        "`ckpt_path` must be a checkpoint file, a run directory, 'auto' or 'last'",
+    ),
     ("fit", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
     ("fit", "ckpt_path", ["ckpt_path={run}", "model.hidden_size=24"], "was trained with model.hidden_size=16"),
     ("fit", "ckpt_path", ["ckpt_path={run}", "model=lstm"], "was trained with model.rnn='sru'"),
@@ -93,7 +98,12 @@ TRAINER_CASES = [
     ("fit", "data.eval_batch_size", ["data.eval_batch_size=0"], "`data.eval_batch_size` must be a positive integer"),
     ("fit", "trainer.accelerator", ["trainer.accelerator=tpu9"], "invalid accelerator name: `accelerator='tpu9'`"),
     ("fit", "trainer.devices", ["trainer.devices=0"], "`Trainer(devices=0)` value is not a valid input"),
-    ("validate", "ckpt_path", ["ckpt_path=/no/such.ckpt"], "`ckpt_path` must be a checkpoint file"),
+    (
+        "validate",
+        "ckpt_path",
+        ["ckpt_path=/no/such.ckpt"],
+        "`ckpt_path` must be a checkpoint file, a run directory, 'auto' or 'last'",
+    ),
     ("validate", "ckpt_path", ["ckpt_path={truncated}"], "cannot read the checkpoint"),
     (
         "validate",

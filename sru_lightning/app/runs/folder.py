@@ -281,9 +281,10 @@ def plain_config(cfg) -> dict[str, Any]:
 
 # --------------------------------------------------------------------------------------------
 # the `ckpt_path` setting -> a checkpoint
-def named_checkpoint(setting: str) -> Path:
+def named_checkpoint(setting: str, choices: str = "a checkpoint file, a run directory or 'last'") -> Path:
     """A `ckpt_path` other than `last` as an absolute checkpoint path: the file itself, a
-    DeepSpeed checkpoint folder, or a run directory's latest checkpoint (by recorded step)."""
+    DeepSpeed checkpoint folder, or a run directory's latest checkpoint (by recorded step).
+    `choices`: what the command's `ckpt_path` may be, for the error."""
     path = Path(setting).expanduser()
     if is_deepspeed_folder(path):
         return path.absolute()
@@ -292,9 +293,7 @@ def named_checkpoint(setting: str) -> Path:
             path = path.parent  # the run's checkpoints folder names the run
         return RunFolder(path).latest_named()
     if not path.is_file():
-        raise CheckpointError(
-            f"`ckpt_path` must be a checkpoint file, a run directory or 'last', got {setting!r}, which does not exist"
-        )
+        raise CheckpointError(f"`ckpt_path` must be {choices}, got {setting!r}, which does not exist")
     return path.absolute()
 
 
@@ -331,7 +330,7 @@ def resolve_checkpoint(
         log.info("ckpt_path=last in a job continues only the job's own run (%s)", output_dir)
         setting = "auto"
     if setting not in ("last", "auto"):
-        return str(named_checkpoint(setting))
+        return str(named_checkpoint(setting, "a checkpoint file, a run directory, 'auto' or 'last'"))
 
     own = RunFolder(evaluated_run or output_dir)
     if own.latest is not None:
