@@ -30,7 +30,13 @@ _PATH_KEYS = ("best_model_path", "kth_best_model_path", "last_model_path")
 
 class FolderModelCheckpoint(ModelCheckpoint):
     """``ModelCheckpoint`` (same arguments) that keeps its record of the best checkpoints when
-    the run folder was moved or copied since they were saved; see the module docstring."""
+    the run folder was moved or copied since they were saved; see the module docstring. Its
+    record is saved under Lightning's ``ModelCheckpoint`` key, so a checkpoint written with
+    either class resumes with the other."""
+
+    @override
+    def _generate_state_key(self, **kwargs: Any) -> str:
+        return f"{ModelCheckpoint.__qualname__}{kwargs!r}"
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -13,6 +13,7 @@ import os
 import random
 import shutil
 import signal
+import sys
 import time
 from pathlib import Path
 
@@ -328,3 +329,24 @@ def interrupted_resume_fresh(run: Path, max_steps: int, at_step: int) -> int:
         f"+callbacks.send_signal.signum={int(signal.SIGTERM)}",
         f"+callbacks.send_signal.at_step={at_step}",
     )
+
+
+@pytest.mark.slow
+def test_evaluating_a_run_fitted_with_other_callbacks_prints_no_advice_about_them(tmp_path):
+    """A run fitted with `callbacks=none` holds the state of a checkpoint callback the evaluation
+    does not have: evaluating restores no callback state, so Lightning's advice to add it is
+    not printed."""
+    from helpers import preloaded
+
+    run = tmp_path / "run"
+    assert fit(run, 2, "callbacks=none") == 0
+    result = preloaded.run(
+        [sys.executable, "-m", "sru_lightning", "validate", f"ckpt_path={run}", f"hydra.run.dir={tmp_path / 'v'}"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "step 2 of" in result.stdout
+    assert "callbacks used to create the checkpoint" not in result.stdout + result.stderr

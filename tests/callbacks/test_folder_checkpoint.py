@@ -81,6 +81,18 @@ def test_a_moved_or_copied_run_folder_keeps_its_best_checkpoint_when_resumed(tmp
         assert names(tmp_path / "run") == ["epoch=0.ckpt", "last.ckpt"]
 
 
+@pytest.mark.parametrize(
+    "first, then", [(ModelCheckpoint, FolderModelCheckpoint), (FolderModelCheckpoint, ModelCheckpoint)]
+)
+def test_a_checkpoint_of_either_class_resumes_with_the_other_and_keeps_the_record(tmp_path, first, then, recwarn):
+    fit(tmp_path / "run", epochs=1, checkpoint_class=first)
+    resumed = fit(
+        tmp_path / "run", epochs=3, checkpoint_class=then, ckpt_path=tmp_path / "run" / "checkpoints" / "last.ckpt"
+    )
+    assert resumed.best_model_score == 1.0 and names(tmp_path / "run") == ["epoch=0.ckpt", "last.ckpt"]
+    assert not [str(w.message) for w in recwarn if "callbacks used to create the checkpoint" in str(w.message)]
+
+
 def test_lightnings_own_checkpoint_loses_the_record_of_a_moved_folder(tmp_path):
     """What the class is for: Lightning's ModelCheckpoint, resumed in the moved folder, takes a
     worse epoch for the best and keeps two "best" files."""

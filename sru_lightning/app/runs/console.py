@@ -38,8 +38,13 @@ class RunFailed(Exception):
 
 # --------------------------------------------------------------------------------------------
 # the console and the log file
+# Evaluating a checkpoint restores no callback state: Lightning's advice to add the callbacks
+# that wrote it is about resuming a fit.
+_QUIET_WHEN_EVALUATING = (r".*callbacks used to create the checkpoint need to be provided.*",)
+
+
 @contextlib.contextmanager
-def visible_logging():
+def visible_logging(command: str = "fit"):
     """Lightning's info messages (the precision report among them) and warnings reach the
     console and the run's log file through Hydra's handlers, each once; known noise does not."""
     restore = []
@@ -57,7 +62,7 @@ def visible_logging():
         handler.addFilter(_drop_advertising)
     try:
         with warnings.catch_warnings():
-            for pattern in _QUIET_WARNINGS:
+            for pattern in _QUIET_WARNINGS + (_QUIET_WHEN_EVALUATING if command != "fit" else ()):
                 warnings.filterwarnings("ignore", message=pattern)
             yield
     finally:

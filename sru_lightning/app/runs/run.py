@@ -42,7 +42,7 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     as a NaN loss, and with the traceback otherwise; a sweep job is logged and the others go on).
     """
     attempt = Attempt(command, overrides, Path(output_dir).absolute(), multirun)
-    with visible_logging(), watching_signals() as signals:  # no signal may hang a run
+    with visible_logging(command), watching_signals() as signals:  # no signal may hang a run
         attempt.signal_watch = signals
         try:
             metrics = _build_and_execute(cfg, attempt, signals)
