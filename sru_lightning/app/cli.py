@@ -204,9 +204,11 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         entry()
     except SweepIncomplete as incomplete:  # the summary above lists every job
         return _report_incomplete(incomplete)
-    except SystemExit as exit_request:
+    except SystemExit as exit_request:  # a job stopped by SIGTERM or Ctrl+C stops its sweep too
+        summarise_stopped_sweep(continue_with=[command, *overrides])
         return exit_request.code if isinstance(exit_request.code, int) else 1
     except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
+        summarise_stopped_sweep(continue_with=[command, *overrides])
         return _fail("aborted by Ctrl+C (SIGINT)", 130)
     except JobFailed as error:
         summarise_stopped_sweep()

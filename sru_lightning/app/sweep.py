@@ -205,8 +205,9 @@ def _exact(value: Any) -> str:
     return "" if value is None else str(value)
 
 
-def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Path, Path]:
-    """Write summary.md and summary.csv for `rows` into `sweep_dir`; return their paths."""
+def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]], stopped: bool = False) -> tuple[Path, Path]:
+    """Write summary.md and summary.csv for `rows` into `sweep_dir`; return their paths.
+    `stopped`: the sweep ended before its last job, which summary.md then says."""
     sweep_dir = Path(sweep_dir)
     metrics = _metric_columns(rows)
     header = ["job", "status", "overrides", *metrics, *RUN_COLUMNS, "error"]
@@ -244,6 +245,8 @@ def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]]) -> tuple[Pa
     ]
     done = sum(row["status"] == "completed" for row in rows)
     lines.append(f"{done} of {len(rows)} jobs completed.")
+    if stopped:
+        lines.append("The sweep was stopped: the jobs it had not started yet are not listed.")
     markdown_path = sweep_dir / SUMMARY_MARKDOWN
     markdown_path.write_text("\n".join(lines) + "\n")
     return markdown_path, csv_path
@@ -275,22 +278,41 @@ class SweepSummary(Callback):
 _unfinished: tuple[Path, float] | None = None
 
 
-def summarise(sweep_dir: Path, since: float | None) -> list[dict[str, Any]]:
+def summarise(sweep_dir: Path, since: float | None, stopped: bool = False) -> list[dict[str, Any]]:
     """Write and print the summary of the jobs this sweep ran; their rows."""
     if not sweep_dir.is_dir():
         return []
     rows = collect_results(sweep_dir, since=since)
-    markdown_path, csv_path = write_summary(sweep_dir, rows)
+    markdown_path, csv_path = write_summary(sweep_dir, rows, stopped)
     print(markdown_path.read_text(), flush=True)
     log.info("Sweep summary: %s and %s", markdown_path, csv_path)
     return rows
 
 
-def summarise_stopped_sweep() -> None:
-    """A sweep its sweeper stopped early (Optuna past `max_failure_rate`) still gets the summary
-    of the jobs it ran: Hydra calls no end-of-sweep callback then."""
+def summarise_stopped_sweep(continue_with: list[str] | None = None) -> None:
+    """A sweep stopped early (by its sweeper, Optuna past `max_failure_rate`, or by Ctrl+C or
+    SIGTERM in one of its jobs) still gets the summary of the jobs it ran: Hydra calls no
+    end-of-sweep callback then. `continue_with`: the sweep's command (`fit -m ...`), to print
+    the one that continues it, each job in its own folder (`ckpt_path=auto`)."""
     global _unfinished
     if _unfinished is not None:
         sweep_dir, since = _unfinished
         _unfinished = None
-        summarise(sweep_dir, since)
+        summarise(sweep_dir, since, stopped=True)
+        if continue_with:
+            kept = [
+                word for word in continue_with if not word.lstrip("+~").startswith(("ckpt_path=", "hydra.sweep.dir="))
+            ]
+            words = [
+                "python",
+                "-m",
+                "sru_lightning",
+                *kept,
+                f"hydra.sweep.dir={sweep_dir.absolute()}",
+                "ckpt_path=auto",
+            ]
+            print(
+                "the sweep was stopped; continue it (each job from its own folder, the finished ones "
+                "only validated again) with: " + " ".join(shlex.quote(word) for word in words),
+                flush=True,
+            )

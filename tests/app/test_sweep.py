@@ -171,3 +171,46 @@ def test_a_continued_sweep_job_refused_shows_its_own_attempt_in_the_summary(tmp_
         and "data.seq_len=8" in row["overrides"]
         and "`data.seq_len` cannot change" in row["error"]
     )
+
+
+@pytest.mark.slow
+def test_a_sweep_stopped_by_sigterm_in_a_job_summarises_and_continues_with_the_printed_command(
+    tmp_path, monkeypatch, capsys
+):
+    """SIGTERM (or Ctrl+C) in the second of three jobs stops the sweep: its summary still lists
+    the first job, completed, and the second, interrupted, and says the sweep was stopped; the
+    printed command continues it, each job from its own folder."""
+    import shlex
+    import signal
+
+    monkeypatch.chdir(tmp_path)
+    sweep_dir = tmp_path / "sweep"
+    signal_at = [
+        "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
+        "+callbacks.send_signal.hook=on_train_batch_start",
+        "+callbacks.send_signal.target=rank0",
+        f"+callbacks.send_signal.signum={int(signal.SIGTERM)}",
+    ]
+    # the signal fires at step 1 of the second job only (each job trains 3 steps)
+    sweep = [*TINY, "+trainer.enable_progress_bar=false", f"hydra.sweep.dir={sweep_dir}"]
+    assert cli.main(["fit", "-m", *sweep, *signal_at, "+callbacks.send_signal.at_step=99,1,98"]) == 1
+    out = capsys.readouterr().out
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert [(row["job"], row["status"]) for row in rows] == [("0", "completed"), ("1", "interrupted")]
+    markdown = (sweep_dir / "summary.md").read_text()
+    assert "1 of 2 jobs completed." in markdown and "The sweep was stopped" in markdown
+    assert not (sweep_dir / "2").exists()
+    stopped_at = json.loads((sweep_dir / "1" / "result.json").read_text())["optimizer_steps"]
+    assert 0 < stopped_at < 3
+
+    (line,) = [line for line in out.splitlines() if line.startswith("the sweep was stopped; continue it")]
+    printed = shlex.split(line.split(" with: ", 1)[1])
+    assert printed[:4] == ["python", "-m", "sru_lightning", "fit"] and printed[-1] == "ckpt_path=auto"
+    # run as printed, with the test's signal moved past the end of every job
+    assert "+callbacks.send_signal.at_step=99,1,98" in printed
+    again = [word.replace("at_step=99,1,98", "at_step=99,99,99") for word in printed[3:]]
+    assert cli.main(again) == 0, capsys.readouterr().err[-3000:]
+    rows = read_csv(sweep_dir / "summary.csv")
+    assert [(row["job"], row["status"]) for row in rows] == [("0", "completed"), ("1", "completed"), ("2", "completed")]
+    continued = json.loads((sweep_dir / "1" / "result.json").read_text())
+    assert continued["ckpt_step"] == stopped_at and continued["optimizer_steps"] == 3
