@@ -402,6 +402,21 @@ def test_generate_refuses_model_and_ckpt_path_together(ckpt_path, exports, capsy
     ) in stderr
 
 
+def test_an_export_folder_given_as_ckpt_path_is_named_with_the_setting_that_reads_it(exports, tmp_path, capsys):
+    status, stdout, stderr = run_main(generate.main, [f"ckpt_path={exports['onnx']}"], capsys)
+    assert status == 2 and stdout == "" and stderr.count("\n") == 1
+    assert (
+        "an export folder (manifest.json), not a run: it holds no checkpoint; generate with it through "
+        f"model={exports['onnx']}"
+    ) in stderr
+    status, _, stderr = run_main(generate.main, [f"model={exports['onnx']}", "length=3"], capsys)
+    assert status == 0, stderr
+    # a folder whose manifest.json is another program's is not taken for an export
+    write_foreign_manifest(tmp_path / "app", exports)
+    status, _, stderr = run_main(generate.main, [f"ckpt_path={tmp_path / 'app'}"], capsys)
+    assert status == 2 and "holds no readable checkpoint" in stderr and "export folder" not in stderr
+
+
 LOAD_PT2 = """
 import sys, torch
 from sru_lightning.export import ExportError, load_pt2

@@ -130,6 +130,13 @@ class RunFolder:
         """The latest checkpoint, for a command that names this run; CheckpointError when it has none."""
         latest = self.latest
         if latest is None:
+            if _is_export_folder(self.directory):
+                from sru_lightning.export.package import MANIFEST_NAME
+
+                raise CheckpointError(
+                    f"`ckpt_path` is the directory {str(self.directory)!r}, an export folder ({MANIFEST_NAME}), "
+                    f"not a run: it holds no checkpoint; generate with it through model={self.directory}"
+                )
             where = self.directory / CHECKPOINTS_DIR
             raise CheckpointError(
                 f"`ckpt_path` is the directory {str(self.directory)!r}, which holds no readable checkpoint "
@@ -277,6 +284,19 @@ def plain_config(cfg) -> dict[str, Any]:
     for key in ("hydra", *COMMAND_SETTINGS):
         container.pop(key, None)
     return container
+
+
+def _is_export_folder(directory: Path) -> bool:
+    """Whether `directory` holds a manifest written by `export` (not any manifest.json)."""
+    import json
+
+    from sru_lightning.export.package import FORMAT_NAME, MANIFEST_NAME
+
+    try:
+        manifest = json.loads((directory / MANIFEST_NAME).read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(manifest, dict) and manifest.get("format_name") == FORMAT_NAME
 
 
 # --------------------------------------------------------------------------------------------
