@@ -8,6 +8,7 @@ calls its `on_after_setup` hook, and logs the same report.
     python examples/fabric_loop.py --max-steps 20
     python examples/fabric_loop.py --devices 2 --max-steps 20 --precision bf16-mixed
     python examples/fabric_loop.py --max-steps 40 --resume fabric_checkpoints/step-000020.ckpt
+    python examples/fabric_loop.py --max-steps 60 --resume fabric_checkpoints   # its newest step
 
 A resumed run continues from the checkpoint's step with the same weights, optimizer state,
 data position, carried recurrent state (each process's own) and dropout masks, so its losses
@@ -30,6 +31,9 @@ from sru_lightning.data import ContiguousStreams, PydocDataModule
 from sru_lightning.models import SRULanguageModel
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
+#: The settings a checkpoint is saved with and a resumed run must repeat: the model's shape and
+#: the data streams' layout.
+KEPT_SETTINGS = ("batch_size", "seq_len", "embedding_dim", "hidden_size", "num_layers")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -48,14 +52,43 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--checkpoint-dir", type=Path, default=Path("fabric_checkpoints"))
     parser.add_argument("--save-every", type=int, default=0, help="also save every N steps (0: only at the end)")
-    parser.add_argument("--resume", type=Path, default=None, help="a checkpoint this script wrote")
+    parser.add_argument(
+        "--resume", type=Path, default=None, help="a checkpoint this script wrote, or its folder (the newest step)"
+    )
     args = parser.parse_args(argv)
     for name in ("devices", "max_steps", "batch_size", "seq_len", "embedding_dim", "hidden_size", "num_layers"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.save_every < 0:
         parser.error(f"--save-every must be 0 or a positive integer, got {args.save_every}")
+    if args.resume is not None:
+        args.resume = newest_checkpoint(parser, args.resume)
     return args
+
+
+def newest_checkpoint(parser: argparse.ArgumentParser, given: Path) -> Path:
+    """`--resume` as a file: the file itself, or the highest step-NNNNNN.ckpt of a folder."""
+    if given.is_dir():
+        saved = sorted(given.glob("step-*.ckpt"))
+        if not saved:
+            parser.error(f"--resume must be a checkpoint of this script or its folder, got {given}, which holds none")
+        return saved[-1]  # zero-padded steps: the last name is the highest step
+    if not given.is_file():
+        parser.error(f"--resume must be a checkpoint of this script or its folder, got {given}, which does not exist")
+    return given
+
+
+def check_settings(args: argparse.Namespace) -> None:
+    """A resumed run repeats the checkpoint's model and data settings: one line naming the
+    first flag that differs, rather than a size mismatch deep inside the load."""
+    saved = torch.load(args.resume, map_location="cpu", weights_only=True).get("settings", {})
+    for name in KEPT_SETTINGS:
+        if name in saved and saved[name] != getattr(args, name):
+            flag = "--" + name.replace("_", "-")
+            raise SystemExit(
+                f"fabric_loop.py: {flag} {getattr(args, name)} differs from the {saved[name]} that {args.resume} "
+                f"was trained with; resume with {flag} {saved[name]}"
+            )
 
 
 def per_rank(fabric: Fabric, tensor: torch.Tensor) -> torch.Tensor:
@@ -74,6 +107,7 @@ def save(fabric: Fabric, args: argparse.Namespace, step: int, model, optimizer, 
         "world_size": fabric.world_size,
         # Each process carries its own streams' state; all of them go into the one file.
         "carried": per_rank(fabric, carried),
+        "settings": {name: getattr(args, name) for name in KEPT_SETTINGS},
     }
     fabric.save(path, state)
     return path
@@ -113,6 +147,7 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     step, carried = 0, None
     if args.resume is not None:
+        check_settings(args)
         state = {"model": model, "optimizer": optimizer, "step": 0, "world_size": 0, "carried": None}
         fabric.load(args.resume, state)
         if state["world_size"] != fabric.world_size:

@@ -368,5 +368,33 @@ def test_the_fabric_example_resumes_from_its_checkpoint_with_the_uninterrupted_l
     assert resumed == {step: uninterrupted[step] for step in (4, 5, 6)}
 
 
+def test_the_fabric_examples_resume_takes_a_folder_and_refuses_other_settings_in_one_line(tmp_path, capsys):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fabric_loop", ROOT / "examples" / "fabric_loop.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    settings = {"batch_size": 4, "seq_len": 16, "embedding_dim": 8, "hidden_size": 16, "num_layers": 2}
+    for step in (3, 12):
+        torch.save({"step": step, "settings": settings}, folder / f"step-{step:06d}.ckpt")
+    args = example.parse_args([*TINY_EXAMPLE, "--resume", str(folder)])
+    assert args.resume == folder / "step-000012.ckpt"  # a folder resumes its newest step
+    example.check_settings(args)  # the checkpoint's own settings: nothing to say
+    other = example.parse_args([*TINY_EXAMPLE, "--hidden-size", "32", "--resume", str(folder)])
+    with pytest.raises(
+        SystemExit, match=r"--hidden-size 32 differs from the 16 that .* was trained with; resume with --hidden-size 16"
+    ):
+        example.check_settings(other)
+    for given, says in ((tmp_path / "none", "which does not exist"), (tmp_path, "which holds none")):
+        with pytest.raises(SystemExit):
+            example.parse_args(["--resume", str(given)])
+        assert (
+            f"--resume must be a checkpoint of this script or its folder, got {given}, {says}"
+            in capsys.readouterr().err
+        )
+
+
 if __name__ == "__main__":
     ddp_fit(sys.argv[1], sys.argv[2], Path(sys.argv[3]))
