@@ -61,20 +61,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be a positive integer, got {getattr(args, name)}")
     if args.save_every < 0:
         parser.error(f"--save-every must be 0 or a positive integer, got {args.save_every}")
-    if args.resume is not None:
-        args.resume = newest_checkpoint(parser, args.resume)
     return args
 
 
-def newest_checkpoint(parser: argparse.ArgumentParser, given: Path) -> Path:
+def newest_checkpoint(given: Path) -> Path:
     """`--resume` as a file: the file itself, or the highest step-NNNNNN.ckpt of a folder."""
+    problem = None
     if given.is_dir():
         saved = sorted(given.glob("step-*.ckpt"))
-        if not saved:
-            parser.error(f"--resume must be a checkpoint of this script or its folder, got {given}, which holds none")
-        return saved[-1]  # zero-padded steps: the last name is the highest step
-    if not given.is_file():
-        parser.error(f"--resume must be a checkpoint of this script or its folder, got {given}, which does not exist")
+        if saved:
+            return saved[-1]  # zero-padded steps: the last name is the highest step
+        problem = "which holds none"
+    elif not given.is_file():
+        problem = "which does not exist"
+    if problem:
+        raise SystemExit(
+            f"fabric_loop.py: --resume must be a checkpoint of this script or its folder, got {given}, {problem}"
+        )
     return given
 
 
@@ -147,6 +150,7 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     step, carried = 0, None
     if args.resume is not None:
+        args.resume = newest_checkpoint(args.resume)
         check_settings(args)
         state = {"model": model, "optimizer": optimizer, "step": 0, "world_size": 0, "carried": None}
         fabric.load(args.resume, state)
