@@ -215,6 +215,35 @@ def test_the_table_covers_every_command():
     assert {case[0] for case in CASES} == {*cli.TRAINER_COMMANDS, *cli.TOOL_COMMANDS}
 
 
+def _groups_of_the_main_config() -> list[str]:
+    """The config groups conf/config.yaml picks an option of (`optional` ones included)."""
+    import yaml
+
+    from sru_lightning._resources import conf_dir
+
+    defaults = yaml.safe_load((conf_dir() / "config.yaml").read_text())["defaults"]
+    names = [key.split()[-1] for entry in defaults if isinstance(entry, dict) for key in entry]
+    return [name for name in names if name != "hydra"]
+
+
+@pytest.mark.parametrize("group", _groups_of_the_main_config())
+def test_a_misspelled_option_of_any_config_group_is_one_line_naming_its_options(group, tmp_path, monkeypatch, capsys):
+    # experiment, hparams_search and debug default to none: a misspelled option must not run
+    # the default silently (the step limits keep a fit that wrongly starts short).
+    monkeypatch.chdir(tmp_path)
+    run_dir = tmp_path / "attempt"
+    argv = ["fit", f"{group}=nonexistent_xyz", "trainer.max_steps=1", "trainer.limit_val_batches=1"]
+    capsys.readouterr()
+    status = invoke([*argv, f"hydra.run.dir={run_dir}"])
+    _, err = capsys.readouterr()
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert status == 2, f"exit status {status}; stderr: {err[-2000:]}"
+    assert len(lines) == 1, err
+    options = ", ".join(cli.config_groups()[group])
+    assert f"Could not find '{group}/nonexistent_xyz'; Available options in '{group}': {options}" in lines[0]
+    assert not run_dir.exists()
+
+
 # A bug of the package, planted where the old rule would have taken it for the user's mistake:
 # a TypeError while the run is built, a ValueError in a callback before the first optimizer step.
 PACKAGE_BUG = """
