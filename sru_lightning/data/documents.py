@@ -24,8 +24,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
-from .modules import SPLITS, Corpus, LanguageModelDataModule, _readable_path
-from .streams import ContiguousStreams, Vocabulary
+from .modules import SPLITS, Corpus, LanguageModelDataModule, _readable_path, read_text_file, text_files
+from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
 
 # The target index cross-entropy leaves out (torch's default ignore_index).
 IGNORED = -100
@@ -149,8 +149,7 @@ class DocumentsDataModule(LanguageModelDataModule):
     def read_documents(self) -> list[str]:
         """The documents' texts, in order; empty documents are left out."""
         if self.path.is_dir():
-            files = sorted(f for f in self.path.rglob("*") if f.is_file() and not f.name.startswith("."))
-            texts = [self._read_file(file) for file in files]
+            texts = [self._read_file(file) for file in text_files(self.path)]
         else:
             texts = self._read_json_lines(self.path)
         texts = [text for text in texts if text]
@@ -162,17 +161,13 @@ class DocumentsDataModule(LanguageModelDataModule):
         return texts
 
     def _read_file(self, file: Path) -> str:
-        try:
-            return file.read_text(encoding=self.encoding)
-        except (OSError, UnicodeDecodeError) as error:
-            raise ValueError(
-                f"DocumentsDataModule: cannot read {str(file)!r} under `data.path` as {self.encoding} text "
-                f"(set data.encoding): {error}"
-            ) from error
+        return read_text_file(file, self.encoding, "DocumentsDataModule")
 
     def _read_json_lines(self, file: Path) -> list[str]:
         texts = []
-        for number, line in enumerate(self._read_file(file).splitlines(), start=1):
+        # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 ..., which
+        # JSON allows unescaped inside a string.
+        for number, line in enumerate(self._read_file(file).split("\n"), start=1):
             if not line.strip():
                 continue
             try:
@@ -214,6 +209,29 @@ class DocumentsDataModule(LanguageModelDataModule):
         self.corpus  # noqa: B018  (loads the documents)
         return self._documents[split]
 
+    def unigram_bpc(self, split: str = "val") -> float:
+        """Bits per character of `split` under a unigram model fitted on the training split, over
+        the characters the model predicts: every document's but its first (no character comes
+        before a document's first, so the model is never asked for it)."""
+        if split not in SPLITS:
+            raise ValueError(f"unigram_bpc: `split` must be one of {SPLITS}, got {split!r}")
+        predicted = {name: torch.cat([d[1:] for d in self.documents(name)]) for name in ("train", split)}
+        return unigram_bits_per_token(predicted["train"], predicted[split], self.vocab_size)
+
+    def check_predictions(self) -> None:
+        """Raise ValueError when a split has nothing to predict: all its documents are one
+        character long (a document's first character is never predicted)."""
+        for split in SPLITS:
+            documents = self.documents(split)
+            if any(document.numel() > 1 for document in documents):
+                continue
+            setting = {"train": "", "val": " (data.val_fraction)", "test": " (data.test_fraction)"}[split]
+            raise ValueError(
+                f"DocumentsDataModule: the {split} split{setting} of {self.describe_source()} has nothing to "
+                f"predict: its {len(documents)} document(s) are 1 character long each, and a document's first "
+                "character is never predicted; it needs a document of at least 2 characters"
+            )
+
     def starts(self, split: str) -> torch.Tensor:
         """(tokens of `split`,) bool: True at each document's first token."""
         flags = [torch.zeros(document.numel(), dtype=torch.bool) for document in self.documents(split)]
@@ -230,6 +248,7 @@ class DocumentsDataModule(LanguageModelDataModule):
         return unknown
 
     def check_sizes(self, world_size: int = 1) -> None:
+        self.check_predictions()
         needed = self.batch_size * world_size * self.seq_len + 1
         if self.corpus.train.numel() < needed:
             raise ValueError(
@@ -244,6 +263,7 @@ class DocumentsDataModule(LanguageModelDataModule):
         rank, world_size = 0, 1
         if self.trainer is not None:
             rank, world_size = self.trainer.global_rank, self.trainer.world_size
+        self.check_predictions()
         self._datasets["train"] = PackedDocumentStreams(
             self.corpus.train, self.starts("train"), self.batch_size, self.seq_len, rank=rank, world_size=world_size
         )

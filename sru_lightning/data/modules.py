@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import codecs
 import math
+import os
 import sysconfig
 import zipfile
 from dataclasses import dataclass
@@ -205,6 +206,41 @@ def _readable_path(path, config_key: str, owner: str, what: str) -> Path:
     return resolved
 
 
+def text_files(folder: Path) -> list[Path]:
+    """The files under `folder`, sorted by path, hidden ones left out as shell globs and ripgrep
+    leave them out: a file whose name starts with "." and everything inside a folder whose name
+    does (``.git``, ``.ipynb_checkpoints``, ``.venv`` ...). `folder` itself may be hidden."""
+    found = []
+    for root, folders, files in os.walk(folder):
+        folders[:] = [name for name in folders if not name.startswith(".")]  # not walked into
+        found.extend(Path(root) / name for name in files if not name.startswith("."))
+    return sorted(file for file in found if file.is_file())
+
+
+def read_text_file(file: Path, encoding: str, owner: str) -> str:
+    """The text of `file` (under `data.path`) in `encoding`; a binary file (one holding NUL bytes)
+    is named as one, and text in another encoding is told to set `data.encoding`."""
+    binary = (
+        f"{owner}: {str(file)!r} under `data.path` is a binary file (it holds NUL bytes), not text; "
+        "move it out of data.path (hidden files and folders, named with a leading '.', are skipped)"
+    )
+    try:
+        text = file.read_text(encoding=encoding)
+    except UnicodeDecodeError as error:
+        with open(file, "rb") as handle:
+            if b"\0" in handle.read():
+                raise ValueError(binary) from None
+        raise ValueError(
+            f"{owner}: cannot read {str(file)!r} under `data.path` as {encoding} text ({error.reason} at byte "
+            f"{error.start}); set data.encoding if it is text in another encoding, or move it out of data.path"
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{owner}: cannot read {str(file)!r} under `data.path`: {error}") from error
+    if "\0" in text:  # NUL decodes in utf-8 and latin-1, but no text holds it
+        raise ValueError(binary)
+    return text
+
+
 class PydocDataModule(LanguageModelDataModule):
     """English prose shipped with every CPython (`pydoc_data.topics`), character level.
 
@@ -359,19 +395,13 @@ class TextDataModule(LanguageModelDataModule):
         return f"data.path={str(self.path)!r}"
 
     def _read_file(self, file: Path) -> str:
-        try:
-            text = file.read_text(encoding=self.encoding)
-            if not text.strip():
-                raise ValueError(
-                    f"TextDataModule: {str(file)!r} under `data.path` holds no text; a language model needs "
-                    "a file of at least a few thousand characters"
-                )
-            return text
-        except (OSError, UnicodeDecodeError) as error:
+        text = read_text_file(file, self.encoding, "TextDataModule")
+        if not text.strip():
             raise ValueError(
-                f"TextDataModule: cannot read {str(file)!r} under `data.path` as {self.encoding} text "
-                f"(set data.encoding): {error}"
-            ) from error
+                f"TextDataModule: {str(file)!r} under `data.path` holds no text; a language model needs "
+                "a file of at least a few thousand characters"
+            )
+        return text
 
     def _named_splits(self, files: list[Path]) -> dict[str, Path] | None:
         found: dict[str, Path] = {}
@@ -386,7 +416,7 @@ class TextDataModule(LanguageModelDataModule):
     def _texts(self) -> tuple[str, str, str] | str:
         if self.path.is_file():
             return self._read_file(self.path)
-        files = sorted(f for f in self.path.rglob("*") if f.is_file() and not f.name.startswith("."))
+        files = text_files(self.path)
         if not files:
             raise ValueError(f"TextDataModule: `data.path`={str(self.path)!r} is a folder without files")
         named = self._named_splits(files)

@@ -40,3 +40,16 @@ def test_a_model_that_cannot_keep_documents_apart_is_refused_in_one_line(tmp_pat
     errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
     assert len(errors) == 1 and "packs documents" in errors[0] and "use model=sru" in errors[0]
     assert not run_dir.exists()
+
+
+def test_a_validation_split_with_nothing_to_predict_is_refused_before_training(tmp_path, capsys):
+    folder = documents_folder(tmp_path)
+    for index in (10, 11):  # the last tenth of 12 documents is validation, then test: 1 character each
+        (folder / f"{index:02d}.txt").write_text("x")
+    run_dir = tmp_path / "run"
+    overrides = ["data=documents", f"data.path={folder}", f"hydra.run.dir={run_dir}"]
+    assert cli.main(["fit", *TINY_RUN, *overrides]) == 2
+    errors = [line for line in capsys.readouterr().err.splitlines() if "error:" in line]
+    assert len(errors) == 1, errors
+    assert "the val split (data.val_fraction)" in errors[0] and "has nothing to predict" in errors[0]
+    assert not list(run_dir.rglob("*.ckpt"))

@@ -69,6 +69,60 @@ def test_bad_json_lines_are_refused_naming_the_setting_and_the_line(tmp_path, co
         DocumentsDataModule(path=str(path)).load_corpus()
 
 
+def test_hidden_files_and_folders_are_skipped_and_a_binary_file_is_named_as_binary(folder):
+    (folder / ".git").mkdir()
+    (folder / ".git" / "HEAD").write_text("ref: refs/heads/main\n")
+    (folder / ".ipynb_checkpoints").mkdir()
+    (folder / ".ipynb_checkpoints" / "doc00-checkpoint.txt").write_text("an older copy")
+    (folder / ".notes.txt").write_text("a hidden file")
+    assert DocumentsDataModule(path=str(folder)).read_documents() == TEXTS
+    (folder / "sub").mkdir()
+    (folder / "sub" / "index").write_bytes(b"DIRC\x00\x00\x00\x02\xff\xfe")
+    with pytest.raises(ValueError, match=r"'.*sub/index' under `data.path` is a binary file \(it holds NUL bytes\)"):
+        DocumentsDataModule(path=str(folder)).read_documents()
+    (folder / "sub" / "index").write_bytes(b"valid utf-8 with a NUL \x00 byte")
+    with pytest.raises(ValueError, match=r"is a binary file") as refused:
+        DocumentsDataModule(path=str(folder)).read_documents()
+    assert "data.encoding" not in str(refused.value)
+    (folder / "sub" / "index").write_bytes("caf\xe9 in latin-1".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"cannot read .* as utf-8 text .*; set data.encoding if it is text"):
+        DocumentsDataModule(path=str(folder)).read_documents()
+
+
+def test_json_lines_split_at_newlines_only(tmp_path):
+    texts = ["a line separator\u2028inside", "a next line\x85inside", "a paragraph\u2029and a form feed\x0c", "four"]
+    path = tmp_path / "separators.jsonl"
+    path.write_text("".join(json.dumps({"text": text}, ensure_ascii=False) + "\r\n" for text in texts), "utf-8")
+    assert DocumentsDataModule(path=str(path)).read_documents() == texts
+
+
+def test_a_split_with_nothing_to_predict_is_refused_naming_it(tmp_path):
+    path = tmp_path / "short.jsonl"
+    texts = ["a longer document", "another one", "x", "y"]
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    data = DocumentsDataModule(path=str(path), batch_size=1, seq_len=4, val_fraction=0.25, test_fraction=0.25)
+    assert [data.decode(d) for d in data.documents("val")] == ["x"]
+    message = r"the val split \(data.val_fraction\) of data.path=.* has nothing to predict: its 1 document\(s\) are 1"
+    with pytest.raises(ValueError, match=message):
+        data.check_sizes()
+    with pytest.raises(ValueError, match=message):
+        data.setup("fit")
+
+
+def test_the_unigram_baseline_counts_only_the_predicted_characters(tmp_path):
+    # Every document starts with "Q", which the model never predicts; the rest is "ab" repeated.
+    texts = ["Qababab", "Qabab", "Qbbbb", "Qaab"]
+    path = tmp_path / "q.jsonl"
+    path.write_text("".join(json.dumps({"text": text}) + "\n" for text in texts))
+    data = DocumentsDataModule(path=str(path), batch_size=1, seq_len=2, val_fraction=0.25, test_fraction=0.25)
+    # training predicts "ababab" + "abab" (a: 5, b: 5); add-one over the vocabulary Q, a, b
+    p_a, p_b = 6 / 13, 6 / 13
+    expected_val = -(4 * math.log2(p_b)) / 4  # "bbbb"
+    expected_test = -(2 * math.log2(p_a) + math.log2(p_b)) / 3  # "aab"
+    assert data.unigram_bpc("val") == pytest.approx(expected_val, rel=1e-12)
+    assert data.unigram_bpc("test") == pytest.approx(expected_test, rel=1e-12)
+
+
 def test_a_missing_path_and_bad_fractions_are_refused(tmp_path):
     with pytest.raises(ValueError, match=r"`data.path` must point to a folder of text files or a JSON Lines file"):
         DocumentsDataModule(path=str(tmp_path / "nowhere"))

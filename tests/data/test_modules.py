@@ -200,3 +200,13 @@ def test_codecs_are_saved_as_plain_data_and_rebuilt(tmp_path):
     write = byte_codec.decoder()
     assert "".join(write(i) for i in byte_codec.encode("né")) == "né"
     assert Enwik8DataModule.token_level == "byte"
+
+
+def test_a_text_folder_skips_hidden_files_and_folders(tmp_path):
+    (tmp_path / "story.txt").write_text("the cat sat on the mat\n" * 100)
+    (tmp_path / ".git").mkdir()
+    (tmp_path / ".git" / "index").write_bytes(b"DIRC\x00\x00\x00\x02\xff\xfe")
+    (tmp_path / ".ipynb_checkpoints").mkdir()
+    (tmp_path / ".ipynb_checkpoints" / "story-checkpoint.txt").write_text("QZXW" * 100)
+    data = TextDataModule(path=str(tmp_path), batch_size=2, seq_len=4)
+    assert data.vocab_size == len(set("the cat sat on the mat\n"))
