@@ -33,8 +33,10 @@ class InterruptionCheckpoint(Checkpoint):
     its weights may be NaN or half-updated, and a file named like a resumable one would
     invite a requeue to continue from them. The file appears complete or not at all (written
     under a temporary name, then renamed). The run's epoch-end and periodic checkpoints
-    stay where they are. A Trainer call that completes removes the file, as Lightning's
-    ``OnExceptionCheckpoint`` does: what it held is superseded.
+    stay where they are. A fit that resumes from the file and completes removes it: what it
+    held is superseded. Any other Trainer call leaves it, unlike Lightning's
+    ``OnExceptionCheckpoint``, which removes it after every completed call: a fresh fit into the
+    same folder has not read it (it may hold another run's interruption, never resumed).
 
     It is a plain :class:`~lightning.pytorch.callbacks.Checkpoint`, not Lightning's
     ``OnExceptionCheckpoint``, on purpose: Lightning turns ``fit(model)`` into
@@ -91,9 +93,15 @@ class InterruptionCheckpoint(Checkpoint):
     @override
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         # Lightning calls teardown only when a Trainer call completed (an interrupted one goes
-        # through on_exception instead); removing the file then is OnExceptionCheckpoint's rule,
-        # kept as it was.
-        trainer.strategy.remove_checkpoint(self.ckpt_path)
+        # through on_exception instead). A completed fit that resumed from the file supersedes
+        # it; any other call leaves it: a fresh fit never read it (it may be another run's that
+        # was never resumed), and an evaluation changes no training state.
+        if trainer.state.fn == TrainerFn.FITTING and _same_file(trainer.ckpt_path, self.ckpt_path):
+            trainer.strategy.remove_checkpoint(self.ckpt_path)
+
+
+def _same_file(resumed: str | os.PathLike[str] | None, own: str) -> bool:
+    return resumed is not None and os.path.realpath(resumed) == os.path.realpath(own)
 
 
 def _remove(path: str) -> None:

@@ -159,3 +159,29 @@ def test_an_interruption_checkpoint_resumes_when_the_caller_passes_it(tmp_path):
     make_trainer(tmp_path, _readme_callbacks(tmp_path)).fit(model, ckpt_path=checkpoint)
     assert min(model.step_losses) == 10, "the fit continues at the step after the interruption"
     assert not (tmp_path / "ckpt" / "interrupted.ckpt").exists(), "a completed fit supersedes it"
+
+
+def test_only_a_fit_that_resumed_the_interruption_checkpoint_removes_it(tmp_path):
+    """The docs' snippet: `trainer.fit(model)` starts fresh beside an `interrupted.ckpt` it never
+    read (another run's, or one the user keeps for later); it and an evaluation of that file leave
+    it as it was. The fit that resumes from it and completes supersedes it."""
+    import hashlib
+    from pathlib import Path
+
+    checkpoint = _interrupted_fit(tmp_path, stop_at=10)
+    before = hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest()
+    trainer = make_trainer(tmp_path, _readme_callbacks(tmp_path))
+    trainer.fit(DropoutRegressor())
+    assert os.path.isfile(checkpoint), "a fresh fit removed an interruption checkpoint it never resumed"
+    evaluated = _Validated()
+    trainer.validate(evaluated, ckpt_path=checkpoint, dataloaders=evaluated.train_dataloader())
+    assert os.path.isfile(checkpoint), "an evaluation of the interruption checkpoint removed it"
+    assert hashlib.sha256(Path(checkpoint).read_bytes()).hexdigest() == before
+    make_trainer(tmp_path, _readme_callbacks(tmp_path)).fit(DropoutRegressor(), ckpt_path=checkpoint)
+    assert not os.path.exists(checkpoint), "the fit that resumed it supersedes it"
+
+
+class _Validated(DropoutRegressor):
+    def validation_step(self, batch, batch_idx):
+        inputs, targets = batch
+        self.log("val_loss", torch.nn.functional.mse_loss(self.net(inputs), targets))
