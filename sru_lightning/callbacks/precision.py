@@ -25,6 +25,7 @@ from sru_lightning.nn import SRU, SRUCell, SRUpp, SRUppCell, iter_sru_cells, set
 from sru_lightning.ops.storage_dtype import validate_policy
 from sru_lightning.precision import Regime, detect_regime, dtype_name
 from sru_lightning.precision.apex import register_with_apex
+from sru_lightning.precision.cpu_half import cpu_half_advice
 
 from .tensor_cores import (
     TENSOR_CORE_MULTIPLE,
@@ -42,12 +43,17 @@ SHOWN_LAYERS = 8
 
 
 def format_precision_report(
-    regime: Regime, policy: str, layers: list[str], apex_registrations: list[tuple[str, str]] = ()
+    regime: Regime,
+    policy: str,
+    layers: list[str],
+    apex_registrations: list[tuple[str, str]] = (),
+    cpu_advice: str | None = None,
 ) -> str:
     """The multi-line report of a decision, the same text under a Trainer and under Fabric:
     the regime and where it was read from, the dtypes along the way, the recurrence's storage
-    and accumulation dtypes under ``policy``, the SRU layers that got the policy and, when APEX
-    is importable, how the recurrence is registered with it."""
+    and accumulation dtypes under ``policy``, the SRU layers that got the policy, when APEX
+    is importable, how the recurrence is registered with it and, for a half-precision regime
+    on a CPU without native half arithmetic, ``cpu_advice`` (:func:`cpu_advice_for`)."""
     shown = ", ".join(layers[:SHOWN_LAYERS])
     if len(layers) > SHOWN_LAYERS:
         shown += f", ... ({len(layers) - SHOWN_LAYERS} more)"
@@ -62,8 +68,18 @@ def format_precision_report(
         f"{dtype_name(regime.autocast_dtype)} | U {dtype_name(regime.u_dtype)}\n"
         f"  recurrence   storage {dtype_name(regime.storage_dtype(policy))} | "
         f"accumulation {dtype_name(regime.accumulation_dtype(policy))}\n"
-        f"  SRU layers   {len(layers)}{': ' + shown if shown else ''}" + apex
+        f"  SRU layers   {len(layers)}{': ' + shown if shown else ''}"
+        + apex
+        + (f"\n  CPU          {cpu_advice}" if cpu_advice else "")
     )
+
+
+def cpu_advice_for(regime: Regime) -> str | None:
+    """What a half-precision regime on CPU costs when the CPU lacks native arithmetic for its
+    matmul dtype (:func:`sru_lightning.precision.cpu_half.cpu_half_advice`); None otherwise."""
+    if regime.device_type != "cpu" or not regime.is_half:
+        return None
+    return cpu_half_advice(regime.u_dtype)
 
 
 def _no_layers_warning(owner: str, module_name: str) -> str:
@@ -116,6 +132,7 @@ class SRUPrecisionCallback(Callback):
         self.layers: list[str] = []
         self.apex_registrations: list[tuple[str, str]] = []
         self.report: str = ""
+        self.cpu_advice: str | None = None
         self.shape_advice: list[ShapeAdvice] = []
         self._reported = False
         self._rows: dict[str, tuple[int, int]] = {}
@@ -176,6 +193,7 @@ class SRUPrecisionCallback(Callback):
         # been initialised in configure_optimizers.
         self._apply_policy(pl_module)
         self.regime = detect_regime(trainer)
+        self.cpu_advice = cpu_advice_for(self.regime)
         self.report = self.format_report(self.regime)
         if self.verbose:
             rank_zero_info(self.report)
@@ -188,7 +206,9 @@ class SRUPrecisionCallback(Callback):
 
     def format_report(self, regime: Regime) -> str:
         """The multi-line report logged once per fit (the same text Fabric's entry point logs)."""
-        return format_precision_report(regime, self.policy, self.layers, self.apex_registrations)
+        return format_precision_report(
+            regime, self.policy, self.layers, self.apex_registrations, cpu_advice_for(regime)
+        )
 
     @staticmethod
     def format_shape_advice(advice: list[ShapeAdvice]) -> str:
@@ -261,6 +281,7 @@ class SRUFabricPrecision:
         self.layers: list[str] = []
         self.apex_registrations: list[tuple[str, str]] = []
         self.report: str = ""
+        self.cpu_advice: str | None = None
         self._warned_without_layers = False
 
     def on_after_setup(self, fabric, module) -> None:
@@ -280,7 +301,10 @@ class SRUFabricPrecision:
         if self.register_apex:
             self.apex_registrations = register_with_apex(self.policy)
         self.regime = detect_regime(fabric, model)
-        self.report = format_precision_report(self.regime, self.policy, self.layers, self.apex_registrations)
+        self.cpu_advice = cpu_advice_for(self.regime)
+        self.report = format_precision_report(
+            self.regime, self.policy, self.layers, self.apex_registrations, self.cpu_advice
+        )
         if self.verbose:
             rank_zero_info(self.report)
         for note in self.regime.notes:

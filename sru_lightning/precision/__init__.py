@@ -24,7 +24,8 @@ Sources, most specific first:
 Modules import one way, each only from the levels below it: :mod:`.regime` (the Regime
 type) at the bottom; the readers :mod:`.lightning`, :mod:`.fsdp` and :mod:`.apex` (APEX AMP:
 registration with ``apex.amp`` and its regime) above it; :mod:`.deepspeed` above those (its
-``amp`` section is APEX's regime); :mod:`.detect` on top.
+``amp`` section is APEX's regime); :mod:`.detect` on top. :mod:`.cpu_half` stands apart (it
+needs only torch): whether this CPU multiplies half-precision matrices natively, for the report.
 """
 
 from __future__ import annotations

@@ -215,3 +215,22 @@ def test_cuda_fit_runs_half_storage_and_advises_on_shapes(precision, storage):
     assert ours and {call.storage_dtype for call in ours} == {storage}
     assert callback.regime.device_type == "cuda" and callback.regime.is_half
     assert sum(model.losses[-3:]) < sum(model.losses[:3]), model.losses
+
+
+@pytest.mark.parametrize("flags, says", [({"avx2", "fma"}, True), ({"avx2", "avx512f", "avx512_bf16"}, False)])
+def test_the_report_says_when_this_cpu_has_no_native_half_arithmetic(monkeypatch, flags, says):
+    from sru_lightning.precision import cpu_half
+
+    # A CPU without AVX512_BF16/AMX-BF16 (an AVX2 one) and one with it, as read from its flags.
+    monkeypatch.setattr(cpu_half, "cpu_flags", lambda cpuinfo=None: frozenset(flags))
+    monkeypatch.setattr(cpu_half, "half_matmul_slowdown", lambda dtype: 52.0)
+    callback = SRUPrecisionCallback(verbose=False)
+    fit("bf16-mixed", callback, max_steps=1)
+    line = (
+        "  CPU          no native bfloat16 arithmetic on this CPU (no AVX512_BF16 or AMX-BF16): "
+        "a bfloat16 matmul measured 52x slower than float32; precision '32-true' trains faster"
+    )
+    assert (line in callback.report.splitlines()) is says, callback.report
+    assert (callback.cpu_advice is not None) is says
+    fit("32-true", callback, max_steps=1)  # nothing half: nothing to say
+    assert "CPU " not in callback.report and callback.cpu_advice is None
