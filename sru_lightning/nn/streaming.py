@@ -33,7 +33,9 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .cell import SRUCell
 from .srupp import SRUpp
+from .stack import SRU
 
 __all__ = ["causal_attention_mask", "refuse_bidirectional", "srupp_stream_step", "stream_chunks", "stream_step"]
 
@@ -129,12 +131,47 @@ def stream_chunks(
 ) -> tuple[Tensor, Any]:
     """:func:`stream_step` over each chunk in turn; returns (the outputs joined along time, final
     state). `time_dim` defaults to 1 for a ``batch_first`` module, else 0."""
+    base = _unwrapped(module)
+    batch_first = getattr(base, "batch_first", False)
     if time_dim is None:
-        time_dim = 1 if getattr(_unwrapped(module), "batch_first", False) else 0
+        time_dim = 1 if batch_first else 0
     outputs = []
-    for chunk in chunks:
+    for index, chunk in enumerate(chunks):
+        _check_chunk(base, index, chunk, time_dim, batch_first)
         output, state = stream_step(module, chunk, state, memory_length=memory_length)
+        if outputs and not _joinable(outputs[0], output, time_dim):
+            raise ValueError(
+                f"stream_chunks: chunk {index} gives an output of shape {tuple(output.shape)}, which does not "
+                f"continue chunk 0's {tuple(outputs[0].shape)} along time_dim={time_dim}: every chunk must have "
+                "the same batch and feature sizes, only its length may differ"
+            )
         outputs.append(output)
     if not outputs:
         raise ValueError("stream_chunks: `chunks` must hold at least one chunk, got none")
     return torch.cat(outputs, time_dim), state
+
+
+def _check_chunk(base: Any, index: int, chunk: Any, time_dim: int, batch_first: bool) -> None:
+    """A chunk has a time axis: an SRU layer's is 3-D (a 2-D input is one step of no length to
+    join along), any other module's has at least `time_dim` + 1 dimensions."""
+    dims = getattr(chunk, "dim", lambda: None)()
+    if isinstance(base, (SRU, SRUCell, SRUpp)):
+        if dims == 3:
+            return
+        layout = "(B, L, input_size) with batch_first=True" if batch_first else "(L, B, input_size)"
+        expected = f"3-D {layout}"
+    elif dims is not None and dims > time_dim:
+        return
+    else:
+        expected = f"a tensor with a time axis at time_dim={time_dim}"
+        if batch_first:
+            expected += " ((B, L) tokens for a language model)"
+    got = f"shape {tuple(chunk.shape)}" if dims is not None else type(chunk).__name__
+    raise ValueError(f"stream_chunks: chunk {index} of `chunks` must be {expected}, got {got}")
+
+
+def _joinable(first: Tensor, other: Tensor, time_dim: int) -> bool:
+    """Whether `other` can follow `first` along `time_dim`."""
+    if first.dim() != other.dim() or time_dim >= first.dim():
+        return False
+    return all(a == b for d, (a, b) in enumerate(zip(first.shape, other.shape)) if d != time_dim)

@@ -214,3 +214,24 @@ def test_the_streaming_example_in_the_layers_page_runs():
     section = page.split("## Streaming", 1)[1].split("\n## ", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/layers.md (Streaming)", "exec"), {})
+
+
+@pytest.mark.parametrize("batch_first", [False, True])
+def test_stream_chunks_refuses_a_chunk_without_a_time_axis_naming_the_expected_shape(batch_first):
+    layout = r"\(B, L, input_size\) with batch_first=True" if batch_first else r"\(L, B, input_size\)"
+    steps = torch.randn(5, 4)  # 2-D: one step of (B, input_size) for a layer, nothing to join along time
+    for layer in (SRU(4, 8, batch_first=batch_first), SRUCell(4, 8, batch_first=batch_first)):
+        with pytest.raises(ValueError, match=rf"stream_chunks: chunk 0 of `chunks` must be 3-D {layout}, got shape"):
+            stream_chunks(layer, [steps[:3], steps[3:]])
+    model = SRULanguageModel(vocab_size=5, embedding_dim=4, hidden_size=8, num_layers=1)
+    tokens = torch.randint(0, 5, (6,))
+    with pytest.raises(ValueError, match=r"chunk 0 of `chunks` must be a tensor with a time axis at time_dim=1"):
+        stream_chunks(model, [tokens[:3], tokens[3:]])
+
+
+def test_stream_chunks_names_a_chunk_whose_output_cannot_continue_the_others():
+    def by_rows(chunk, state):  # a model whose output's batch follows the chunk's
+        return chunk * 2, state
+
+    with pytest.raises(ValueError, match=r"chunk 1 gives an output of shape \(3, 2\), which does not continue"):
+        stream_chunks(by_rows, [torch.zeros(2, 2), torch.zeros(3, 2)], time_dim=1)
