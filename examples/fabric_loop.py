@@ -83,8 +83,22 @@ def newest_checkpoint(given: Path) -> Path:
 
 def check_settings(args: argparse.Namespace) -> None:
     """A resumed run repeats the checkpoint's model and data settings: one line naming the
-    first flag that differs, rather than a size mismatch deep inside the load."""
-    saved = torch.load(args.resume, map_location="cpu", weights_only=True).get("settings", {})
+    first flag that differs, rather than a size mismatch deep inside the load. A file that is
+    not a checkpoint of this script (a Trainer's, from `python -m sru_lightning fit`) is named."""
+    refused = f"fabric_loop.py: --resume must be a checkpoint of this script or its folder, got {args.resume}"
+    try:
+        checkpoint = torch.load(args.resume, map_location="cpu", weights_only=True)
+    except Exception as error:  # not a file torch.save wrote, or one holding more than plain data
+        raise SystemExit(f"{refused}, which torch cannot read as a checkpoint ({type(error).__name__})") from None
+    if not isinstance(checkpoint, dict) or "model" not in checkpoint:
+        if isinstance(checkpoint, dict) and "pytorch-lightning_version" in checkpoint:
+            raise SystemExit(
+                f"{refused}, a checkpoint of a Trainer run (python -m sru_lightning fit): pass a step-NNNNNN.ckpt "
+                f"this script saved in --checkpoint-dir, or continue that run with "
+                f"python -m sru_lightning fit ckpt_path={args.resume}"
+            )
+        raise SystemExit(f"{refused}, which holds no 'model' state")
+    saved = checkpoint.get("settings", {})
     for name in KEPT_SETTINGS:
         if name in saved and saved[name] != getattr(args, name):
             flag = "--" + name.replace("_", "-")
@@ -118,6 +132,9 @@ def save(fabric: Fabric, args: argparse.Namespace, step: int, model, optimizer, 
 
 def main(argv: list[str] | None = None) -> list[float]:
     args = parse_args(argv)
+    if args.resume is not None:  # checked before Fabric starts and reports: a refusal is the first line
+        args.resume = newest_checkpoint(args.resume)
+        check_settings(args)
     fabric = Fabric(
         accelerator="cpu",
         devices=args.devices,
@@ -150,8 +167,6 @@ def main(argv: list[str] | None = None) -> list[float]:
 
     step, carried = 0, None
     if args.resume is not None:
-        args.resume = newest_checkpoint(args.resume)
-        check_settings(args)
         state = {"model": model, "optimizer": optimizer, "step": 0, "world_size": 0, "carried": None}
         fabric.load(args.resume, state)
         if state["world_size"] != fabric.world_size:

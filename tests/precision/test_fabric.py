@@ -378,7 +378,7 @@ def test_the_fabric_examples_resume_takes_a_folder_and_refuses_other_settings_in
     folder.mkdir()
     settings = {"batch_size": 4, "seq_len": 16, "embedding_dim": 8, "hidden_size": 16, "num_layers": 2}
     for step in (3, 12):
-        torch.save({"step": step, "settings": settings}, folder / f"step-{step:06d}.ckpt")
+        torch.save({"model": {}, "step": step, "settings": settings}, folder / f"step-{step:06d}.ckpt")
     args = example.parse_args([*TINY_EXAMPLE, "--resume", str(folder)])
     args.resume = example.newest_checkpoint(args.resume)
     assert args.resume == folder / "step-000012.ckpt"  # a folder resumes its newest step
@@ -392,6 +392,33 @@ def test_the_fabric_examples_resume_takes_a_folder_and_refuses_other_settings_in
         with pytest.raises(SystemExit) as refused:
             example.newest_checkpoint(given)
         assert f"--resume must be a checkpoint of this script or its folder, got {given}, {says}" in str(refused.value)
+
+
+def test_the_fabric_examples_resume_refuses_a_trainer_checkpoint_before_the_precision_report(tmp_path, capsys, caplog):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("fabric_loop", ROOT / "examples" / "fabric_loop.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    trainer_checkpoint = tmp_path / "last.ckpt"  # the keys a Trainer (the CLI's fit) saves
+    torch.save({"pytorch-lightning_version": "2.5.0", "state_dict": {}, "global_step": 3}, trainer_checkpoint)
+    not_a_checkpoint = tmp_path / "notes.ckpt"
+    not_a_checkpoint.write_text("not a checkpoint")
+    cases = {
+        trainer_checkpoint: "a checkpoint of a Trainer run (python -m sru_lightning fit): pass a step-NNNNNN.ckpt",
+        not_a_checkpoint: "which torch cannot read as a checkpoint",
+        tmp_path / "nowhere": "which does not exist",
+    }
+    for given, says in cases.items():
+        with pytest.raises(SystemExit) as refused:
+            example.main([*TINY_EXAMPLE, "--max-steps", "1", "--resume", str(given)])
+        message = str(refused.value)
+        assert f"--resume must be a checkpoint of this script or its folder, got {given}, {says}" in message
+        assert "\n" not in message
+        if given == trainer_checkpoint:
+            assert message.endswith(f"or continue that run with python -m sru_lightning fit ckpt_path={given}")
+    printed = capsys.readouterr()
+    assert "SRU recurrence precision" not in printed.out + printed.err + caplog.text  # refused before Fabric reports
 
 
 if __name__ == "__main__":
