@@ -340,7 +340,11 @@ def _unparsable_override(overrides: list[str]) -> str | None:
         try:
             parser.parse_overrides([override])
         except OverrideParseException as error:
-            return f"cannot parse override {override!r}: {error.message.splitlines()[0]}"
+            from sru_lightning.app.override_text import quoting_hint
+
+            message = f"cannot parse override {override!r}: {error.message.splitlines()[0]}"
+            quoted = quoting_hint(override)
+            return message + (f"; Hydra reads such a value only in quotes: {quoted}" if quoted else "")
     return None
 
 

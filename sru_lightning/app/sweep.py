@@ -303,16 +303,18 @@ def summarise_stopped_sweep(continue_with: list[str] | None = None) -> None:
             kept = [
                 word for word in continue_with if not word.lstrip("+~").startswith(("ckpt_path=", "hydra.sweep.dir="))
             ]
+            from sru_lightning.app.override_text import command_line, override
+
             words = [
                 "python",
                 "-m",
                 "sru_lightning",
                 *kept,
-                f"hydra.sweep.dir={sweep_dir.absolute()}",
+                override("hydra.sweep.dir", str(sweep_dir.absolute())),
                 "ckpt_path=auto",
             ]
             print(
                 "the sweep was stopped; continue it (each job from its own folder, the finished ones "
-                "only validated again) with: " + " ".join(shlex.quote(word) for word in words),
+                "only validated again) with: " + command_line(words),
                 flush=True,
             )

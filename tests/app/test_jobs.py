@@ -141,6 +141,25 @@ def test_the_printed_resume_command_starts_the_run_as_it_was_launched(monkeypatc
     assert resume_command("fit", ["a=1", "ckpt_path=x"], Path("/r")) == expected
 
 
+@pytest.mark.slow  # two tiny fits
+def test_the_printed_resume_command_runs_as_printed_in_a_folder_hydra_reads_only_quoted(tmp_path, monkeypatch):
+    import shlex
+
+    from sru_lightning.app.runs.console import interruption_message
+
+    for name in ("TORCHELASTIC_RUN_ID", "SLURM_STEP_ID"):  # a plain `python -m sru_lightning` launch
+        monkeypatch.delenv(name, raising=False)
+    folder = tmp_path / "runs" / "it's dir ü" / "r2 中文"
+    assert cli.main(["fit", *STEPS, "trainer.max_steps=2", f'hydra.run.dir="{folder}"']) == 0
+    message = interruption_message("fit", [*STEPS, "trainer.max_steps=4"], folder, 2)
+    words = shlex.split(message.split("resume with: ", 1)[1])
+    assert words[:4] == ["python", "-m", "sru_lightning", "fit"], message
+    assert cli.main(words[3:]) == 0, message
+    runs = history(folder)
+    assert [record["status"] for record in runs] == ["completed", "completed"]
+    assert RunFolder(folder).latest.step == 4, "the printed command continued this run"
+
+
 def test_srun_with_ntasks_instead_of_ntasks_per_node_is_one_line_naming_the_fix(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_NTASKS", "2")

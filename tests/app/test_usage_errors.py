@@ -73,6 +73,9 @@ TRAINER_CASES = [
     ("fit", "data.batch_size", ["data.batch_size=0"], "`data.batch_size` must be a positive integer"),
     ("fit", "data.seq_len", ["data.seq_len=abc"], "`data.seq_len` must be a positive integer"),
     ("fit", "data.path", ["data=text", "data.path=/no/such.txt"], "`data.path` must point to"),
+    # Hydra reads letters beyond ASCII only in quotes: the error shows the quoted form
+    ("fit", "data.path", ["data=text", "data.path=/no/ü.txt"], """only in quotes: 'data.path="/no/ü.txt"'"""),
+    ("fit", "data.path", ["data=text", "data.path=/no/中文.txt"], """only in quotes: 'data.path="/no/中文.txt"'"""),
     (
         "fit",
         "data.level",

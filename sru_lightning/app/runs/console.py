@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import shlex
 import warnings
 from pathlib import Path
 
@@ -102,12 +101,16 @@ def log_traceback_to_file(error: BaseException) -> None:
 # interruptions
 def resume_command(command: str, overrides: list[str], output_dir: Path) -> str:
     """The command that continues this run, started as this run was (python, torchrun or srun)."""
+    from sru_lightning.app.override_text import command_line, override
+
     from .jobs import launcher_words
 
     launcher, note = launcher_words()
     kept = [item for item in overrides if not item.lstrip("+~").startswith(("ckpt_path=", "hydra.run.dir="))]
-    words = [*launcher, command, *kept, f"hydra.run.dir={output_dir}", f"ckpt_path={output_dir}"]
-    return " ".join(shlex.quote(word) for word in words) + note
+    # The folder quoted for Hydra (an apostrophe, a space, `ü`), then every word for the shell.
+    folder = str(output_dir)
+    words = [*launcher, command, *kept, override("hydra.run.dir", folder), override("ckpt_path", folder)]
+    return command_line(words) + note
 
 
 def interruption_message(command: str, overrides: list[str], output_dir: Path, step: int) -> str:
