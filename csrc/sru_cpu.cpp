@@ -1,58 +1,23 @@
-// CPU kernels of the SRU recurrence. Columns are grouped in blocks (one batch element, one
-// direction, up to kBlock hidden units) and at::parallel_for hands each thread a contiguous
-// range of blocks. A thread keeps the state of up to kChunkBlocks blocks and runs the time
-// loop over them step by step, so each step streams a long contiguous stretch of U, x and
-// h. Per block and step, the inputs are gathered into small float arrays (half storage is
-// widened with vector conversions), the step math of sru_step.h runs over them in one
-// branch-free loop the compiler vectorizes, and the results are narrowed back to the
-// storage type on store. The block loops live in sru_cpu_blocks.h.
+// CPU kernels of the SRU recurrence: this file picks the vector level and splits the work.
+// Columns are grouped in blocks (one batch element, one direction, up to kBlock hidden units)
+// and at::parallel_for hands each thread a contiguous range of blocks. A thread keeps the
+// state of up to kChunkBlocks blocks and runs the time loop over them step by step, so each
+// step streams a long contiguous stretch of U, x and h. Per block and step, the inputs are
+// gathered into small float arrays (half storage is widened with vector conversions), the
+// step math of sru_step.h runs over them in one branch-free loop the compiler vectorizes, and
+// the results are narrowed back to the storage type on store. The block loops live in
+// sru_cpu_blocks.h, compiled once per vector level (sru_cpu_<level>.cpp).
 #include <ATen/Parallel.h>
-#include <c10/util/BFloat16.h>
-#include <c10/util/Half.h>
 
-#include <algorithm>
-#include <cstdint>
 #include <cstdlib>
-#include <cstring>
-#include <iterator>
-#include <memory>
 #include <string>
-#include <type_traits>
 #include <vector>
 
-#include "sru_ops.h"
-
-// The block loops are compiled once per vector level (baseline x86-64; AVX2+FMA+F16C;
-// AVX-512; AVX-512 with the BF16 conversion instructions) and the widest one the processor
-// supports is picked at run time, so the JIT-built library runs on any machine sharing the
-// extension cache and still uses wide vectors where they exist.
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#define SRU_X86_LEVELS 1
-#include <immintrin.h>
-#define SRU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define SRU_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
-#define SRU_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16,avx2,fma,f16c")))
-#endif
-#define SRU_ALWAYS_INLINE inline __attribute__((always_inline))
+#include "sru_cpu_levels.h"
 
 namespace sru_lightning {
 
 namespace {
-
-constexpr int64_t kBlock = 64;
-// Blocks whose state a thread keeps at once (128 * 64 columns): the per-block state stays
-// in L2 while each step still streams long contiguous stretches of memory.
-constexpr int64_t kChunkBlocks = 128;
-// How many blocks ahead the block loops prefetch their inputs.
-constexpr int64_t kPrefetchBlocks = 2;
-
-// In the order of cpu_vector_level()'s numbers and of kVectorLevelNames; each level needs
-// the previous one.
-enum class VectorLevel { baseline, avx2, avx512, avx512_bf16 };
-// The names Python reads (cpu_vector_levels) and SRU_LIGHTNING_CPU_VECTORS accepts.
-constexpr const char* kVectorLevelNames[] = {"baseline", "avx2", "avx512", "avx512_bf16"};
-static_assert(std::size(kVectorLevelNames) == static_cast<size_t>(VectorLevel::avx512_bf16) + 1,
-              "one name per vector level");
 
 #ifdef SRU_X86_LEVELS
 // The level SRU_LIGHTNING_CPU_VECTORS names (any level below the widest), else the widest.
@@ -67,7 +32,7 @@ VectorLevel level_cap() {
 
 // The widest level this processor supports; SRU_LIGHTNING_CPU_VECTORS=baseline|avx2|avx512
 // caps it (to test every path on one machine, or to rule the wide paths out when debugging).
-VectorLevel vector_level() {
+VectorLevel processor_level() {
 #ifdef SRU_X86_LEVELS
   static const VectorLevel level = [] {
     __builtin_cpu_init();
@@ -91,140 +56,95 @@ VectorLevel vector_level() {
 #endif
 }
 
-// Position of a block of columns: batch b, direction d, hidden units [j0, j0 + n).
-struct ColumnBlock {
-  int64_t b, d, n;
-  int64_t column;  // offset in a (B, dirs*D) tensor (h and c at one step)
-  int64_t weight;  // offset in a (dirs, D) half of weight_c or bias
-};
-
-ColumnBlock block_at(const RecurrenceDims& dims, int64_t task) {
-  const int64_t blocks_per_row = (dims.hidden + kBlock - 1) / kBlock;
-  const int64_t row = task / blocks_per_row;  // b * dirs + d
-  const int64_t j0 = (task % blocks_per_row) * kBlock;
-  ColumnBlock block;
-  block.b = row / dims.directions;
-  block.d = row % dims.directions;
-  block.n = std::min(kBlock, dims.hidden - j0);
-  block.column = row * dims.hidden + j0;
-  block.weight = block.d * dims.hidden + j0;
-  return block;
-}
-
-// Thread-local storage of `fields` arrays of kBlock values for each of `blocks` blocks.
-template <typename A>
-class BlockArena {
- public:
-  // Uninitialized: every field is filled before it is read.
-  BlockArena(int64_t blocks, int fields) : fields_(fields), values_(new A[blocks * fields * kBlock]) {}
-  A* get(int64_t block, int field) { return values_.get() + (block * fields_ + field) * kBlock; }
-
- private:
-  int fields_;
-  std::unique_ptr<A[]> values_;
-};
-
-// The fields of a block in a pass's arena. Both passes: the carried state (c forward, grad_c
-// backward) and the constants of every step. Backward also: the running sums of the wf, wr,
-// bf and br gradients, in that order and adjacent (backward_loop takes them as one array).
-enum ArenaField : int {
-  kState,
-  kForgetBias,
-  kResetBias,
-  kForgetWeight,
-  kResetWeight,
-  kMask,
-  kForwardFields,
-  kForgetWeightSum = kForwardFields,
-  kResetWeightSum,
-  kForgetBiasSum,
-  kResetBiasSum,
-  kBackwardFields,
-};
-
-int64_t task_count(const RecurrenceDims& dims) {
-  return dims.batch * dims.directions * ((dims.hidden + kBlock - 1) / kBlock);
-}
-
-// The block loops at each vector level, in namespaces of their own (see sru_cpu_blocks.h).
-#define SRU_LEVEL_ID 0
-#define SRU_LEVEL_TARGET
-namespace level_baseline {
-#include "sru_cpu_blocks.h"
-}  // namespace level_baseline
-#undef SRU_LEVEL_ID
-#undef SRU_LEVEL_TARGET
-
-#ifdef SRU_X86_LEVELS
-#define SRU_LEVEL_ID 1
-#define SRU_LEVEL_TARGET SRU_TARGET_AVX2
-namespace level_avx2 {
-#include "sru_cpu_blocks.h"
-}  // namespace level_avx2
-#undef SRU_LEVEL_ID
-#undef SRU_LEVEL_TARGET
-
-#define SRU_LEVEL_ID 2
-#define SRU_LEVEL_TARGET SRU_TARGET_AVX512
-namespace level_avx512 {
-#include "sru_cpu_blocks.h"
-}  // namespace level_avx512
-#undef SRU_LEVEL_ID
-#undef SRU_LEVEL_TARGET
-
-#define SRU_LEVEL_ID 3
-#define SRU_LEVEL_TARGET SRU_TARGET_AVX512_BF16
-namespace level_avx512_bf16 {
-#include "sru_cpu_blocks.h"
-}  // namespace level_avx512_bf16
-#undef SRU_LEVEL_ID
-#undef SRU_LEVEL_TARGET
+// The table of a level this library holds (it was built with SRU_CPU_WITH_<LEVEL>), or null.
+const LevelKernels* compiled_level(VectorLevel level) {
+  switch (level) {
+#ifdef SRU_CPU_WITH_AVX512_BF16
+    case VectorLevel::avx512_bf16:
+      return &avx512_bf16_kernels();
 #endif
+#ifdef SRU_CPU_WITH_AVX512
+    case VectorLevel::avx512:
+      return &avx512_kernels();
+#endif
+#ifdef SRU_CPU_WITH_AVX2
+    case VectorLevel::avx2:
+      return &avx2_kernels();
+#endif
+#ifdef SRU_CPU_WITH_BASELINE
+    case VectorLevel::baseline:
+      return &baseline_kernels();
+#endif
+    default:
+      return nullptr;
+  }
+}
 
-template <typename Args>
-using BlockRange = void (*)(const RecurrenceDims&, const Args&, int64_t, int64_t);
+std::string compiled_level_names() {
+  std::string names;
+  for (int level = 0; level < static_cast<int>(std::size(kVectorLevelNames)); ++level) {
+    if (compiled_level(static_cast<VectorLevel>(level)) == nullptr) continue;
+    names += names.empty() ? "" : ", ";
+    names += kVectorLevelNames[level];
+  }
+  return names.empty() ? "none" : names;
+}
+
+// The widest level at or below the processor's that this library holds, or -1.
+int running_level() {
+  for (int level = static_cast<int>(processor_level()); level >= 0; --level) {
+    if (compiled_level(static_cast<VectorLevel>(level)) != nullptr) return level;
+  }
+  return -1;
+}
+
+const StorageKernels<float>& of_storage(const LevelKernels& table, float*) { return table.f32; }
+const StorageKernels<double>& of_storage(const LevelKernels& table, double*) { return table.f64; }
+const StorageKernels<c10::Half>& of_storage(const LevelKernels& table, c10::Half*) { return table.f16; }
+const StorageKernels<c10::BFloat16>& of_storage(const LevelKernels& table, c10::BFloat16*) { return table.bf16; }
+
+template <typename T, typename A>
+BlockRange<ForwardArgs<T, A>> pass_entry(const StorageKernels<T>& kernels, const ForwardArgs<T, A>&, int64_t k) {
+  return kernels.forward[k - 3];
+}
+
+template <typename T, typename A>
+BlockRange<BackwardArgs<T, A>> pass_entry(const StorageKernels<T>& kernels, const BackwardArgs<T, A>&, int64_t k) {
+  return kernels.backward[k - 3];
+}
 
 // The storage type of ForwardArgs<T, A> or BackwardArgs<T, A>.
 template <typename Args>
 using storage_of = std::remove_const_t<std::remove_pointer_t<decltype(Args::U)>>;
 
-// The entry point of one pass at a vector level, for the call's k.
-template <typename Args, int K>
-BlockRange<Args> level_entry(VectorLevel level) {
-  using T = storage_of<Args>;
-#ifdef SRU_X86_LEVELS
-  switch (level) {
-    case VectorLevel::avx512_bf16:
-      // Only the narrowing of bfloat16 differs from the AVX-512 code: other storage types
-      // share that code rather than compile it twice.
-      if constexpr (std::is_same_v<T, c10::BFloat16>) return &level_avx512_bf16::blocks_range<T, K>;
-      return &level_avx512::blocks_range<T, K>;
-    case VectorLevel::avx512:
-      return &level_avx512::blocks_range<T, K>;
-    case VectorLevel::avx2:
-      return &level_avx2::blocks_range<T, K>;
-    case VectorLevel::baseline:
-      break;
+// The entry point of one pass for the call's storage type and k: the widest level at or
+// below the processor's that this library holds and that has code for the storage type.
+template <typename Args>
+BlockRange<Args> level_entry(const Args& args, int64_t k) {
+  for (int level = running_level(); level >= 0; --level) {
+    const LevelKernels* table = compiled_level(static_cast<VectorLevel>(level));
+    if (table == nullptr) continue;
+    const BlockRange<Args> entry = pass_entry(of_storage(*table, static_cast<storage_of<Args>*>(nullptr)), args, k);
+    if (entry != nullptr) return entry;
   }
-#endif
-  (void)level;
-  return &level_baseline::blocks_range<T, K>;
+  TORCH_CHECK(false, "sru_lightning: this CPU kernel library holds the vector levels ", compiled_level_names(),
+              " and none of them runs on this processor (", kVectorLevelNames[static_cast<int>(processor_level())],
+              "); `python -m sru_lightning build` builds the level it needs");
 }
 
 // Splits the blocks over the threads; each range runs the entry point of the widest vector
 // level this processor allows.
 template <typename Args>
 void run_blocks(const RecurrenceDims& dims, const Args& a) {
-  const VectorLevel level = vector_level();
-  const BlockRange<Args> entry = dims.k == 3 ? level_entry<Args, 3>(level) : level_entry<Args, 4>(level);
-  at::parallel_for(0, task_count(dims), 1,
+  const BlockRange<Args> entry = level_entry(a, dims.k);
+  at::parallel_for(0, cpu_blocks::task_count(dims), 1,
                    [&](int64_t begin, int64_t end) { entry(dims, a, begin, end); });
 }
 
 }  // namespace
 
 int64_t cpu_vector_level() {
-  return static_cast<int64_t>(vector_level());
+  return running_level();
 }
 
 std::vector<std::string> cpu_vector_levels() {

@@ -1,7 +1,9 @@
-// The block loops of the CPU kernels at one vector level. sru_cpu.cpp includes this file
-// once per level, each time inside its own namespace, with
-//   SRU_LEVEL_ID      0 baseline, 1 AVX2+FMA+F16C, 2 AVX-512, 3 AVX-512 with BF16 conversions
-//   SRU_LEVEL_TARGET  the function attribute compiling for that level (empty for baseline)
+// The block loops of the CPU kernels at one vector level and the level's table of entry
+// points. Each level file (sru_cpu_<level>.cpp) is its own translation unit and includes this
+// file once, after sru_cpu_levels.h, with
+//   SRU_LEVEL_ID       0 baseline, 1 AVX2+FMA+F16C, 2 AVX-512, 3 AVX-512 with BF16 conversions
+//   SRU_LEVEL_TARGET   the function attribute compiling for that level (empty for baseline)
+//   SRU_LEVEL_KERNELS  the name of the level's table function (sru_cpu_levels.h)
 // Every function here carries the level's target, so the conversion intrinsics of the level
 // inline into the loops (GCC refuses to inline a wider-target function into a plain one).
 //
@@ -10,7 +12,12 @@
 // (with the gate exponential matched to the storage's precision, see sru_step.h), and
 // narrows h, c, the gradients on store. Float and double storage skip the copies.
 //
-// No include guard and no includes: sru_cpu.cpp includes everything this file needs first.
+// No include guard and no includes: the level file includes sru_cpu_levels.h first.
+
+namespace sru_lightning {
+namespace {
+namespace level {
+using namespace cpu_blocks;
 
 #define SRU_LEVEL_FN SRU_ALWAYS_INLINE SRU_LEVEL_TARGET
 
@@ -498,4 +505,39 @@ SRU_LEVEL_TARGET void blocks_range(const RecurrenceDims& dims, const BackwardArg
   }
 }
 
+// The entry points of storage type T at this level, for the level's table (sru_cpu_levels.h).
+template <typename T>
+StorageKernels<T> storage_kernels() {
+  StorageKernels<T> kernels;
+  kernels.forward[0] = &blocks_range<T, 3>;
+  kernels.forward[1] = &blocks_range<T, 4>;
+  kernels.backward[0] = &blocks_range<T, 3>;
+  kernels.backward[1] = &blocks_range<T, 4>;
+  return kernels;
+}
+
 #undef SRU_LEVEL_FN
+
+}  // namespace level
+}  // namespace
+
+const LevelKernels& SRU_LEVEL_KERNELS() {
+  static const LevelKernels kernels = [] {
+    LevelKernels table;
+#if SRU_LEVEL_ID != 3
+    table.f32 = level::storage_kernels<float>();
+    table.f64 = level::storage_kernels<double>();
+    table.f16 = level::storage_kernels<c10::Half>();
+#endif
+    // Level 3 differs from level 2 only in narrowing bfloat16: the other storage types are
+    // left to level 2 rather than compiled twice. A library for a processor that runs level
+    // 3 (and no lower level: cpu_levels.py) leaves bfloat16 out of level 2, which no call reaches.
+#if !(SRU_LEVEL_ID == 2 && defined(SRU_CPU_AVX512_WITHOUT_BF16))
+    table.bf16 = level::storage_kernels<c10::BFloat16>();
+#endif
+    return table;
+  }();
+  return kernels;
+}
+
+}  // namespace sru_lightning

@@ -204,3 +204,26 @@ def test_the_library_imports_without_hydra_or_the_application():
         [sys.executable, "-c", script], capture_output=True, text=True, cwd=PACKAGE_DIR.parent, timeout=300
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+# What a user of the layers alone must not pay for: each is seconds of import time.
+NOT_FOR_LAYER_USERS = ("torch._dynamo", "lightning", "hydra", "omegaconf", "torchmetrics", "scipy")
+
+
+@pytest.mark.parametrize(
+    "statement", ["import sru_lightning", "import sru_lightning.nn", "from sru_lightning.nn import SRU, SRUCell, SRUpp"]
+)
+def test_the_layers_import_like_torch(statement):
+    script = "\n".join(
+        [
+            "import sys",
+            statement,
+            f"loaded = [name for name in {NOT_FOR_LAYER_USERS!r} if name in sys.modules]",
+            "print(' '.join(loaded))",
+        ]
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=PACKAGE_DIR.parent, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip() == "", f"`{statement}` loaded {result.stdout.strip()}"

@@ -3,23 +3,10 @@ exactly what was built (CPU vector levels, CUDA architectures) and where."""
 
 from __future__ import annotations
 
-import platform
-import sys
-
 import torch
 
 from sru_lightning.app.usage import CommandParser, command_prog
-from sru_lightning.ops import build, build_cache, cuda_toolkit
-from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
-
-
-def compiled_vector_levels() -> tuple[str, ...]:
-    """The CPU vector levels in the built library: x86-64 builds with GCC or clang carry every
-    level of CPU_VECTOR_LEVELS (csrc/sru_cpu.cpp), other builds the baseline only."""
-    x86 = platform.machine().lower() in ("x86_64", "amd64")
-    if x86 and sys.platform != "win32":
-        return CPU_VECTOR_LEVELS
-    return CPU_VECTOR_LEVELS[:1]
+from sru_lightning.ops import build, build_cache, cpu_levels, cuda_toolkit
 
 
 def _origin(compiled: bool) -> str:
@@ -39,6 +26,12 @@ def main(argv=None) -> int:
         help='GPU compute capabilities to build the CUDA kernels for, e.g. "8.0;9.0" (a "+PTX" suffix adds '
         "PTX); works without a GPU, e.g. on a login node. Default: $TORCH_CUDA_ARCH_LIST, else the visible GPUs",
     )
+    parser.add_argument(
+        "--all-levels",
+        action="store_true",
+        help="build the CPU kernels for every vector level (baseline, AVX2, AVX-512) in one library, for an "
+        "extensions cache shared by machines with different processors; default: the level this processor runs",
+    )
     parser.add_argument("--verbose", action="store_true", help="show the compiler commands and output")
     args = parser.parse_args([] if argv is None else list(argv))
     if args.cuda_arch is not None:
@@ -52,10 +45,12 @@ def main(argv=None) -> int:
                 "build; install a CUDA build of torch, or drop --cuda-arch to build the CPU kernels only"
             )
 
-    cpu_spec = build.cpu_build_spec()
+    cpu_spec = build.cpu_build_spec(cpu_levels.all_levels() if args.all_levels else None)
     cpu_was_cached = build.extension_loaded() or build_cache.read_manifest(cpu_spec.directory()) is not None
+    if not cpu_was_cached and not args.all_levels:
+        cpu_was_cached = build.find_cpu_build(cpu_levels.needed_levels()) is not None
     try:
-        cpu_path = build.load_extension(verbose=args.verbose)
+        cpu_path = build.load_extension(verbose=args.verbose, all_levels=args.all_levels)
     except build.ExtensionBuildError as error:
         print(error)
         return 1
@@ -63,7 +58,8 @@ def main(argv=None) -> int:
 
     print(f"sru_lightning: recurrence kernels in {build_cache.cache_root()}")
     print(f"  CPU  : {cpu_path} ({_origin(not cpu_was_cached)})")
-    print(f"         vector levels built: {', '.join(compiled_vector_levels())}; this CPU runs: {cpu_vector_level()}")
+    levels = ", ".join(build.loaded_cpu_levels())
+    print(f"         vector levels built: {levels}; this CPU runs: {cpu_vector_level()}")
     if torch.version.cuda is None:
         print(f"  CUDA : not built: torch {torch.__version__} has no CUDA")
         return 0

@@ -2,9 +2,10 @@
 
 Two libraries, both registering into the ``torch.ops.sru_lightning`` namespace:
 
-* the CPU extension (csrc/sru_ops.cpp, sru_checks.cpp, sru_workspace.cpp, sru_cpu.cpp) holds the op
-  schemas, their argument checks, the scratch-buffer cache and the CPU
-  kernels, and needs only the C++ compiler;
+* the CPU extension (csrc/sru_ops.cpp, sru_checks.cpp, sru_workspace.cpp, sru_cpu.cpp and one
+  sru_cpu_<level>.cpp per vector level it holds, see :mod:`.cpu_levels`) holds the op schemas,
+  their argument checks, the scratch-buffer cache and the CPU kernels, and needs only the C++
+  compiler;
 * the CUDA extension (csrc/sru_cuda.cpp + csrc/sru_cuda_kernels.cu) registers the CUDA
   kernels of the same ops. It is built on the first CUDA call (or by ``python -m sru_lightning
   build``) and needs an nvcc whose CUDA major equals torch's (see :mod:`.cuda_toolkit`).
@@ -35,12 +36,13 @@ from pathlib import Path
 import torch
 
 from .._resources import csrc_dir
-from . import build_cache, cuda_toolkit
+from . import build_cache, cpu_levels, cuda_toolkit
 from .build_cache import BuildSpec
 
 # Prefix of every cached library's folder and module name.
 EXTENSION_NAME = "sru_lightning"
-# The sources of each variant, in csrc/ (every csrc/*.h is part of each variant's key).
+# The sources of each variant, in csrc/ (every csrc/*.h is part of each variant's key). The CPU
+# library adds the files of its vector levels (cpu_levels.sources).
 CPU_SOURCES = (
     "sru_ops.cpp",
     "sru_checks.cpp",
@@ -101,19 +103,23 @@ class ExtensionVariant:
     ldflags: tuple[str, ...] = ()
     cuda_flags: tuple[str, ...] = ()
     archs: tuple[str, ...] = ()
+    levels: tuple[str, ...] = ()
     expected_duration: str = "about a minute"
 
     def build_spec(self) -> BuildSpec:
         """The cache entry of this library: its key hashes the toolchain, the flags and the
         contents of every source and included file."""
+        files = sorted({*self.sources, *self.included}, key=lambda path: path.name)
         key = {
             **_toolchain_key(),
             "cxx_flags": list(self.cxx_flags),
-            "sources": build_cache.digest_files([*self.sources, *self.included]),
+            "sources": build_cache.digest_files(files),
         }
         if self.variant == "cuda":
             key.update(cuda_flags=list(self.cuda_flags), archs=list(self.archs))
-        return BuildSpec(self.variant, self.description, key, self.expected_duration)
+        if self.variant == "cpu":
+            key.update(levels=list(self.levels))
+        return BuildSpec(self.variant, self.description, key, self.expected_duration, units=len(self.sources))
 
     def compile_into(self, folder: Path, name: str, verbose: bool, nvcc: cuda_toolkit.Nvcc | None = None) -> None:
         """Compile this library into `folder` as `name` (with `nvcc` for the CUDA variant)."""
@@ -122,7 +128,7 @@ class ExtensionVariant:
         options = dict(
             name=name,
             sources=[str(path) for path in self.sources],
-            extra_cflags=list(self.cxx_flags),
+            extra_cflags=[*self.cxx_flags, *cpu_levels.defines(self.levels)],
             extra_ldflags=list(self.ldflags),
             extra_include_paths=[str(csrc_dir())],
             with_cuda=False,
@@ -155,6 +161,7 @@ class NoCudaArchitectures(ExtensionBuildError):
 
 _lock = threading.RLock()
 _library_path: str | None = None
+_library_levels: tuple[str, ...] = ()
 _failure: BaseException | None = None
 _warned = False
 _cuda_library_path: str | None = None
@@ -197,15 +204,25 @@ def _toolchain_key() -> dict:
     }
 
 
-def cpu_variant() -> ExtensionVariant:
-    """The CPU extension: the op schemas and the CPU kernels."""
+def cpu_variant(levels: tuple[str, ...] | None = None) -> ExtensionVariant:
+    """The CPU extension holding the vector `levels` (default: the ones this process needs,
+    :func:`.cpu_levels.needed_levels`): the op schemas and the CPU kernels. Every level file
+    keys the cache, built or not, so libraries of other levels are told apart by `levels` only."""
+    levels = cpu_levels.needed_levels() if levels is None else tuple(levels)
+    folder = csrc_dir()
+    level_files = tuple(folder / name for name in cpu_levels.sources(levels))
+    other_level_files = tuple(
+        folder / name for name in cpu_levels.sources(cpu_levels.all_levels()) if folder / name not in level_files
+    )
     return ExtensionVariant(
         "cpu",
-        "CPU recurrence kernels",
-        tuple(map(Path, extension_sources(with_cuda=False))),
-        _headers(),
+        f"CPU recurrence kernels ({', '.join(levels)})",
+        (*map(Path, extension_sources(with_cuda=False)), *level_files),
+        _headers() + other_level_files,
         CXX_FLAGS + OPENMP_FLAGS,
         ldflags=OPENMP_FLAGS,
+        levels=levels,
+        expected_duration=cpu_levels.expected_duration(levels),
     )
 
 
@@ -245,9 +262,10 @@ def emulation_variant(kernels_dir: str | os.PathLike | None = None, sanitize: bo
     )
 
 
-def cpu_build_spec() -> BuildSpec:
-    """What the CPU extension is built from; its hash names the cache folder."""
-    return cpu_variant().build_spec()
+def cpu_build_spec(levels: tuple[str, ...] | None = None) -> BuildSpec:
+    """What the CPU extension (of `levels`, default this process's) is built from; its hash names
+    the cache folder."""
+    return cpu_variant(levels).build_spec()
 
 
 def cuda_build_spec(archs: tuple[str, ...]) -> BuildSpec:
@@ -266,14 +284,38 @@ def _load_library(path: Path, share_symbols: bool = True) -> None:
     torch.ops.load_library(str(path))
 
 
-def build_extension(verbose: bool = False) -> str:
+def find_cpu_build(needed: tuple[str, ...]) -> tuple[Path, tuple[str, ...]] | None:
+    """(library, its levels) of a finished CPU build of these sources, flags and torch that runs a
+    process needing the vector levels `needed` (its own build, or one holding every level)."""
+    wanted = {k: v for k, v in cpu_build_spec(needed).key.items() if k != "levels"}
+    for directory, manifest in build_cache.finished_builds(build_cache.cache_root(), f"{EXTENSION_NAME}_cpu_"):
+        levels = tuple(manifest.get("levels", ()))
+        library = build_cache.library_file(directory, manifest.get("name", ""))
+        same_inputs = all(manifest.get(k) == v for k, v in wanted.items())
+        if same_inputs and cpu_levels.covers(levels, needed) and library.is_file():
+            return library, levels
+    return None
+
+
+def build_extension(verbose: bool = False, all_levels: bool = False) -> str:
     """Compile the CPU extension (or find it in the cache) and load it; return its path.
 
-    Raises :class:`ExtensionBuildError` with the reason when it cannot be built.
+    The library holds the vector levels this process needs, or every level with `all_levels`
+    (a cache shared by machines with different processors). A finished library holding more
+    levels than needed is used as it is. Raises :class:`ExtensionBuildError` with the reason
+    when it cannot be built.
     """
-    variant = cpu_variant()
+    global _library_levels
+    needed = cpu_levels.all_levels() if all_levels else cpu_levels.needed_levels()
+    variant = cpu_variant(needed)
     spec = variant.build_spec()
     library = build_cache.library_file(spec.directory(), spec.name)
+    if not library.is_file():
+        found = find_cpu_build(needed)
+        if found is not None:
+            _load_library(found[0])
+            _library_levels = found[1]
+            return str(found[0])
     if not library.is_file() and _find_cxx_compiler() is None:
         raise ExtensionBuildError(
             "sru_lightning: no C++ compiler found (looked for "
@@ -283,6 +325,7 @@ def build_extension(verbose: bool = False) -> str:
     try:
         library, _ = build_cache.ensure_built(spec, lambda folder, name: variant.compile_into(folder, name, verbose))
         _load_library(library)
+        _library_levels = needed
     except Exception as error:  # compiler errors arrive as RuntimeError/CalledProcessError
         raise ExtensionBuildError(f"sru_lightning: building the CPU recurrence extension failed: {error}") from error
     return str(library)
@@ -293,8 +336,14 @@ def extension_loaded() -> bool:
     return _library_path is not None
 
 
-def load_extension(verbose: bool = False) -> str:
-    """Build/load the CPU extension once per process; raise :class:`ExtensionBuildError` on failure."""
+def loaded_cpu_levels() -> tuple[str, ...]:
+    """The vector levels of the CPU library this process loaded (empty before it is loaded)."""
+    return _library_levels
+
+
+def load_extension(verbose: bool = False, all_levels: bool = False) -> str:
+    """Build/load the CPU extension once per process (with every vector level when
+    `all_levels`); raise :class:`ExtensionBuildError` on failure."""
     global _library_path, _failure
     with _lock:
         if _library_path is not None:
@@ -305,7 +354,7 @@ def load_extension(verbose: bool = False) -> str:
             _failure = ExtensionBuildError(f"sru_lightning: extension disabled by {DISABLE_ENV}=0")
             raise _failure
         try:
-            _library_path = build_extension(verbose=verbose)
+            _library_path = build_extension(verbose=verbose, all_levels=all_levels)
         except ExtensionBuildError as error:
             _failure = error
             raise

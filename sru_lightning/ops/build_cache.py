@@ -21,6 +21,7 @@ import json
 import os
 import shutil
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,6 +36,10 @@ MANIFEST = "build.json"
 # A reminder while waiting on another process's build, so a long wait is never silent.
 WAIT_REMINDER_S = 60.0
 _POLL_S = 0.2
+# A build that runs longer than this shows how far it is: the files compiled so far, rewritten
+# in place on a terminal, else a new line every PROGRESS_EVERY_S.
+PROGRESS_AFTER_S = 5.0
+PROGRESS_EVERY_S = 15.0
 
 
 def cache_root() -> Path:
@@ -67,6 +72,8 @@ class BuildSpec:
     description: str
     key: dict = field(hash=False, compare=False)
     expected_duration: str = "about a minute"
+    # How many files the build compiles (0: unknown), for its progress line.
+    units: int = field(default=0, hash=False, compare=False)
     # Written to the manifest but not hashed (e.g. which nvcc compiled it).
     notes: dict = field(default_factory=dict, hash=False, compare=False)
 
@@ -145,6 +152,45 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+@contextlib.contextmanager
+def _progress(folder: Path, units: int, say: Callable[[str], None]) -> Iterator[None]:
+    """While the body runs and after PROGRESS_AFTER_S, a line with the object files written
+    into `folder` (of `units`) and the time so far: rewritten in place when stderr is a
+    terminal, else said every PROGRESS_EVERY_S."""
+    started = time.monotonic()
+    stop = threading.Event()
+    terminal = sys.stderr.isatty()
+    shown = []
+
+    def watch() -> None:
+        next_line = PROGRESS_AFTER_S
+        while not stop.wait(0.5 if terminal else 1.0):
+            elapsed = time.monotonic() - started
+            if elapsed < next_line:
+                continue
+            done = len(list(folder.glob("*.o")))
+            of = f" of {units}" if units else ""
+            line = f"sru_lightning: compiled {done}{of} files, {elapsed:.0f} s"
+            if terminal:
+                sys.stderr.write(f"\r{line}")
+                sys.stderr.flush()
+                shown.append(line)
+            else:
+                say(line)
+                next_line = elapsed + PROGRESS_EVERY_S
+
+    watcher = threading.Thread(target=watch, name="sru_lightning build progress", daemon=True)
+    watcher.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        watcher.join()
+        if shown:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
 def ensure_built(
     spec: BuildSpec,
     compile_into: Callable[[Path, str], None],
@@ -173,7 +219,8 @@ def ensure_built(
         )
         started = time.monotonic()
         try:
-            compile_into(partial, spec.name)
+            with _progress(partial, spec.units, say):
+                compile_into(partial, spec.name)
             if not library_file(partial, spec.name).is_file():
                 raise RuntimeError(f"the build left no {library_file(partial, spec.name).name} in {partial}")
             manifest = {
@@ -184,6 +231,7 @@ def ensure_built(
                 "compile_seconds": round(time.monotonic() - started, 1),
             }
             (partial / MANIFEST).write_text(json.dumps(manifest, indent=1, sort_keys=True))
+            say(f"sru_lightning: compiled the {spec.description} in {manifest['compile_seconds']:.0f} s")
             try:
                 os.rename(partial, directory)
             except OSError:

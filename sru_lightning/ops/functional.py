@@ -17,6 +17,7 @@ import contextlib
 import torch
 
 from .build import cuda_extension_available, extension_available
+from .compile_marks import assume_constant_result
 from .reference import sru_recurrence_reference
 from .shapes import check_recurrence_inputs
 from .signature import RecurrenceCall
@@ -33,7 +34,7 @@ def _autocast_disabled(device_type: str):
 
 
 # Under torch.compile the answer is computed once while tracing and baked into the graph.
-@torch.compiler.assume_constant_result
+@assume_constant_result
 def _cpp_backend_ready(device_type: str) -> bool:
     if device_type not in ("cpu", "cuda"):
         return False

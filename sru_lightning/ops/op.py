@@ -35,9 +35,16 @@ def cpu_vector_level() -> str:
     """Vector code the CPU kernels run: "baseline", "avx2" (AVX2+FMA+F16C), "avx512", or
     "avx512_bf16" (AVX-512 with the bfloat16 conversion instructions).
 
-    ``SRU_LIGHTNING_CPU_VECTORS=baseline|avx2|avx512`` caps the level for the process.
+    ``SRU_LIGHTNING_CPU_VECTORS=baseline|avx2|avx512`` caps the level for the process. The
+    loaded library holds the levels the process needs (:mod:`.cpu_levels`).
     """
-    return CPU_VECTOR_LEVELS[torch.ops.sru_lightning.cpu_vector_level()]
+    level = torch.ops.sru_lightning.cpu_vector_level()
+    if level < 0:
+        raise RuntimeError(
+            "sru_lightning: the loaded CPU kernel library holds no vector level this processor runs; "
+            "`python -m sru_lightning build` builds the one it needs"
+        )
+    return CPU_VECTOR_LEVELS[level]
 
 
 def release_cached_buffers() -> int:

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sru_lightning.app import build_command
-from sru_lightning.ops import build, cuda_toolkit, functional
+from sru_lightning.ops import build, cpu_levels, cuda_toolkit, functional
 from sru_lightning.ops.testing import make_case
 
 
@@ -18,10 +18,13 @@ def test_prebuild_command_prints_what_it_built_and_where(capsys):
 
     assert build_command.main([]) == 0
     output = capsys.readouterr().out
-    spec = build.cpu_build_spec()
+    levels = build.loaded_cpu_levels()
+    # Its own library, or one of every level found in the cache (make test builds that first).
+    assert cpu_levels.covers(levels, cpu_levels.needed_levels())
+    spec = build.cpu_build_spec(levels)
     assert f"CPU  : {spec.directory()}" in output and spec.name.startswith(build.EXTENSION_NAME)
-    levels = ", ".join(build_command.compiled_vector_levels())
-    assert f"vector levels built: {levels}; this CPU runs: {cpu_vector_level()}" in output
+    assert f"vector levels built: {', '.join(levels)}; this CPU runs: {cpu_vector_level()}" in output
+    assert cpu_vector_level() == cpu_levels.running_level()
     if torch.version.cuda is None:
         assert f"CUDA : not built: torch {torch.__version__} has no CUDA" in output
     assert torch._C._dispatch_has_kernel_for_dispatch_key("sru_lightning::recurrence_forward", "CPU")

@@ -40,14 +40,31 @@ def test_compiles_once_then_reads_the_cache(tmp_path):
     library, compiled = build_cache.ensure_built(spec(), compiler, tmp_path, messages.append)
     assert compiled and library.is_file() and len(compiler.calls) == 1
     assert library.parent == spec().directory(tmp_path)
-    (announcement,) = messages
+    announcement, finished = messages
     assert f"compiling the test library into {library.parent}" in announcement and "a moment" in announcement
+    assert finished.startswith("sru_lightning: compiled the test library in ") and finished.endswith(" s")
     manifest = json.loads((library.parent / build_cache.MANIFEST).read_text())
     assert manifest["name"] == spec().name and manifest["source"] == spec().key["source"]
 
     messages.clear()
     again, compiled = build_cache.ensure_built(spec(), compiler, tmp_path, messages.append)
     assert again == library and not compiled and len(compiler.calls) == 1 and messages == []
+
+
+def test_a_long_build_says_how_far_it_is(tmp_path, monkeypatch):
+    monkeypatch.setattr(build_cache, "PROGRESS_AFTER_S", 0.0)
+    monkeypatch.setattr(build_cache, "PROGRESS_EVERY_S", 0.0)
+
+    def compile_two_files(folder: Path, name: str) -> None:
+        (folder / "first.o").write_bytes(b"")
+        time.sleep(2.5)  # the progress line looks once a second
+        build_cache.library_file(folder, name).write_bytes(b"\x7fELF fake")
+
+    messages = []
+    build_spec = BuildSpec("cpu", "test library", {"source": "two files"}, "a moment", units=2)
+    build_cache.ensure_built(build_spec, compile_two_files, tmp_path, messages.append)
+    progress = [message for message in messages if "files," in message]
+    assert progress and all(line.startswith("sru_lightning: compiled 1 of 2 files, ") for line in progress)
 
 
 def test_a_different_key_gets_its_own_folder_and_module_name(tmp_path):
@@ -110,7 +127,7 @@ def test_waiting_on_another_build_says_so_at_once_naming_the_folder(tmp_path):
     waited_at, waiting = messages[0]
     assert waited_at < 2.0
     assert f"waiting for another process building the recurrence kernels in {spec().directory(tmp_path)}" in waiting
-    assert "compiling" in messages[-1][1]
+    assert "compiling" in messages[-2][1] and "compiled the test library in" in messages[-1][1]
 
 
 @pytest.mark.skipif(build_cache.fcntl is None, reason="flock needs a POSIX system")
