@@ -1,10 +1,11 @@
 # One command sets up and runs the main job; one sets up and runs the tests.
-#   make run     create .venv, install, train the default SRU language model
-#   make test    create .venv, install with test extras, run the whole test suite
-#                (in parallel with pytest-xdist, each test file on one worker)
-#   make test-fast  the quick loop between edits: the same, without the `slow` tests (real
-#                processes, multi-process fits, sweeps, exports in a fresh process) and
-#                without the `cuda_emulation` kernel builds; about a minute and a half on 2 cores
+#   make run     create .venv, install the package and its runtime dependencies only, build the
+#                kernels this CPU runs, train the default SRU language model
+#   make test    create .venv, install every extra, build the kernels of every vector level,
+#                run every tier of the test suite (in parallel with pytest-xdist, each test
+#                file on one worker)
+#   make test-fast  the unit tier (what a bare `pytest` runs), in parallel: no `slow` tests
+#                (processes, multi-process fits, sweeps), no `toolchain` builds, no SLURM cluster
 #   make docs    build the documentation site (mkdocs.yml, docs/) into site/
 #   make lint    ruff's lint and format check (part of make test); make format applies them
 #   make test-floor  the fast tier in its own .venv-floor, on the lowest versions pyproject.toml
@@ -37,9 +38,16 @@ $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip "setuptools>=68" wheel
 
-$(VENV)/.installed: $(VENV)/bin/python pyproject.toml
+# What `make run` needs: torch first (TORCH_SPEC), then the package and its runtime
+# dependencies; setuptools and wheel are in the venv already, so no isolated build env.
+$(VENV)/.installed-run: $(VENV)/bin/python pyproject.toml
 	$(PIP) install --quiet "$(TORCH_SPEC)"
-	$(PIP) install --quiet -e ".[test,bench,deepspeed,sweepers,docs]"
+	$(PIP) install --quiet --no-build-isolation -e .
+	touch $@
+
+# Everything else: the tests' tools, charts, DeepSpeed, the sweepers, the docs site.
+$(VENV)/.installed: $(VENV)/.installed-run
+	$(PIP) install --quiet --no-build-isolation -e ".[test,bench,deepspeed,sweepers,docs]"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -47,7 +55,7 @@ setup: $(VENV)/.installed
 build-ext: setup
 	$(PY) -m sru_lightning build $(if $(CUDA_ARCH),--cuda-arch "$(CUDA_ARCH)")
 
-run: setup
+run: $(VENV)/.installed-run
 	$(PY) -m sru_lightning fit
 
 # What third-party packages compile on first use (the `sru` parity peer's extension, DeepSpeed's
@@ -57,13 +65,15 @@ $(VENV)/.warmed: $(VENV)/.installed tests/helpers/warm_caches.py
 	$(PY) tests/helpers/warm_caches.py
 	touch $@
 
+# Every tier: `-m ""` lifts the unit-tier selection of pyproject.toml's addopts. One kernel
+# library of every vector level serves the tests that cap the level.
 test: setup lint $(VENV)/.warmed
-	$(PY) -m sru_lightning build
-	$(PY) -m pytest $(PYTEST_PARALLEL) --durations=25
+	$(PY) -m sru_lightning build --all-levels
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "" --durations=25
 
 test-fast: setup $(VENV)/.warmed
 	$(PY) -m sru_lightning build
-	$(PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
+	$(PY) -m pytest $(PYTEST_PARALLEL) -q --durations=10
 
 # The dependency floors: a separate environment with the floor of every dependency and extra in
 # pyproject.toml pinned (keep the two in step), made again when either file changes.
@@ -87,7 +97,7 @@ $(FLOOR_VENV)/.installed: pyproject.toml Makefile
 
 test-floor: $(FLOOR_VENV)/.installed
 	$(FLOOR_PY) -m sru_lightning build
-	$(FLOOR_PY) -m pytest $(PYTEST_PARALLEL) -q -m "not slow and not cuda_emulation" --durations=10
+	$(FLOOR_PY) -m pytest $(PYTEST_PARALLEL) -q --durations=10
 
 # ruff (configured in pyproject.toml): lint and formatting check; `make format` applies both.
 lint: setup

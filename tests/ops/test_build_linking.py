@@ -37,7 +37,7 @@ PROBE_RUN = textwrap.dedent("""
 """)
 
 
-@pytest.mark.slow
+@pytest.mark.toolchain
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="checks ELF symbol resolution (Linux)")
 def test_a_second_library_uses_the_cpu_librarys_plumbing(tmp_path):
     (tmp_path / "probe.cpp").write_text(PROBE_SOURCE)

@@ -75,7 +75,7 @@ def build_folder(tree: Path, cache: Path) -> str:
     return result.stdout.strip()
 
 
-@pytest.mark.slow  # starts processes or a compiler
+@pytest.mark.toolchain
 def test_cache_folder_is_shared_by_equal_trees_and_changes_with_any_source(tmp_path):
     cache = tmp_path / "cache"
     first, second = copy_tree(tmp_path / "a"), copy_tree(tmp_path / "b")
@@ -86,7 +86,7 @@ def test_cache_folder_is_shared_by_equal_trees_and_changes_with_any_source(tmp_p
     assert build_folder(first, cache) != build_folder(second, cache)
 
 
-@pytest.mark.slow
+@pytest.mark.toolchain
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="kills a process group: needs a POSIX system")
 def test_killed_build_then_two_checkouts_build_once_concurrently(tmp_path):
     cache = tmp_path / "cache"

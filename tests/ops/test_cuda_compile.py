@@ -28,7 +28,7 @@ def cuda_include_dir():
     return None
 
 
-@pytest.mark.slow  # starts processes or a compiler
+@pytest.mark.toolchain
 @pytest.mark.skipif(NVCC is None, reason="needs the CUDA compiler: nvcc is not on PATH")
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_nvcc_compiles_the_kernels(arch, tmp_path):
@@ -54,7 +54,7 @@ def test_nvcc_compiles_the_kernels(arch, tmp_path):
         assert launcher in symbols
 
 
-@pytest.mark.slow  # starts processes or a compiler
+@pytest.mark.toolchain
 @pytest.mark.skipif(cuda_include_dir() is None, reason="needs the CUDA toolkit headers (cuda_runtime_api.h)")
 def test_cuda_binding_compiles_against_the_torch_headers(tmp_path):
     # A CPU wheel lacks only the generated c10/cuda/impl/cuda_cmake_macros.h; a placeholder

@@ -18,7 +18,7 @@ from sru_lightning._resources import csrc_dir
 from sru_lightning.diagnostics import cuda_emulation, kernel_parity
 from sru_lightning.ops import build, functional
 
-pytestmark = pytest.mark.cuda_emulation
+pytestmark = [pytest.mark.cuda_emulation, pytest.mark.toolchain]
 REPO = Path(__file__).resolve().parents[2]
 
 
