@@ -17,9 +17,11 @@ import sys
 import time
 from pathlib import Path
 
+import hypothesis
 import pytest
 import torch
 from helpers.tiny_run import TINY_RUN
+from hypothesis import strategies as st
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.folder import RunFolder, model_checkpoint, named_checkpoint
@@ -48,17 +50,20 @@ def resume(run: Path, max_steps: int, *extra: str) -> int:
     return fit(run, max_steps, f"ckpt_path={run}", *extra)
 
 
-def interrupted_resume(run: Path, max_steps: int, at_step: int) -> int:
-    """Resume, then stop by SIGTERM (to this process) at `at_step`: interrupted.ckpt is written."""
-    return resume(
-        run,
-        max_steps,
+def stop_by_sigterm(at_step: int) -> list[str]:
+    """The settings that stop a fit by SIGTERM (to this process) at `at_step`: interrupted.ckpt is written."""
+    return [
         "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
         "+callbacks.send_signal.hook=on_train_batch_start",
         "+callbacks.send_signal.target=rank0",
         f"+callbacks.send_signal.signum={int(signal.SIGTERM)}",
         f"+callbacks.send_signal.at_step={at_step}",
-    )
+    ]
+
+
+def interrupted_resume(run: Path, max_steps: int, at_step: int) -> int:
+    """Resume, then stop by SIGTERM at `at_step`."""
+    return resume(run, max_steps, *stop_by_sigterm(at_step))
 
 
 def result_of(run: Path) -> dict:
@@ -320,15 +325,7 @@ def step_losses(run: Path) -> dict[int, float]:
 
 
 def interrupted_resume_fresh(run: Path, max_steps: int, at_step: int) -> int:
-    return fit(
-        run,
-        max_steps,
-        "+callbacks.send_signal._target_=helpers.signal_sender.SendSignal",
-        "+callbacks.send_signal.hook=on_train_batch_start",
-        "+callbacks.send_signal.target=rank0",
-        f"+callbacks.send_signal.signum={int(signal.SIGTERM)}",
-        f"+callbacks.send_signal.at_step={at_step}",
-    )
+    return fit(run, max_steps, *stop_by_sigterm(at_step))
 
 
 @pytest.mark.slow
@@ -350,3 +347,127 @@ def test_evaluating_a_run_fitted_with_other_callbacks_prints_no_advice_about_the
     assert result.returncode == 0, result.stderr[-3000:]
     assert "step 2 of" in result.stdout
     assert "callbacks used to create the checkpoint" not in result.stdout + result.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# one run per folder
+def folder_state(root: Path) -> dict[str, tuple[str, int]]:
+    """Every file under `root` (the bytes and the time written) and every folder."""
+    state = {}
+    for path in sorted(root.rglob("*")):
+        name = str(path.relative_to(root))
+        state[name] = (digest(path), path.stat().st_mtime_ns) if path.is_file() else ("folder", 0)
+    return state
+
+
+def without_run_ids(run: Path) -> None:
+    """The run's checkpoints as written before checkpoints carried their run's identity."""
+    from sru_lightning.app.runs.folder import RUN_ID_KEY
+
+    for path in (run / "checkpoints").glob("*.ckpt"):
+        contents = torch.load(path, weights_only=True)
+        contents.pop(RUN_ID_KEY, None)
+        torch.save(contents, path)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("held", ["finished", "interrupted", "finished, without identities"])
+def test_a_resume_of_another_run_into_a_runs_folder_is_refused_and_leaves_it_untouched(tmp_path, capsys, held):
+    run, other = tmp_path / "runs" / "A", tmp_path / "runs" / "B"
+    assert fit(other, 2, "seed=7") == 0
+    if held == "interrupted":  # only interrupted.ckpt, as a run stopped before its first validation
+        assert interrupted_resume_fresh(run, 8, at_step=1) == 1
+        assert [path.name for path in (run / "checkpoints").iterdir()] == ["interrupted.ckpt"]
+    else:
+        assert fit(run, 2) == 0
+    if held.endswith("without identities"):
+        without_run_ids(run)
+        without_run_ids(other)
+    before = folder_state(run)
+    for setting in (other, RunFolder(other).latest.path):
+        capsys.readouterr()
+        assert fit(run, 6, f"ckpt_path={setting}") == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and "already holds checkpoints of an earlier run" in err[0], err
+        assert folder_state(run) == before, f"a refused resume of {setting} changed {run}"
+    # a refused evaluation of the run leaves no evaluations/ folder in it
+    assert cli.main(["validate", f"hydra.run.dir={run}", "model.hidden_size=32"]) == 2
+    assert folder_state(run) == before
+    # the same run copied (or moved) elsewhere is recognised, and continues there
+    copy = tmp_path / "runs" / "B copy"
+    shutil.copytree(other, copy)
+    assert fit(copy, 4, f"ckpt_path={other}") == 0
+    assert RunFolder(copy).latest.step == 4 and result_of(copy)["ckpt_step"] == 2
+    if held == "finished":  # the copy continued further; the original takes its newest weights back
+        assert fit(other, 6, f"ckpt_path={copy}") == 0
+        assert result_of(other)["ckpt_step"] == 4 and RunFolder(other).latest.step == 6
+
+
+def test_a_refused_command_leaves_no_new_folder_behind(tmp_path, capsys):
+    """The default run directory is outputs/<date>/<time>: a refusal removes it and the folders
+    made around it, and leaves a folder that was there before."""
+    assert cli.main(["validate", *STEPS, "ckpt_path=last"]) == 2
+    assert "found no checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "outputs").exists(), sorted(map(str, tmp_path.rglob("*")))
+    (tmp_path / "outputs" / "mine").mkdir(parents=True)
+    assert cli.main(["fit", *STEPS, "ckpt_path=missing.ckpt"]) == 2
+    assert sorted(path.name for path in (tmp_path / "outputs").iterdir()) == ["mine"]
+
+
+FOLDERS = ("a", "b", "c")
+COMMANDS = ("fit", "stopped fit", "resume other", "auto", "last", "copy", "validate")
+
+
+def saved_seeds(run: Path) -> set:
+    """The seeds the run's checkpoints and its config trained with: each fresh fit of the property
+    test below has its own seed, so two seeds in one folder are two runs' files."""
+    from omegaconf import OmegaConf
+
+    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY
+
+    seeds = {torch.load(path, weights_only=True)[RUN_CONFIG_KEY]["seed"] for path in run.glob("checkpoints/*.ckpt")}
+    if seeds and (run / ".hydra" / "config.yaml").is_file():
+        seeds.add(OmegaConf.load(run / ".hydra" / "config.yaml").seed)
+    return seeds
+
+
+@pytest.mark.slow  # about 30 fits of a few seconds
+@hypothesis.settings(
+    max_examples=8, deadline=None, suppress_health_check=[hypothesis.HealthCheck.function_scoped_fixture]
+)
+@hypothesis.given(
+    commands=st.lists(
+        st.tuples(st.sampled_from(COMMANDS), st.sampled_from(FOLDERS), st.sampled_from(FOLDERS)),
+        min_size=3,
+        max_size=5,
+    )
+)
+@hypothesis.example(commands=[("stopped fit", "a", "a"), ("fit", "b", "b"), ("resume other", "a", "b")])
+def test_no_command_leaves_one_folder_holding_two_runs_files(tmp_path_factory, monkeypatch, commands):
+    """Random fits, stops, resumes (of the folder's own run, another's, the latest), copies and
+    evaluations over a few folders: every folder's checkpoints and config stay one run's, and a
+    refused command changes nothing anywhere."""
+    root = tmp_path_factory.mktemp("folders")
+    monkeypatch.chdir(root)
+    for index, (command, folder, other) in enumerate(commands):
+        run, steps, seed = root / folder, 2 * (index + 1), f"seed={100 + index}"
+        before = folder_state(root)
+        if command == "fit":
+            status = fit(run, steps, seed)
+        elif command == "stopped fit":
+            status = fit(run, steps + 4, seed, *stop_by_sigterm(at_step=1))
+        elif command == "resume other":
+            status = fit(run, steps, f"ckpt_path={root / other}")
+        elif command in ("auto", "last"):
+            status = fit(run, steps, f"ckpt_path={command}", "resume_dir=.")
+        elif command == "copy":
+            if (root / other).is_dir() and not run.exists():
+                shutil.copytree(root / other, run)
+            continue
+        else:
+            status = cli.main(["validate", *STEPS, f"hydra.run.dir={run}", f"ckpt_path={root / other}"])
+        if status == 2:
+            assert folder_state(root) == before, f"refused {command} {folder} {other} changed files"
+        for held in FOLDERS:
+            seeds = saved_seeds(root / held)
+            assert len(seeds) <= 1, f"after {commands[: index + 1]}, {held} holds the files of runs {seeds}"

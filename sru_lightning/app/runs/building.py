@@ -119,7 +119,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         TrainingThroughput(),
         LastValidation(),
         AnnounceRunDirectory(output_dir),
-        SaveRunConfig(plain_config(cfg), owner),
+        SaveRunConfig(plain_config(cfg), owner, start.run_id),
         *start.callbacks(),
     ]
     trainer = instantiate_setting(

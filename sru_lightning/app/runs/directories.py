@@ -5,7 +5,8 @@ log file before the task runs. :class:`RunDirectoryGuard` (a Hydra callback, reg
 conf/hydra/default.yaml) remembers what the directory held just before that, so that:
 
 * a usage error leaves an existing run directory byte for byte as it was, and removes a
-  directory the attempt created (`restore_after_usage_error`);
+  directory the attempt created, with the empty folders created around it
+  (`restore_after_usage_error`);
 * an attempt that started and failed keeps the run's own `.hydra` config, and its own config
   beside it in `.hydra/attempt-<time>/` (`keep_config_beside`);
 * a sweep into a `hydra.sweep.dir` that already holds the jobs of an earlier sweep is refused
@@ -42,16 +43,19 @@ class DirectorySnapshot:
 
     path: Path
     existed: bool
-    hydra_files: dict[str, tuple[bytes, float]] = field(default_factory=dict)
-    log_sizes: dict[str, tuple[int, float]] = field(default_factory=dict)
+    hydra_files: dict[str, tuple[bytes, int]] = field(default_factory=dict)  # bytes, mtime in ns
+    log_sizes: dict[str, tuple[int, int]] = field(default_factory=dict)  # size, mtime in ns
     entries: frozenset[str] = frozenset()
     hydra_entries: frozenset[str] = frozenset()
+    #: The outermost folder the attempt creates around a new run directory (`outputs/<date>/`).
+    first_created: Path | None = None
 
     @classmethod
     def take(cls, path: Path, output_subdir: str | None) -> DirectorySnapshot:
         path = Path(path).absolute()
         if not path.is_dir():
-            return cls(path, existed=False)
+            missing = [folder for folder in (path, *path.parents) if not os.path.lexists(folder)]
+            return cls(path, existed=False, first_created=missing[-1] if missing else None)
         snapshot = cls(path, existed=True, entries=frozenset(os.listdir(path)))
         hydra_dir = path / (output_subdir or ".hydra")
         if hydra_dir.is_dir():
@@ -59,9 +63,9 @@ class DirectorySnapshot:
             for name in HYDRA_FILES:
                 file = hydra_dir / name
                 if file.is_file():
-                    snapshot.hydra_files[name] = (file.read_bytes(), file.stat().st_mtime)
+                    snapshot.hydra_files[name] = (file.read_bytes(), file.stat().st_mtime_ns)
         for file in path.glob("*.log"):
-            snapshot.log_sizes[file.name] = (file.stat().st_size, file.stat().st_mtime)
+            snapshot.log_sizes[file.name] = (file.stat().st_size, file.stat().st_mtime_ns)
         return snapshot
 
 
@@ -120,6 +124,7 @@ def restore_after_usage_error(output_dir: Path) -> None:
     _close_file_logs(output_dir)
     if not snapshot.existed:
         shutil.rmtree(output_dir, ignore_errors=True)
+        _remove_created_parents(snapshot)
         return
     for name in set(os.listdir(output_dir)) - snapshot.entries:
         target = output_dir / name
@@ -134,14 +139,28 @@ def restore_after_usage_error(output_dir: Path) -> None:
         if log_file.is_file():
             with open(log_file, "r+b") as handle:
                 handle.truncate(size)
-            os.utime(log_file, (mtime, mtime))
+            os.utime(log_file, ns=(mtime, mtime))
+
+
+def _remove_created_parents(snapshot: DirectorySnapshot) -> None:
+    """The folders created around a refused run's new directory (`outputs/`, `outputs/<date>/`,
+    `<run>/evaluations/`) go too, as long as nothing else has been put in them meanwhile."""
+    if snapshot.first_created is None or snapshot.first_created == snapshot.path:
+        return
+    for folder in snapshot.path.parents:
+        try:
+            folder.rmdir()  # only an empty folder: another run started beside it stays
+        except OSError:
+            return
+        if folder == snapshot.first_created:
+            return
 
 
 def _put_back(hydra_dir: Path, snapshot: DirectorySnapshot) -> None:
     for name, (content, mtime) in snapshot.hydra_files.items():
         file = hydra_dir / name
         file.write_bytes(content)
-        os.utime(file, (mtime, mtime))
+        os.utime(file, ns=(mtime, mtime))
 
 
 def keep_config_beside(output_dir: Path) -> Path | None:

@@ -38,6 +38,8 @@ CHECKPOINTS_DIR = "checkpoints"
 RUN_CONFIG_KEY = "sru_lightning_run_config"
 #: The key of a checkpoint that names the job owning the run (see :mod:`.jobs`).
 RUN_OWNER_KEY = "sru_lightning_run_owner"
+#: The key of a checkpoint that holds the identity of the run that wrote it (see :mod:`.identity`).
+RUN_ID_KEY = "sru_lightning_run_id"
 #: Commands' top-level settings that say what to do, not how the run trains.
 COMMAND_SETTINGS = ("ckpt_path", "resume_dir", "optimized_metric")
 
@@ -259,19 +261,25 @@ def latest_continuable(
 # --------------------------------------------------------------------------------------------
 # what every checkpoint of a run carries
 class SaveRunConfig(Callback):
-    """Writes the run's configuration into every checkpoint it saves (see the module docstring).
+    """Writes the run's configuration, its identity (:mod:`.identity`) and its owner into every
+    checkpoint it saves (see the module docstring).
 
     The configuration is stored unresolved, as plain values, so the checkpoint stays loadable
     with `weights_only=True` and a moved run's paths are not baked in.
     """
 
-    def __init__(self, config: Mapping[str, Any], owner: Mapping[str, str] | None = None) -> None:
+    def __init__(
+        self, config: Mapping[str, Any], owner: Mapping[str, str] | None = None, run_id: str | None = None
+    ) -> None:
         super().__init__()
         self.config = dict(config)
         self.owner = dict(owner or {})
+        self.run_id = run_id
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         checkpoint[RUN_CONFIG_KEY] = self.config
+        if self.run_id:
+            checkpoint[RUN_ID_KEY] = self.run_id
         if self.owner:
             checkpoint[RUN_OWNER_KEY] = self.owner
 

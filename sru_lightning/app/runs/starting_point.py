@@ -18,6 +18,7 @@ from typing import Any
 from .changes import Change, judge, merged_config, refuse_unfollowable, resume_callback
 from .checkpoints import check_engine_reads, read_checkpoint
 from .folder import CHECKPOINTS_DIR, checkpoint_candidates, checkpoint_run_config, resolve_checkpoint
+from .identity import new_run_id, run_id_to_continue, why_another_run
 
 log = logging.getLogger("sru_lightning")
 
@@ -31,6 +32,7 @@ class StartingPoint:
     step: int = 0
     changes: list[Change] = field(default_factory=list)
     config_source: str = "command line"  # where the run's settings came from
+    run_id: str = field(default_factory=new_run_id)  # the run this attempt writes (see .identity)
 
     def callbacks(self) -> list:
         """Callbacks that apply the changed settings to a restored training state."""
@@ -66,6 +68,15 @@ def starting_point(
         return StartingPoint(cfg)
     if checkpoint is None:
         return StartingPoint(cfg)
+    if command == "fit":
+        held = why_another_run(checkpoint, output_dir)
+        if held is not None:
+            # Resuming would write this checkpoint's run over the one the directory holds.
+            raise UsageError(
+                f"the run directory {str(output_dir)!r} already holds checkpoints of an earlier run ({held}), "
+                f"not of the run of ckpt_path={str(checkpoint)!r}; pass ckpt_path=auto to continue the run it "
+                "holds, or choose another hydra.run.dir to continue the other"
+            )
     check_engine_reads(cfg, command, checkpoint)
     contents = read_checkpoint(checkpoint)
     step = int(contents.get("global_step", 0) or 0)
@@ -78,7 +89,7 @@ def starting_point(
     changes = judge(saved, merged, command, str(checkpoint), step)
     if command == "fit":
         refuse_unfollowable(changes, merged, str(checkpoint))
-    return StartingPoint(merged, str(checkpoint), step, changes, source)
+    return StartingPoint(merged, str(checkpoint), step, changes, source, run_id_to_continue(checkpoint))
 
 
 def _config_around_model(cfg, contents) -> Any:
