@@ -21,6 +21,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 
 from sru_lightning.data import LanguageModelDataModule, PydocDataModule
 from sru_lightning.models import SRULanguageModel
+from sru_lightning.models.language_model import DEFAULT_OPTIMIZER
 
 
 class LanguageModelCLI(LightningCLI):
@@ -30,9 +31,22 @@ class LanguageModelCLI(LightningCLI):
         parser.link_arguments("data.vocab_size", "model.vocab_size", apply_on="instantiate")
         parser.link_arguments("data.token_unit", "model.token_unit", apply_on="instantiate")
         parser.set_defaults({"data": {"class_path": f"{PydocDataModule.__module__}.{PydocDataModule.__name__}"}})
+        # The model's own default optimizer, spelled out: `--model.optimizer.lr 0.1` changes its
+        # learning rate (a mapping without `_target_` would name no optimizer to build).
+        parser.set_defaults({"model.optimizer": dict(DEFAULT_OPTIMIZER)})
 
     def instantiate_classes(self) -> None:
-        super().instantiate_classes()
+        try:
+            super().instantiate_classes()
+        except (ValueError, TypeError) as error:
+            # A value the model, the data module or the Trainer refuses (`--model.rnn gru`): its
+            # message names the setting; one line, as for a value the parser itself refuses.
+            self.parser.error(str(error))
+        if getattr(self.datamodule, "packs_documents", False) and not self.model.accepts_document_boundaries:
+            self.parser.error(
+                f"--data {type(self.datamodule).__name__} packs documents with their boundaries, which "
+                f"--model.rnn {self.model.rnn_type} cannot keep apart: use --model.rnn sru or srupp"
+            )
         # `model.compile` is honoured here too: the Trainer gets torch.compile(model), which
         # Lightning unwraps, so checkpoints keep the model's own parameter names.
         self.model = self.model.for_trainer()

@@ -15,6 +15,13 @@ from torch import nn
 from torchmetrics import MeanMetric
 
 RNN_TYPES = ("sru", "srupp", "lstm")
+#: The optimizer of a model given none.
+DEFAULT_OPTIMIZER = {"_target_": "torch.optim.Adam", "lr": 1e-3}
+#: What each `_target_` setting builds, for the message that asks for one.
+_TARGET_EXAMPLES = {
+    "optimizer": {"_target_": "torch.optim.AdamW", "lr": 3e-3},
+    "lr_scheduler": {"_target_": "torch.optim.lr_scheduler.StepLR", "step_size": 1000},
+}
 STAGES = ("train", "val", "test")
 # Metric names per token unit: bits per character / per word, and the matching perplexity.
 BITS_NAMES = {"char": "bpc", "word": "bpw"}
@@ -148,6 +155,12 @@ class SRULanguageModel(pl.LightningModule):
                 "the next token, and a bidirectional layer reads it), got true"
             )
         _check_compile_setting(compile)
+        for name, value in (("optimizer", optimizer), ("lr_scheduler", lr_scheduler)):
+            if value is not None and not callable(value) and not (isinstance(value, Mapping) and "_target_" in value):
+                raise ValueError(
+                    f"SRULanguageModel: `model.{name}` must be a mapping whose `_target_` names the class to "
+                    f"build (e.g. {_TARGET_EXAMPLES[name]}) or a callable, got {_plain(value)!r}"
+                )
         if token_unit not in BITS_NAMES:
             raise ValueError(f"SRULanguageModel: `token_unit` must be one of {tuple(BITS_NAMES)}, got {token_unit!r}")
         # Plain containers in the hyperparameters keep checkpoints loadable with weights_only=True.
@@ -157,7 +170,7 @@ class SRULanguageModel(pl.LightningModule):
         self.carry_hidden = carry_hidden
         self.memory_length = memory_length
         self.token_unit = token_unit
-        self.optimizer_config = optimizer if optimizer is not None else {"_target_": "torch.optim.Adam", "lr": 1e-3}
+        self.optimizer_config = optimizer if optimizer is not None else dict(DEFAULT_OPTIMIZER)
         self.lr_scheduler_config = lr_scheduler
 
         self.embedding = nn.Embedding(vocab_size, embedding_dim)

@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers import preloaded
 
@@ -35,11 +36,16 @@ def lightning_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     return result
 
 
-def test_the_parser_links_the_models_vocabulary_to_the_data(monkeypatch, capsys):
-    """In-process: --print_config shows the default data module and leaves out what follows from it."""
+def example_module():
     spec = importlib.util.spec_from_file_location("lightning_cli_example", SCRIPT)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
+    return module
+
+
+def test_the_parser_links_the_models_vocabulary_to_the_data(monkeypatch, capsys):
+    """In-process: --print_config shows the default data module and leaves out what follows from it."""
+    module = example_module()
     monkeypatch.setattr(sys, "argv", [str(SCRIPT)])
     with pytest.raises(SystemExit) as exit:
         module.main(["fit", "--model.compile", "true", "--print_config"])
@@ -94,3 +100,61 @@ def test_print_config_writes_a_yaml_that_runs_again_and_validates(tmp_path):
     validated = lightning_cli("validate", "--config", str(config_file), "--ckpt_path", str(checkpoint), cwd=tmp_path)
     line = next(line for line in validated.stdout.splitlines() if "val_bpc" in line)
     assert math.isfinite(float(line.replace("│", " ").split()[-1]))
+
+
+def test_a_learning_rate_alone_changes_the_default_optimizers(tmp_path):
+    """`--model.optimizer.lr 0.1` sets the learning rate of the model's default optimizer (it was
+    taken for an optimizer mapping of its own, without `_target_`, and failed at its first use)."""
+    from sru_lightning.data import LanguageModelDataModule
+    from sru_lightning.models import SRULanguageModel
+
+    module = example_module()
+    settings = [*TINY, *("--trainer.max_steps", "1", "--trainer.logger", "false")]
+    settings += ["--trainer.enable_checkpointing", "false"]
+    cli = module.LanguageModelCLI(
+        SRULanguageModel,
+        LanguageModelDataModule,
+        subclass_mode_data=True,
+        run=False,
+        args=[*settings, "--model.optimizer.lr", "0.1", "--trainer.default_root_dir", str(tmp_path)],
+    )
+    cli.trainer.fit(cli.model, datamodule=cli.datamodule)
+    (optimizer,) = cli.trainer.optimizers
+    assert isinstance(optimizer, torch.optim.Adam) and optimizer.param_groups[0]["lr"] == 0.1
+
+
+def documents_folder(root: Path) -> Path:
+    folder = root / "documents"
+    folder.mkdir()
+    for index in range(30):
+        (folder / f"{index:02d}.txt").write_text(f"document number {index}. " * 40)
+    return folder
+
+
+REFUSED = [
+    (["--model.rnn", "gru"], "SRULanguageModel: `model.rnn` must be one of ('sru', 'srupp', 'lstm'), got 'gru'"),
+    (
+        ["--model.rnn", "lstm", "--data", "sru_lightning.data.DocumentsDataModule", "--data.path", "{documents}"],
+        "--data DocumentsDataModule packs documents with their boundaries, which --model.rnn lstm cannot keep "
+        "apart: use --model.rnn sru or srupp",
+    ),
+    (["--model.optimizer", "{lr: 0.1}"], "SRULanguageModel: `model.optimizer` must be a mapping whose `_target_`"),
+    (["--model.lr_scheduler.step_size", "3"], "SRULanguageModel: `model.lr_scheduler` must be a mapping whose"),
+]
+
+
+@pytest.mark.parametrize("arguments, message", REFUSED, ids=["rnn-gru", "lstm-documents", "optimizer", "scheduler"])
+def test_a_value_the_model_or_data_refuse_is_one_error_line_before_training(arguments, message, tmp_path, capsys):
+    module = example_module()
+    documents = str(documents_folder(tmp_path))
+    arguments = [argument.replace("{documents}", documents) for argument in arguments]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        module.main(
+            ["fit", *TINY, "--trainer.logger", "false", "--trainer.default_root_dir", str(tmp_path), *arguments]
+        )
+    _, err = capsys.readouterr()
+    # The parser's exit, not the model's exception (which would have propagated as itself).
+    assert exit.value.code == 2
+    assert f"error: {message}" in err, err[-3000:]
+    assert not list(tmp_path.rglob("*.ckpt")), "refused before training"
