@@ -1,6 +1,7 @@
-"""Test tiers (see docs/testing.md): fast tests always run; `peer` needs the `sru` package;
-`cuda` needs a CUDA GPU and is skipped with the reason everywhere else; `slow` marks the
-tests that start processes, compile or train for long (`make test-fast` leaves them out).
+"""Test tiers (see docs/testing.md): a bare `pytest` runs the unit tier, leaving out what is
+marked `slow` (starts processes or trains for long), `toolchain` (runs a compiler) or `slurm`
+(the private cluster); `make test` runs every tier. `peer` needs the `sru` package; `cuda`
+needs a CUDA GPU and is skipped with the reason everywhere else.
 
 Under pytest-xdist (`make test` runs `--dist loadfile` with one worker more than the cores)
 each test file runs on one worker, so the fits its tests share run once; the files that take
