@@ -373,126 +373,159 @@ def plot(result: BenchResult, path: str) -> None:
     plt.close(figure)
 
 
-def main(argv=None) -> int:
+#: The mode flags; without one, the layer benchmark above runs.
+MODES = {
+    "decode": "time step-by-step text generation of the default model (conf/model/sru.yaml) vs the "
+    "same-size LSTM (conf/model/lstm.yaml) instead",
+    "export": "time the default SRU, SRU++ and LSTM language models eagerly, as AOTInductor packages and "
+    "in onnxruntime instead: a decoding step at batch 1 and a sequence of --length x --batch",
+    "compile": "time the default language model's training step and inference eagerly and with "
+    "torch.compile (model.compile=true) instead",
+    "documents": "time training on padded against packed documents, and the recurrence op with and "
+    "without document boundaries (reset flags), instead",
+}
+LAYERS = None  # the mode of the layer benchmark (no mode flag)
+
+#: The options each mode reads, each with the field of the mode's config it sets: the help's
+#: lists, the defaults shown and the refusal of an option the mode would not read come from here.
+_COMMON = {"threads": "threads", "repeats": "repeats", "warmup": "warmup", "statistic": "statistic"}
+MODE_OPTIONS: dict[str | None, dict[str, str]] = {
+    LAYERS: {
+        **{name: name for name in ("length", "batch", "hidden", "layers", "dtype")},
+        **_COMMON,
+        "include_peer": "include_peer",
+        "plot": "plot",
+    },
+    "decode": {"tokens": "tokens", **_COMMON},
+    "export": {"tokens": "steps", "length": "length", "batch": "batch", **_COMMON},
+    "compile": {"length": "length", "batch": "batch", **_COMMON},
+    "documents": {"length": "length", "batch": "batch", "hidden": "hidden", **_COMMON},
+}
+#: Option (its dest) -> its flag and what it sets.
+OPTIONS = {
+    "length": ("--length", "sequence length L"),
+    "batch": ("--batch", "batch size B"),
+    "hidden": ("--hidden", "hidden size D (input size too)"),
+    "layers": ("--layers", "SRU, LSTM and GRU layers"),
+    "dtype": ("--dtype", "dtype of the weights and input"),
+    "threads": ("--threads", "intra-op threads (torch.set_num_threads)"),
+    "repeats": ("--repeats", "timed rounds"),
+    "warmup": ("--warmup", "untimed rounds before them"),
+    "statistic": ("--statistic", "best (min) or median of the repeats"),
+    "include_peer": ("--no-peer", "leave out the `sru` package"),
+    "plot": ("--plot", "also draw the times as a bar chart into FILE"),
+    "tokens": ("--tokens", "tokens generated per run (--decode), chained decoding steps per run (--export)"),
+}
+
+
+def _mode_config(mode: str | None):
+    """The config dataclass of `mode`: its fields' defaults are the mode's defaults."""
+    from sru_lightning.diagnostics import compile_bench, decode_bench, documents_bench, export_bench
+
+    return {
+        LAYERS: BenchConfig,
+        "decode": decode_bench.DecodeBenchConfig,
+        "export": export_bench.ExportBenchConfig,
+        "compile": compile_bench.CompileBenchConfig,
+        "documents": documents_bench.DocumentsBenchConfig,
+    }[mode]
+
+
+def _mode_name(mode: str | None, short: bool = False) -> str:
+    if mode is LAYERS:
+        return "the layer benchmark" if short else "the layer benchmark (no mode flag)"
+    return f"--{mode}"
+
+
+def _readers(option: str) -> list[str | None]:
+    return [mode for mode, options in MODE_OPTIONS.items() if option in options]
+
+
+def _default_text(option: str) -> str:
+    """The default of `option` in each mode that reads it, e.g. "128; --compile: 64"."""
+    defaults: dict = {}
+    for mode in _readers(option):
+        field_name = MODE_OPTIONS[mode][option]
+        value = _mode_config(mode).__dataclass_fields__[field_name].default
+        defaults.setdefault(value, []).append(mode)
+    if set(defaults) <= {None, True}:  # a flag (--no-peer) or an optional file (--plot)
+        return ""
+    first, *others = defaults
+    text = [str(first)] + [f"{' and '.join(_mode_name(m) for m in defaults[value])} {value}" for value in others]
+    return f"; default {', '.join(text)}"
+
+
+def _option_help(option: str) -> str:
+    flag, meaning = OPTIONS[option]
+    readers = _readers(option)
+    where = "" if len(readers) == len(MODE_OPTIONS) else "; read by " + ", ".join(_mode_name(m, True) for m in readers)
+    return f"{meaning}{_default_text(option)}{where}"
+
+
+def build_parser() -> CommandParser:
     parser = CommandParser(prog=command_prog("bench"), description=__doc__.split("\n\n")[0])
-    defaults = BenchConfig()
-    parser.add_argument("--length", type=int, default=defaults.length)
-    parser.add_argument("--batch", type=int, default=defaults.batch)
-    parser.add_argument("--hidden", type=int, default=defaults.hidden)
-    parser.add_argument("--layers", type=int, default=defaults.layers)
-    parser.add_argument("--dtype", choices=sorted(DTYPES), default=defaults.dtype)
-    parser.add_argument("--threads", type=int, default=defaults.threads)
-    parser.add_argument("--repeats", type=int, default=defaults.repeats)
-    parser.add_argument("--warmup", type=int, default=defaults.warmup)
+    # Every option defaults to None, so an option given to a mode that would not read it is seen.
+    for option in ("length", "batch", "hidden", "layers", "threads", "repeats", "warmup", "tokens"):
+        parser.add_argument(OPTIONS[option][0], type=int, default=None, help=_option_help(option))
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default=None, help=_option_help("dtype"))
+    parser.add_argument("--statistic", choices=sorted(STATISTIC_NAMES), default=None, help=_option_help("statistic"))
     parser.add_argument(
-        "--statistic",
-        choices=sorted(STATISTIC_NAMES),
-        default=defaults.statistic,
-        help="best (min, default) or median of the repeats",
+        "--no-peer", dest="include_peer", action="store_false", default=None, help=_option_help("include_peer")
     )
-    parser.add_argument("--no-peer", dest="include_peer", action="store_false", help="leave out the `sru` package")
-    parser.add_argument("--plot", metavar="FILE", help="also draw the times as a bar chart into FILE")
-    parser.add_argument(
-        "--decode",
-        action="store_true",
-        help="time step-by-step text generation of the default model (conf/model/sru.yaml) "
-        "vs the same-size LSTM (conf/model/lstm.yaml) instead; uses --tokens, --threads, "
-        "--repeats, --warmup, --statistic",
-    )
-    parser.add_argument(
-        "--tokens",
-        type=int,
-        default=200,
-        help="with --decode: tokens generated per run; with --export: chained decoding steps per run",
-    )
-    parser.add_argument(
-        "--export",
-        action="store_true",
-        help="time the default SRU, SRU++ and LSTM language models eagerly, as AOTInductor "
-        "packages and in onnxruntime instead: a decoding step at batch 1 and a sequence "
-        "of --length x --batch; uses --tokens, --threads, --repeats, --warmup, --statistic",
-    )
-    parser.add_argument(
-        "--compile",
-        action="store_true",
-        help="time the default language model's training step and inference eagerly and with "
-        "torch.compile (model.compile=true) instead; uses --length, --batch, --threads, --repeats, "
-        "--warmup, --statistic",
-    )
-    parser.add_argument(
-        "--documents",
-        action="store_true",
-        help="time the recurrence op with and without document boundaries (reset flags) instead; "
-        "uses --length, --batch, --hidden, --threads, --repeats, --warmup, --statistic",
-    )
+    parser.add_argument("--plot", metavar="FILE", default=None, help=_option_help("plot"))
+    modes = parser.add_mutually_exclusive_group()
+    for mode, meaning in MODES.items():
+        uses = ", ".join(OPTIONS[option][0] for option in MODE_OPTIONS[mode])
+        modes.add_argument(f"--{mode}", action="store_true", help=f"{meaning}; uses {uses}")
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args([] if argv is None else list(argv))
-    for name in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be >= 1, got {getattr(args, name)}")
+    mode = next((name for name in MODES if getattr(args, name)), LAYERS)
+    reads = MODE_OPTIONS[mode]
+    for option in OPTIONS:
+        value = getattr(args, option)
+        if value is None or option in reads:
+            continue
+        flag = OPTIONS[option][0]
+        given = flag if isinstance(value, bool) else f"{flag} {value}"
+        readers = " and ".join(_mode_name(m) for m in _readers(option))
+        parser.error(f"{flag} is read by {readers} only, got {given} with {_mode_name(mode)}")
+    for option in ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"):
+        value = getattr(args, option)
+        if value is not None and value < 1:
+            parser.error(f"--{option} must be >= 1, got {value}")
+    if args.warmup is not None and args.warmup < 0:
+        parser.error(f"--warmup must be >= 0, got {args.warmup}")
     problem = plot_problem(args.plot) if args.plot else None
     if problem:
         parser.error(problem)
-    if args.decode:
+    settings = {field: getattr(args, option) for option, field in reads.items() if getattr(args, option) is not None}
+    config = _mode_config(mode)(**settings)
+    if mode == "decode":
         from sru_lightning.diagnostics import decode_bench
 
-        decode_config = decode_bench.DecodeBenchConfig(
-            tokens=args.tokens, threads=args.threads, repeats=args.repeats, warmup=args.warmup, statistic=args.statistic
-        )
-        print(decode_bench.format_table(decode_bench.run_decode_benchmark(decode_config)))
-        return 0
-    if args.export:
+        print(decode_bench.format_table(decode_bench.run_decode_benchmark(config)))
+    elif mode == "export":
         from sru_lightning.diagnostics import export_bench
 
-        export_config = export_bench.ExportBenchConfig(
-            threads=args.threads,
-            steps=args.tokens,
-            length=args.length,
-            batch=args.batch,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            statistic=args.statistic,
-        )
-        print(export_bench.format_table(export_bench.run_export_benchmark(export_config)))
-        return 0
-    if args.compile:
+        print(export_bench.format_table(export_bench.run_export_benchmark(config)))
+    elif mode == "compile":
         from sru_lightning.diagnostics import compile_bench
 
-        compile_config = compile_bench.CompileBenchConfig(
-            length=args.length,
-            batch=args.batch,
-            threads=args.threads,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            statistic=args.statistic,
-        )
-        print(compile_bench.format_table(compile_bench.run_compile_benchmark(compile_config)))
-        return 0
-    if args.documents:
+        print(compile_bench.format_table(compile_bench.run_compile_benchmark(config)))
+    elif mode == "documents":
         from sru_lightning.diagnostics import documents_bench
 
-        documents_config = documents_bench.DocumentsBenchConfig(
-            length=args.length,
-            batch=args.batch,
-            hidden=args.hidden,
-            threads=args.threads,
-            repeats=args.repeats,
-            warmup=args.warmup,
-            statistic=args.statistic,
-        )
-        print(documents_bench.format_packing(documents_config, documents_bench.measure_packing(documents_config)))
+        print(documents_bench.format_packing(config, documents_bench.measure_packing(config)))
         print()
-        times = documents_bench.measure_reset_overhead(documents_config)
-        print(documents_bench.format_table(documents_config, times))
-        return 0
-    settings = {
-        key: value
-        for key, value in vars(args).items()
-        if key not in ("decode", "tokens", "export", "compile", "documents")
-    }
-    config = BenchConfig(**settings)
-    result = run_benchmark(config)
-    print(format_table(result))
-    if config.plot:
-        plot(result, config.plot)
-        print(f"chart written to {config.plot}")
+        print(documents_bench.format_table(config, documents_bench.measure_reset_overhead(config)))
+    else:
+        result = run_benchmark(config)
+        print(format_table(result))
+        if config.plot:
+            plot(result, config.plot)
+            print(f"chart written to {config.plot}")
     return 0

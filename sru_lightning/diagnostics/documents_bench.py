@@ -10,7 +10,8 @@ document boundaries (``reset``) cost.
   the ratio (timed interleaved in one process);
 * times the recurrence op alone (one layer, forward+backward, float32, k = 3) without flags
   (``reset=None``), with flags that mark no boundary (all False) and with a document start every
-  32 steps, with each time's ratio to the call without flags.
+  32 steps (every length // 2 steps when the length is under 64, so a boundary falls inside the
+  sequence; left out at length 1), with each time's ratio to the call without flags.
 """
 
 from __future__ import annotations
@@ -22,7 +23,21 @@ import torch
 
 from sru_lightning.diagnostics.tables import fixed_width_lines, intra_op_threads, statistic_of
 
-CASES = ("no flags (reset=None)", "flags, no boundary", "a document every 32 steps")
+CASES = ("no flags (reset=None)", "flags, no boundary")
+#: Steps between document starts in the op's timing, at lengths of twice this or more.
+BOUNDARY_PERIOD = 32
+
+
+def boundary_period(length: int) -> int:
+    """Steps between document starts at sequence `length`: every 32 steps, fewer in a sequence
+    under 64 steps, so each document is shorter than the sequence; 0 (no such case) at length 1."""
+    return min(BOUNDARY_PERIOD, length // 2)
+
+
+def cases(length: int) -> tuple[str, ...]:
+    """The op timing's cases at sequence `length`: :data:`CASES`, then one with boundaries."""
+    period = boundary_period(length)
+    return CASES + (f"a document every {period} steps",) if period else CASES
 
 
 @dataclass
@@ -44,13 +59,12 @@ def measure_reset_overhead(config: DocumentsBenchConfig) -> dict[str, float]:
     (U, x, weight_c, bias, c0), kwargs = make_case(config.length, config.batch, config.hidden, dtype=torch.float32)
     leaves = [t.requires_grad_(True) for t in (U, x, weight_c, bias, c0)]
     grad_h = torch.randn(config.length, config.batch, config.hidden)
-    every_32 = torch.zeros(config.length, config.batch, dtype=torch.bool)
-    every_32[::32] = True
-    flags = {
-        CASES[0]: None,
-        CASES[1]: torch.zeros(config.length, config.batch, dtype=torch.bool),
-        CASES[2]: every_32,
-    }
+    names = cases(config.length)
+    flags = {CASES[0]: None, CASES[1]: torch.zeros(config.length, config.batch, dtype=torch.bool)}
+    if len(names) > len(CASES):
+        starts = torch.zeros(config.length, config.batch, dtype=torch.bool)
+        starts[:: boundary_period(config.length)] = True
+        flags[names[-1]] = starts
 
     def step(reset):
         for leaf in leaves:
@@ -58,13 +72,13 @@ def measure_reset_overhead(config: DocumentsBenchConfig) -> dict[str, float]:
         h, _ = functional.sru_recurrence(*leaves, reset=reset, **kwargs)
         h.backward(grad_h)
 
-    samples: dict[str, list[float]] = {name: [] for name in CASES}
+    samples: dict[str, list[float]] = {name: [] for name in names}
     with intra_op_threads(config.threads):
-        for name in CASES:
+        for name in names:
             for _ in range(config.warmup):
                 step(flags[name])
         for _ in range(config.repeats):
-            for name in CASES:
+            for name in names:
                 start = time.perf_counter()
                 step(flags[name])
                 samples[name].append((time.perf_counter() - start) * 1e3)
@@ -180,7 +194,7 @@ def format_packing(config: DocumentsBenchConfig, measured: dict[str, float]) -> 
 
 def format_table(config: DocumentsBenchConfig, times: dict[str, float]) -> str:
     base = times[CASES[0]]
-    rows = [(name, f"{times[name]:.3f}", f"{times[name] / base:.3f}") for name in CASES]
+    rows = [(name, f"{times[name]:.3f}", f"{times[name] / base:.3f}") for name in times]
     title = (
         f"recurrence op, forward+backward, float32, L={config.length} B={config.batch} D={config.hidden}, "
         f"{config.threads} threads ({config.statistic} of {config.repeats})"

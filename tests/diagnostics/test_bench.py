@@ -115,7 +115,8 @@ def test_documents_bench_times_packed_against_padded_and_the_op_with_and_without
     lines = overhead.strip().splitlines()
     assert lines[0].startswith("recurrence op, forward+backward, float32, L=16 B=2 D=8")
     rows = {line[:28].strip(): line[28:].split() for line in lines[2:]}
-    assert sorted(rows) == sorted(["no flags (reset=None)", "flags, no boundary", "a document every 32 steps"])
+    # the boundaries fall inside the 16 steps (every 32 steps would mark only the first)
+    assert sorted(rows) == sorted(["no flags (reset=None)", "flags, no boundary", "a document every 8 steps"])
     assert rows["no flags (reset=None)"][1] == "1.000"
     assert all(float(ms) > 0 and float(ratio) > 0 for ms, ratio in rows.values())
 
@@ -134,3 +135,71 @@ def test_packed_and_padded_batches_hold_the_same_documents_and_predictions():
     stream = torch.cat([tokens.reshape(-1) for tokens, *_ in packed])[:23]
     starts = torch.cat([reset.reshape(-1) for *_, reset in packed])[:23]
     assert torch.equal(stream, torch.cat(documents)) and starts.nonzero().flatten().tolist() == [0, 5, 6, 14, 17]
+
+
+def test_documents_bench_rows_never_exceed_the_length():
+    from sru_lightning.diagnostics import documents_bench
+
+    assert documents_bench.cases(128)[-1] == documents_bench.cases(64)[-1] == "a document every 32 steps"
+    assert documents_bench.cases(16)[-1] == "a document every 8 steps"
+    assert documents_bench.cases(1) == documents_bench.CASES  # no boundary fits inside one step
+    config = documents_bench.DocumentsBenchConfig(length=1, batch=1, hidden=4, threads=1, repeats=1, warmup=0)
+    assert list(documents_bench.measure_reset_overhead(config)) == list(documents_bench.CASES)
+
+
+@pytest.mark.parametrize(
+    "arguments, says",
+    [
+        (["--tokens", "5"], "--tokens is read by --decode and --export only, got --tokens 5 with the layer benchmark"),
+        (
+            ["--compile", "--tokens", "5"],
+            "--tokens is read by --decode and --export only, got --tokens 5 with --compile",
+        ),
+        (["--decode", "--layers", "3"], "--layers is read by the layer benchmark (no mode flag) only, got --layers 3"),
+        (["--documents", "--no-peer"], "--no-peer is read by the layer benchmark (no mode flag) only, got --no-peer"),
+        (["--export", "--compile"], "argument --compile: not allowed with argument --export"),
+        (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+    ],
+)
+def test_bench_refuses_an_option_its_mode_does_not_read_and_two_modes(arguments, says, capsys):
+    with pytest.raises(SystemExit) as refused:
+        bench.main(arguments)
+    assert refused.value.code == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and says in errors[0], errors
+
+
+def test_bench_help_shows_what_each_size_option_sets_and_its_defaults():
+    help_text = " ".join(bench.build_parser().format_help().split())
+    for shown in [
+        "--length LENGTH sequence length L; default 128, --compile 64;",
+        "--batch BATCH batch size B; default 32, --compile 16;",
+        "--hidden HIDDEN hidden size D (input size too); default 256;",
+        "--threads THREADS intra-op threads (torch.set_num_threads); default 2, --export 1",
+        "--repeats REPEATS timed rounds; default 15, --export 7",
+        "--warmup WARMUP untimed rounds before them; default 3, --export 2",
+        "steps per run (--export); default 200, --export 100; read by --decode, --export",
+    ]:
+        assert shown in help_text
+
+
+@pytest.mark.parametrize(
+    "mode, module, runner, arguments, expected",
+    [
+        ("--export", "export_bench", "run_export_benchmark", [], dict(threads=1, steps=100, length=128, repeats=7)),
+        ("--export", "export_bench", "run_export_benchmark", ["--tokens", "5"], dict(steps=5, threads=1)),
+        ("--compile", "compile_bench", "run_compile_benchmark", [], dict(length=64, batch=16, threads=2)),
+        ("--decode", "decode_bench", "run_decode_benchmark", ["--tokens", "5"], dict(tokens=5, threads=2)),
+    ],
+)
+def test_each_mode_runs_with_its_own_defaults_and_the_options_given(
+    mode, module, runner, arguments, expected, monkeypatch
+):
+    import importlib
+
+    target = importlib.import_module(f"sru_lightning.diagnostics.{module}")
+    seen = []
+    monkeypatch.setattr(target, runner, lambda config: seen.append(config) or "result")
+    monkeypatch.setattr(target, "format_table", lambda result: "table")
+    assert bench.main([mode, *arguments]) == 0
+    assert {name: getattr(seen[0], name) for name in expected} == expected
