@@ -39,6 +39,7 @@ from .common import (
     refuse_jit_trace,
     time_shared_dropout_mask,
     warn_rnn_dropout,
+    zero_padded_steps,
 )
 
 
@@ -313,7 +314,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
     ) -> tuple[Tensor, ...]:
         """The layer on already-checked tensors: x (L, B, input_size), mask_pad and reset (L, B)
         bool, c_starts (L, B, dirs*hidden_size)."""
-        x = self._one_half_copy_of_input(x)
+        x = self._one_half_copy_of_input(zero_padded_steps(x, mask_pad))
         residual = x
         x = self._normalized_input(x)
         batch = x.shape[1]

@@ -98,6 +98,20 @@ class RefusesTorchScript:
 
 
 # ---------------------------------------------------------------------- one layer
+def zero_padded_steps(x: Tensor, mask_pad: Tensor | None) -> Tensor:
+    """``x`` (S, B, ...) with the steps ``mask_pad`` (S, B) marks as padding set to zero.
+
+    The recurrence never reads a padded step, but the products over all steps before it (the
+    input projection, a layer norm, attention keys and values) and their weight gradients do:
+    a NaN or Inf written there would reach the weights' gradients, or every output of the row
+    through attention, as 0 x NaN = NaN. Filling (not multiplying) leaves such a value no way
+    in, and makes every result equal to that of the zero-padded input. Free without padding.
+    """
+    if mask_pad is None:
+        return x
+    return x.masked_fill(mask_pad.to(torch.bool).unsqueeze(-1), 0.0)
+
+
 def time_shared_dropout_mask(like: Tensor, size: tuple[int, int], p: float) -> Tensor:
     """Inverted-dropout mask shared over time (one Bernoulli draw per batch row and column)."""
     return like.new_empty(size).bernoulli_(1 - p).div_(1 - p)

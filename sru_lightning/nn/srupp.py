@@ -25,7 +25,14 @@ from .checks import (
     time_major_padding_mask,
     to_time_major,
 )
-from .common import StackMixin, checked_policy, non_default_settings, refuse_jit_trace, unpack_sequence
+from .common import (
+    StackMixin,
+    checked_policy,
+    non_default_settings,
+    refuse_jit_trace,
+    unpack_sequence,
+    zero_padded_steps,
+)
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 
@@ -293,7 +300,8 @@ class SRUpp(StackMixin, nn.Module):
             check_shape(owner, "attn_mask", attn_mask, (length, context), "(length, memory length + length), additive")
             check_same_device(owner, "attn_mask", attn_mask, device, "the input's")
 
-        h = x if self.input_to_hidden is None else self.input_to_hidden(x)
+        # Each layer zeroes its padded steps; the first projection needs the same care.
+        h = x if self.input_to_hidden is None else self.input_to_hidden(zero_padded_steps(x, mask_pad))
         saved_inputs = []
         last_states = []
         for layer, c_init, layer_mem in zip(self.rnn_lst, layer_c0, layer_memory):

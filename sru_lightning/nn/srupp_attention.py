@@ -29,6 +29,48 @@ def _xavier_without_bias(*linears: nn.Linear, dropout: float) -> None:
         linears[-1].weight.mul_((1 - dropout) ** 0.5)
 
 
+class _FiniteBothWays(torch.autograd.Function):
+    """NaN and Inf set to zero, in the tensor (forward) and in its gradient (backward)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor) -> Tensor:
+        return x.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> Tensor:
+        return grad.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+
+def _finite(x: Tensor) -> Tensor:
+    return _FiniteBothWays.apply(x) if x.requires_grad else x.nan_to_num(0.0, posinf=0.0, neginf=0.0)
+
+
+def _broken_rows(x: Tensor) -> Tensor:
+    """(..., S, d) -> (..., S): True where a row holds a NaN or Inf. 0 x v is 0 for a finite v
+    and NaN otherwise, and a sum of zeros cannot overflow: one cheap reduction."""
+    return (x.detach() * 0).sum(-1).isnan()
+
+
+def attention_within_documents(queries: Tensor, keys: Tensor, values: Tensor, mask: Tensor, dropout_p: float) -> Tensor:
+    """Attention (B, heads, L, head_dim) in which a pair that ``mask`` sets to -inf contributes
+    exactly nothing, forward and backward, even when one side holds a NaN or Inf.
+
+    Keys and values are shared by the queries of every document of a row, and a product over
+    all pairs multiplies a masked pair's weight 0 (forward) or gradient 0 (backward) by its
+    value: one non-finite value in a document would reach every other document as 0 x NaN. So
+    the products see only finite numbers (NaN and Inf zeroed in queries, keys and values, and in
+    the gradient that comes back), and a query that is non-finite or attends (by ``mask``) to a
+    non-finite key or value gets NaN. For finite tensors this is the plain attention, bit for bit.
+    """
+    broken_keys = _broken_rows(keys) | _broken_rows(values)  # (B, heads, S)
+    attends = ~mask.isneginf()  # (B or 1, 1, L, S)
+    reaches_broken = (attends & broken_keys[:, :, None, :]).any(-1) | _broken_rows(queries)  # (B, heads, L)
+    attended = F.scaled_dot_product_attention(
+        _finite(queries), _finite(keys), _finite(values), attn_mask=mask, dropout_p=dropout_p
+    )
+    return torch.where(reaches_broken[..., None], float("nan"), _finite(attended))
+
+
 class SRUppProjectedLinear(nn.Module):
     """U = linear2(dropout(norm(linear1(x)))): the transform of SRU++ layers without attention.
 
@@ -157,11 +199,12 @@ class SRUppAttention(nn.Module):
         mask = self._combined_mask(
             attn_mask, mask_pad, memory_mask_pad, length, memory_length, batch, input.device, queries.dtype
         )
-        if reset is not None:
+        dropout_p = self.attn_dropout if self.training else 0.0
+        if reset is None:
+            attended = F.scaled_dot_product_attention(queries, keys, values, attn_mask=mask, dropout_p=dropout_p)
+        else:
             mask = self._document_mask(mask, reset, memory_reset, length, memory_length, batch, queries.dtype)
-        attended = F.scaled_dot_product_attention(
-            queries, keys, values, attn_mask=mask, dropout_p=self.attn_dropout if self.training else 0.0
-        )
+            attended = attention_within_documents(queries, keys, values, mask, dropout_p)
         # (B, heads, L, head_dim) -> (L, B, proj_features), heads side by side.
         attended = attended.permute(2, 0, 1, 3).reshape(length, batch, self.proj_features)
 

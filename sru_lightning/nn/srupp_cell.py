@@ -14,7 +14,13 @@ import torch
 from torch import Tensor, nn
 
 from .checks import check_positive_int, check_probability
-from .common import RecurrentCellMixin, non_default_settings, refuse_jit_trace, time_shared_dropout_mask
+from .common import (
+    RecurrentCellMixin,
+    non_default_settings,
+    refuse_jit_trace,
+    time_shared_dropout_mask,
+    zero_padded_steps,
+)
 from .srupp_attention import SRUppAttention
 
 
@@ -118,6 +124,9 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
     ) -> tuple[Tensor, Tensor]:
         refuse_jit_trace(type(self).__name__)
         documents = {} if reset is None else {"reset": reset, "memory_reset": memory_reset}
+        input = zero_padded_steps(input, mask_pad)
+        if memory is not None:
+            memory = zero_padded_steps(memory, memory_mask_pad)
         U = self.transform_module(
             self._normalized_input(input),
             mask_pad=mask_pad,

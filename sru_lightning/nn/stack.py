@@ -26,6 +26,7 @@ from .common import (
     refuse_jit_trace,
     unpack_sequence,
     warn_rnn_dropout,
+    zero_padded_steps,
 )
 
 
@@ -229,7 +230,8 @@ class SRU(StackMixin, nn.Module):
 
         layer_c0 = self._layer_initial_states(owner, c0, batch, device)
 
-        h = x if self.input_to_hidden is None else self.input_to_hidden(x)
+        # Each layer zeroes its padded steps; the first projection needs the same care.
+        h = x if self.input_to_hidden is None else self.input_to_hidden(zero_padded_steps(x, mask_pad))
         last_states = []
         for layer, c_init in zip(self.rnn_lst, layer_c0):
             # Through nn.Module.__call__, so sharding hooks (FSDP2, DeepSpeed ZeRO-3) gather
