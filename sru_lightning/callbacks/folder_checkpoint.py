@@ -34,9 +34,13 @@ class FolderModelCheckpoint(ModelCheckpoint):
     record is saved under Lightning's ``ModelCheckpoint`` key, so a checkpoint written with
     either class resumes with the other."""
 
+    @property
     @override
-    def _generate_state_key(self, **kwargs: Any) -> str:
-        return f"{ModelCheckpoint.__qualname__}{kwargs!r}"
+    def state_key(self) -> str:
+        # Lightning's key is the class name followed by the settings that tell instances apart.
+        key = super().state_key
+        own = type(self).__qualname__
+        return ModelCheckpoint.__qualname__ + key[len(own) :] if key.startswith(own) else key
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

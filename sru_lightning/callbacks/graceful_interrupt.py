@@ -29,6 +29,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from sru_lightning._lightning_compat import is_trainer_call_frame, set_received_sigterm
 from sru_lightning.callbacks.stop_signals import HANDLED_SIGNALS, StopsOnSignal, signal_name
 
 log = logging.getLogger(__name__)
@@ -124,14 +125,14 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         self._install()
         if self.stop_signal is not None and _validating_inside_fit(trainer) and trainer.received_sigterm:
             # The stop came on a step due for validation: finish it first (see `_agreed`).
-            trainer._signal_connector.received_sigterm = False
+            set_received_sigterm(trainer, False)
             self._stop_after_validation = True
 
     @override
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if self._stop_after_validation:
             self._stop_after_validation = False
-            trainer._signal_connector.received_sigterm = True
+            set_received_sigterm(trainer, True)
             # Stop here, where Lightning's own end-of-validation checkpoints are taken: the
             # interruption checkpoint then has the state Lightning resumes from without running
             # this validation again or counting this step twice. (Its metrics are logged already.)
@@ -234,7 +235,7 @@ class GracefulInterrupt(StopsOnSignal, Callback):
             self._stop_after_validation = True
             return
         # Lightning's loops raise SIGTERMException at their next safe point once this is set.
-        self._trainer._signal_connector.received_sigterm = True
+        set_received_sigterm(self._trainer, True)
 
     # -- watchdog ----------------------------------------------------------------------------
     @override
@@ -331,10 +332,7 @@ def _main_thread_trainer_call():
     ``lightning.pytorch.trainer.call._call_and_handle_interrupt``, its exception handling (the
     interruption checkpoint) included."""
     for frame in _main_thread_frames():
-        code = frame.f_code
-        if code.co_name == "_call_and_handle_interrupt" and code.co_filename.replace("\\", "/").endswith(
-            "lightning/pytorch/trainer/call.py"
-        ):
+        if is_trainer_call_frame(frame.f_code):
             return frame
     return None
 

@@ -14,6 +14,8 @@ import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
+from sru_lightning._lightning_compat import load_skipped_dataloader_states
+
 __all__ = ["RestoreDataPosition"]
 
 
@@ -31,7 +33,5 @@ class RestoreDataPosition(Callback):
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        fit_loop = trainer.fit_loop
-        # Lightning's own restore consumes (empties) this list; anything left was skipped.
-        if fit_loop.restarting and getattr(fit_loop, "_combined_loader_states_to_load", None):
-            fit_loop._load_combined_loader_states()
+        # Lightning's own restore consumes the saved states; anything left was skipped.
+        load_skipped_dataloader_states(trainer.fit_loop)

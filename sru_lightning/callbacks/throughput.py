@@ -20,6 +20,8 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
+from sru_lightning._lightning_compat import compiled_by_lightning
+
 __all__ = ["TrainingThroughput"]
 
 
@@ -89,7 +91,7 @@ class TrainingThroughput(Callback):
     def on_train_batch_start(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int
     ) -> None:
-        if self.count_flops and self.flops_per_batch is None and getattr(pl_module, "_compiler_ctx", None) is None:
+        if self.count_flops and self.flops_per_batch is None and not compiled_by_lightning(pl_module):
             from torch.utils.flop_counter import FlopCounterMode
 
             self._counter = FlopCounterMode(display=False)

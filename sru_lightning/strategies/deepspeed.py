@@ -17,6 +17,8 @@ from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from sru_lightning._lightning_compat import init_deepspeed_distributed
+
 from .checkpoint_io import CheckpointWriteError
 
 __all__ = ["DeepSpeedStrategy", "HardwareRefusesDtype", "cpu_device_rank", "refuse_unsupported_fp16"]
@@ -66,18 +68,7 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
 
         reset_seed()
         self.set_world_ranks()
-        self._init_deepspeed_distributed()
-
-    def _setup_model_and_optimizer(self, *args: Any, **kwargs: Any):
-        with self._cpu_device_rank():
-            return super()._setup_model_and_optimizer(*args, **kwargs)
-
-    def _initialize_deepspeed_inference(self, *args: Any, **kwargs: Any) -> None:
-        with self._cpu_device_rank():
-            return super()._initialize_deepspeed_inference(*args, **kwargs)
-
-    def _cpu_device_rank(self):
-        return cpu_device_rank(self.local_rank if self._on_cpu else None)
+        init_deepspeed_distributed(self)
 
     def _refuse_unsupported_dtype(self) -> None:
         refuse_unsupported_fp16(self.precision_plugin.precision, self.config)
@@ -114,7 +105,9 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
         self.barrier("sru_lightning_checkpoint_in_place")
 
     def init_deepspeed(self) -> None:
-        super().init_deepspeed()
+        # The engine is made here, for training and for inference alike.
+        with cpu_device_rank(self.local_rank if self._on_cpu else None):
+            super().init_deepspeed()
         if self._on_cpu:
             rank_zero_info(
                 f"DeepSpeed ZeRO stage {self.config.get('zero_optimization', {}).get('stage')} on CPU (gloo)"

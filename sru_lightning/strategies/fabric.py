@@ -20,11 +20,17 @@ from typing import Any
 import torch
 from lightning.fabric.accelerators import CPUAccelerator
 from lightning.fabric.plugins.precision import FSDPPrecision
-from lightning.fabric.strategies import DDPStrategy, ModelParallelStrategy
 from lightning.fabric.strategies import DeepSpeedStrategy as FabricDeepSpeedStrategy
 from lightning.fabric.strategies import FSDPStrategy as FabricFSDPStrategy
+from lightning.fabric.strategies import ModelParallelStrategy, Strategy
 from lightning.fabric.utilities.seed import reset_seed
 from torch import nn
+
+from sru_lightning._lightning_compat import (
+    fabric_deepspeed_setup_distributed_on_cpu,
+    fabric_fsdp_kwargs,
+    resolve_all_data_parallel,
+)
 
 from .deepspeed import cpu_device_rank, refuse_unsupported_fp16
 from .fsdp import RecurrentLayerUnits, wrap_on_cpu
@@ -48,22 +54,18 @@ class DeepSpeedStrategy(FabricDeepSpeedStrategy):
         if not self._on_cpu:
             return super().setup_environment()
         refuse_unsupported_fp16(self.precision.precision, self.config, setting="Fabric(precision=...)")
-        # DeepSpeedStrategy's own check accepts CUDA only; the rest is DDP's.
-        return DDPStrategy.setup_environment(self)
-
-    def _setup_distributed(self) -> None:
-        if not self._on_cpu:
-            return super()._setup_distributed()
+        # DeepSpeedStrategy's own checks accept CUDA only (the accelerator, the device index).
+        Strategy.setup_environment(self)
         reset_seed()
-        self._set_world_ranks()
-        self._init_deepspeed_distributed()
-        if not self._config_initialized:
-            self._format_config()
-            self._config_initialized = True
+        fabric_deepspeed_setup_distributed_on_cpu(self)
 
-    def _initialize_engine(self, *args: Any, **kwargs: Any):
+    def setup_module_and_optimizers(self, module: nn.Module, optimizers: list, scheduler: Any = None):
         with cpu_device_rank(self.local_rank if self._on_cpu else None):
-            return super()._initialize_engine(*args, **kwargs)
+            return super().setup_module_and_optimizers(module, optimizers, scheduler)
+
+    def setup_module(self, module: nn.Module):
+        with cpu_device_rank(self.local_rank if self._on_cpu else None):
+            return super().setup_module(module)
 
 
 class DeviceAutocastFSDPPrecision(FSDPPrecision):
@@ -110,7 +112,7 @@ class FSDPStrategy(RecurrentLayerUnits, FabricFSDPStrategy):
     def setup_module(self, module: nn.Module) -> nn.Module:
         if self._on_cpu:
             module = wrap_on_cpu(
-                module, self.cpu_offload, self.mixed_precision_config, self.sharding_strategy, self._fsdp_kwargs
+                module, self.cpu_offload, self.mixed_precision_config, self.sharding_strategy, fabric_fsdp_kwargs(self)
             )
         if isinstance(self.precision, DeviceAutocastFSDPPrecision):
             self.precision.device_type = self.root_device.type
@@ -145,8 +147,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.sharded_layers: list[nn.Module] = []
 
     def setup_environment(self) -> None:
-        if self._data_parallel_size == "all":
-            self._data_parallel_size = self.num_nodes * self.num_processes
+        resolve_all_data_parallel(self)
         super().setup_environment()
 
     def setup_module_and_optimizers(self, module: nn.Module, optimizers: list, scheduler: Any = None):

@@ -11,6 +11,8 @@ from lightning.pytorch.strategies import FSDPStrategy as LightningFSDPStrategy
 from lightning.pytorch.utilities import rank_zero_warn
 from torch import nn
 
+from sru_lightning._lightning_compat import FSDPModelSetupHook, fsdp_state_dict_type, full_state_dict_context_replaced
+
 __all__ = ["FSDPStrategy", "ShardedClippingFSDPPrecision", "recurrent_layer_wrap_policy"]
 
 
@@ -90,7 +92,7 @@ class RecurrentLayerUnits:
         return self.parallel_devices is not None and self.root_device.type == "cpu"
 
 
-class FSDPStrategy(RecurrentLayerUnits, LightningFSDPStrategy):
+class FSDPStrategy(RecurrentLayerUnits, FSDPModelSetupHook, LightningFSDPStrategy):
     """``lightning.pytorch.strategies.FSDPStrategy`` that also runs on CPU and clips by norm.
 
     * On CPU (gloo) the model is wrapped with ``device_id=torch.device("cpu")`` (Lightning
@@ -113,12 +115,14 @@ class FSDPStrategy(RecurrentLayerUnits, LightningFSDPStrategy):
             plugin = ShardedClippingFSDPPrecision.from_plugin(plugin)
         LightningFSDPStrategy.precision_plugin.fset(self, plugin)
 
-    def _setup_model(self, model: nn.Module) -> nn.Module:
+    def before_fsdp_wrap(self, model: nn.Module) -> nn.Module:
         if self._on_cpu:
             model = wrap_on_cpu(
                 model, self.cpu_offload, self.mixed_precision_config, self.sharding_strategy, self.kwargs
             )
-        model = super()._setup_model(model)
+        return model
+
+    def after_fsdp_wrap(self, model: nn.Module) -> nn.Module:
         plugin = self.precision_plugin
         if isinstance(plugin, ShardedClippingFSDPPrecision):
             plugin.root_module = model
@@ -141,17 +145,11 @@ class FSDPStrategy(RecurrentLayerUnits, LightningFSDPStrategy):
     def _cpu_full_state_dict(self):
         """Lightning's full state-dict context offloads to the CPU; on CPU processes that
         crashes rank 0, and there is nothing to offload. Replace it there, only while saving."""
-        if not (self._on_cpu and self._state_dict_type == "full"):
+        if not (self._on_cpu and fsdp_state_dict_type(self) == "full"):
             yield
             return
-        import lightning.pytorch.strategies.fsdp as lightning_fsdp
-
-        original = lightning_fsdp._get_full_state_dict_context
-        lightning_fsdp._get_full_state_dict_context = lambda *args, **kwargs: self._full_state_dict_without_offload()
-        try:
+        with full_state_dict_context_replaced(lambda *args, **kwargs: self._full_state_dict_without_offload()):
             yield
-        finally:
-            lightning_fsdp._get_full_state_dict_context = original
 
     def lightning_module_state_dict(self) -> dict[str, Any]:
         with self._cpu_full_state_dict():

@@ -9,6 +9,8 @@ import torch
 from lightning.pytorch.strategies import ModelParallelStrategy
 from torch import nn
 
+from sru_lightning._lightning_compat import resolve_all_data_parallel
+
 __all__ = ["FSDP2Strategy", "fsdp2_mixed_precision", "shard_recurrent_model"]
 
 # Lightning precision -> FSDP2 parameter dtype for compute. Gradients are reduced in float32.
@@ -101,8 +103,7 @@ class FSDP2Strategy(ModelParallelStrategy):
         self.sharded_layers: list[nn.Module] = []
 
     def setup_environment(self) -> None:
-        if self._data_parallel_size == "all":
-            self._data_parallel_size = self.num_nodes * self.num_processes
+        resolve_all_data_parallel(self)
         super().setup_environment()
 
     @property

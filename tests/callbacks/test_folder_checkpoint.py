@@ -132,3 +132,14 @@ def test_a_record_naming_a_file_the_folder_lacks_is_not_carried_over(tmp_path):
         resumed = fit(tmp_path / "there", epochs=3, ckpt_path=tmp_path / "there" / "checkpoints" / "last.ckpt")
     assert resumed.best_model_path == str(tmp_path / "there" / "checkpoints" / "epoch=2.ckpt")
     assert names(tmp_path / "there") == ["epoch=2.ckpt", "last.ckpt"]
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [{}, {"monitor": "score", "mode": "min"}, {"every_n_train_steps": 5, "save_on_train_epoch_end": True}],
+)
+def test_the_record_is_saved_under_lightnings_key(tmp_path, settings):
+    """The same key as ModelCheckpoint with the same settings, so either class finds the other's record."""
+    ours = FolderModelCheckpoint(dirpath=tmp_path, **settings)
+    assert ours.state_key == ModelCheckpoint(dirpath=tmp_path, **settings).state_key
+    assert ours.state_key.startswith("ModelCheckpoint{")

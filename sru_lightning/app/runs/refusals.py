@@ -18,6 +18,7 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from sru_lightning._lightning_compat import around_loop_setup_data
 from sru_lightning.app.usage import UsageError
 
 from .checkpoints import CheckpointError
@@ -93,32 +94,24 @@ def trainer_call_settings(trainer, loop) -> Iterator[None]:
     """
     from hydra.errors import InstantiationException
 
-    loop.setup_data = _DataSetupChecked(loop)
     try:
-        yield
+        with around_loop_setup_data(loop, _data_setup_checked):
+            yield
     except InstantiationException as error:
         if trainer.global_step > 0:
             raise
         raise UsageError(describe(error, as_usage=True)) from error
-    finally:
-        loop.__dict__.pop("setup_data", None)
 
 
-class _DataSetupChecked:
-    """`loop.setup_data`, which asks the data module for the loop's loaders and where Lightning
-    checks the trainer's loop settings against them (a ValueError or MisconfigurationException),
-    with that refusal told as a usage error. A class rather than a closure: spawn-based
-    strategies pickle the trainer and its loops."""
+def _data_setup_checked(loop, setup_data) -> None:
+    """The loop's data setup, which asks the data module for the loop's loaders and where
+    Lightning checks the trainer's loop settings against them (a ValueError or
+    MisconfigurationException), with that refusal told as a usage error."""
+    from lightning.fabric.utilities.exceptions import MisconfigurationException
 
-    def __init__(self, loop) -> None:
-        self.loop = loop
-
-    def __call__(self) -> None:
-        from lightning.fabric.utilities.exceptions import MisconfigurationException
-
-        try:
-            type(self.loop).setup_data(self.loop)
-        except (ValueError, MisconfigurationException) as error:
-            if self.loop.trainer.global_step > 0:
-                raise
-            raise UsageError(describe(error, as_usage=True)) from error
+    try:
+        setup_data()
+    except (ValueError, MisconfigurationException) as error:
+        if loop.trainer.global_step > 0:
+            raise
+        raise UsageError(describe(error, as_usage=True)) from error
