@@ -261,7 +261,7 @@ def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
         try:
             if not parser.parse_override(item).is_sweep_override():
                 fixed[_override_key(item)] = item
-        except Exception:  # noqa: BLE001 - unparsable overrides were refused before Hydra ran
+        except Exception:  # unparsable overrides were refused before Hydra ran
             continue
     return [fixed.get(_override_key(item), item) for item in job_overrides]
 

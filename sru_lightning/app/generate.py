@@ -151,7 +151,7 @@ def load_codec(checkpoint: Mapping[str, Any], path: Path):
     print(f"{PROG}: rebuilding the vocabulary from the data config of the run of {path}", file=sys.stderr)
     try:
         return instantiate(config.data).codec
-    except Exception as error:  # noqa: BLE001 - whatever the data module raises, said in one line
+    except Exception as error:  # whatever the data module raises, said in one line
         raise UsageError(
             f"cannot rebuild the vocabulary of {str(path)!r} from its run's data config: {error}"
         ) from None

@@ -22,7 +22,7 @@ def _reads_back(text: str, value: str) -> bool:
         return False
     try:
         parsed = OverridesParser.create().parse_override(text)
-    except Exception:  # noqa: BLE001 - any parse error means: quote it
+    except Exception:  # any parse error means: quote it
         return False
     return not parsed.is_sweep_override() and parsed.value() == value
 
@@ -55,6 +55,6 @@ def quoting_hint(text: str) -> str | None:
     quoted = override(key, value)
     try:
         OverridesParser.create().parse_override(quoted)
-    except Exception:  # noqa: BLE001 - the key itself, say: quoting the value is no help
+    except Exception:  # the key itself, say: quoting the value is no help
         return None
     return shlex.quote(quoted) if quoted != text else None

@@ -148,7 +148,7 @@ class LostJobWatchdog(Callback):
                     if now - since >= GRACE_S and not paths.result_pickle.exists():
                         close_lost_job(paths, job_id, seen, config)
                         closed.add(job_id)
-            except Exception:  # noqa: BLE001 - the watchdog must outlive a surprise; it says what
+            except Exception:  # the watchdog must outlive a surprise; it says what
                 log.exception("The lost-job watchdog failed to check the sweep's jobs; it tries again")
 
 
@@ -210,7 +210,7 @@ def _job_dir(launcher, overrides: list[str], number: int, job_id: str, config: D
             job_config.hydra.job.num = number
             job_config.hydra.job.id = job_id
         return Path(str(job_config.hydra.sweep.dir)) / str(job_config.hydra.sweep.subdir)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         log.warning(
             "Cannot compose sweep job #%d's folder (%s); using %s/%d", number, error, config.hydra.sweep.dir, number
         )

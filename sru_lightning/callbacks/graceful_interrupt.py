@@ -280,7 +280,7 @@ class GracefulInterrupt(StopsOnSignal, Callback):
         for hook in list(self.before_watchdog_exit):
             try:
                 hook(message.strip())
-            except Exception:  # noqa: BLE001 - the exit goes ahead whatever a hook does
+            except Exception:  # the exit goes ahead whatever a hook does
                 pass
         self._end_launched_ranks()
         os._exit(1)

@@ -20,7 +20,6 @@ import torch
 POLICIES = ("auto", "fp32", "half")
 
 HALF_DTYPES = (torch.float16, torch.bfloat16)
-FLOATING_STORAGE_DTYPES = (torch.float32, torch.float64, torch.float16, torch.bfloat16)
 
 
 def validate_policy(policy, argument: str = "policy") -> str:

@@ -127,7 +127,7 @@ def keys_set_by(group: str, option: str) -> set[str]:
 
     try:
         content = OmegaConf.to_container(OmegaConf.load(conf_dir() / group / f"{option}.yaml"), resolve=False)
-    except Exception:  # noqa: BLE001 - unknown to us (a user's search path): everything may change
+    except Exception:  # unknown to us (a user's search path): everything may change
         return {"*"}
     keys = set()
     for entry in content.pop("defaults", None) or []:
@@ -151,7 +151,7 @@ def explicit_keys(overrides: list[str]) -> tuple[set[str], set[str]]:
             continue
         try:
             override = parser.parse_override(item)
-        except Exception:  # noqa: BLE001 - refused by the CLI before Hydra composed anything
+        except Exception:  # refused by the CLI before Hydra composed anything
             continue
         key = override.key_or_group
         if key in GLOBAL_GROUPS:  # a group that sets keys all over: the keys its option sets

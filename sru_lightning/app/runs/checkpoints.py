@@ -15,10 +15,9 @@ from typing import Any
 
 log = logging.getLogger("sru_lightning")
 
-#: The names Lightning's checkpoint callbacks give the run's resumable checkpoints (the newest
-#: of a run is found by the step recorded inside, whatever the name; see :mod:`.folder`).
+#: The name Lightning's checkpoint callback gives the run's latest checkpoint (the newest of a
+#: run is found by the step recorded inside, whatever the name; see :mod:`.folder`).
 CHECKPOINT_NAME = "last.ckpt"
-INTERRUPTED_NAME = "interrupted.ckpt"
 _NOT_ARCHITECTURE = ("optimizer", "lr_scheduler")
 
 

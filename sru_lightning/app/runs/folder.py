@@ -210,7 +210,7 @@ def hydra_config_of(directory: Path):
         return None
     try:
         return OmegaConf.load(saved)
-    except Exception:  # noqa: BLE001 - a foreign or damaged file is no config of ours
+    except Exception:  # a foreign or damaged file is no config of ours
         return None
 
 
@@ -222,7 +222,7 @@ def section(config, key: str) -> dict | None:
         return None
     try:
         return OmegaConf.to_container(config[key], resolve=True)
-    except Exception:  # noqa: BLE001 - an interpolation that needs a Hydra run is not comparable
+    except Exception:  # an interpolation that needs a Hydra run is not comparable
         return None
 
 

@@ -188,7 +188,7 @@ def _name_a_lost_process(attempt: Attempt, error: BaseException) -> BaseExceptio
     for local_rank, process in enumerate(launched, start=1):
         try:
             code = process.wait(timeout=5)
-        except Exception:  # noqa: BLE001 - still running (or not ours to wait for): not the lost one
+        except Exception:  # still running (or not ours to wait for): not the lost one
             continue
         if code:
             how = f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}"
