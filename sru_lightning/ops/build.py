@@ -217,7 +217,8 @@ def cpu_variant(levels: tuple[str, ...] | None = None) -> ExtensionVariant:
     return ExtensionVariant(
         "cpu",
         f"CPU recurrence kernels ({', '.join(levels)})",
-        (*map(Path, extension_sources(with_cuda=False)), *level_files),
+        # The level files first: they take longest, and ninja starts its jobs in this order.
+        (*level_files, *map(Path, extension_sources(with_cuda=False))),
         _headers() + other_level_files,
         CXX_FLAGS + OPENMP_FLAGS,
         ldflags=OPENMP_FLAGS,
