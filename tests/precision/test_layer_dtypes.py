@@ -12,7 +12,7 @@ import torch
 import sru_lightning.precision as precision
 
 PACKAGE = Path(precision.__file__).parent
-LAYER = {"regime": 0, "lightning": 1, "fsdp": 1, "apex": 1, "deepspeed": 2, "detect": 3, "__init__": 4}
+LAYER = {"regime": 0, "cpu_half": 0, "lightning": 1, "fsdp": 1, "apex": 1, "deepspeed": 2, "detect": 3, "__init__": 4}
 
 
 def package_imports(module: Path) -> set[str]:
