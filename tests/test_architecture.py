@@ -167,6 +167,48 @@ def test_imports_point_down_the_stack_only():
     assert upward == [], "imports against the stack:\n" + "\n".join(upward)
 
 
+# Inside the library, bottom first (docs/architecture.md): a package imports only its own level
+# and those below. The top-level modules (the version, resource paths, seeds, Lightning's private
+# API behind one fence, the CSV logger) are at the bottom.
+LIBRARY_ORDER = (
+    ("__init__", "_resources", "_seeds", "_lightning_compat", "loggers"),
+    ("ops",),
+    ("nn",),
+    ("precision", "strategies"),
+    ("callbacks", "models"),
+    ("data",),
+    ("export",),
+)
+
+
+def library_level(module: str) -> int:
+    parts = module.split(".")
+    package = parts[1] if len(parts) > 1 else "__init__"
+    for level, packages in enumerate(LIBRARY_ORDER):
+        if package in packages:
+            return level
+    raise AssertionError(f"{module}: its package {package!r} has no place in LIBRARY_ORDER")
+
+
+def test_the_library_imports_down_its_own_order():
+    graph = import_graph()
+    library = {module for module in graph if layer_of(module) == "library"}
+    for module in library:
+        library_level(module)  # every library module has its place
+    upward = [
+        f"{module} imports {target}"
+        for module in sorted(library)
+        for target in sorted(graph[module] & library)
+        if library_level(target) > library_level(module)
+    ]
+    assert upward == [], (
+        "imports against the library's order "
+        + " -> ".join("/".join(packages) for packages in LIBRARY_ORDER)
+        + ":\n"
+        + "\n".join(upward)
+    )
+
+
 def test_the_models_know_no_strategy_class():
     """A model asks the strategy (duck-typed hooks such as `shard`); it never imports one, so the
     engines stay below the models and a new engine needs no change in them."""

@@ -17,7 +17,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from sru_lightning.data.sampling import global_seed
+from sru_lightning._seeds import global_seed
 
 __all__ = ["SeedEveryBatch"]
 

@@ -14,25 +14,15 @@ on (seed, epoch) (:class:`EpochSeededRandomSampler`), the same permutation Light
 from __future__ import annotations
 
 import itertools
-import os
 import warnings
 from typing import Any
 
 import torch
 from torch.utils.data import DataLoader, RandomSampler
 
+from sru_lightning._seeds import global_seed
+
 __all__ = ["EpochSeededRandomSampler", "ResumableDataLoader", "global_seed"]
-
-
-def global_seed(seed: int | None = None) -> int:
-    """``seed`` when given, else the seed `lightning.seed_everything` recorded, else 0.
-
-    ``PL_GLOBAL_SEED`` is also what Lightning seeds its ``DistributedSampler`` with, so
-    defaulting to it keeps one-process and DDP data orders identical.
-    """
-    if seed is not None:
-        return int(seed)
-    return int(os.environ.get("PL_GLOBAL_SEED", 0))
 
 
 class EpochSeededRandomSampler(RandomSampler):
