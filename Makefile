@@ -36,7 +36,7 @@ PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip "setuptools>=68" wheel
+	$(PIP) install --quiet --upgrade pip "setuptools>=77" wheel
 
 # What `make run` needs: torch first (TORCH_SPEC), then the package and its runtime
 # dependencies; setuptools and wheel are in the venv already, so no isolated build env.
@@ -89,7 +89,7 @@ FLOOR_PINS = lightning==2.6.0 torchmetrics==1.3.0.post0 hydra-core==1.3.2 omegac
 $(FLOOR_VENV)/.installed: pyproject.toml Makefile
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
-	$(FLOOR_PY) -m pip install --quiet --upgrade pip "setuptools>=68" wheel
+	$(FLOOR_PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(FLOOR_PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(FLOOR_PY) -m pip install --quiet -e ".[test,bench,deepspeed,sweepers,docs]" "$(TORCH_SPEC)" $(FLOOR_PINS)
 	$(FLOOR_PY) tests/helpers/warm_caches.py
