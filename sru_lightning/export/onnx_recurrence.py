@@ -26,6 +26,8 @@ import numpy as np
 import onnx_ir as ir
 from onnxscript import opset20 as op
 
+from sru_lightning.ops.signature import RecurrenceCall
+
 from .graph_module import ExportError
 
 OPSET = 20
@@ -159,15 +161,26 @@ def recurrence_forward(
     store_c: bool,
 ):
     """ONNX translation of ``torch.ops.sru_lightning.recurrence_forward``: (h, c_last, c_all), c_all
-    empty unless ``store_c``."""
-    if mask_c is not None:
+    empty unless ``store_c``.
+
+    The exporter matches these parameters to the op's schema by name, so they are the op's
+    arguments (:data:`~sru_lightning.ops.signature.FORWARD_ARGUMENTS`); they become one call here.
+    """
+    return _recurrence_graph(RecurrenceCall.from_op(locals()), store_c=store_c)
+
+
+def _recurrence_graph(call: RecurrenceCall, *, store_c: bool):
+    """The graph of one call: its tensors are ONNX values; its flags, and ``scale_x`` when a float, are constants."""
+    U, x, weight_c, bias, c0 = call.U, call.x, call.weight_c, call.bias, call.c0
+    mask_pad, reset, c_starts = call.mask_pad, call.reset, call.c_starts
+    if call.mask_c is not None:
         raise ExportError("the recurrence has a dropout mask (`mask_c`, training only); export the model in eval mode")
     if len(weight_c.shape) != 1:
         raise ExportError(
             "the recurrence has per-step `weight_c` (from `custom_m`, not supported in export); "
             f"expected a vector of 2*dirs*hidden, got rank {len(weight_c.shape)}"
         )
-    directions = 2 if bidirectional else 1
+    directions = 2 if call.bidirectional else 1
     hidden = bias.shape[0] // (2 * directions)
     k = U.shape[-1] // (directions * hidden)
 
@@ -225,7 +238,7 @@ def recurrence_forward(
 
     # The reset gate and h need only the previous step's c: all steps at once.
     reset = op.Sigmoid(op.Add(blocks[2], op.Mul(reset_weight, c_before)))
-    if has_skip_term:
+    if call.has_skip_term:
         if k == 4:
             skip = blocks[3]
         else:
@@ -234,10 +247,11 @@ def recurrence_forward(
                 if directions == 1
                 else _time_aligned(op.Reshape(x, op.Constant(value_ints=[0, 0, *column_shape])), directions)
             )
-            if scale_x is not None:
-                skip = op.Mul(skip, _scalar(scale_x))
-            elif scale_x_value != 1.0:
-                skip = op.Mul(skip, op.Constant(value_float=float(scale_x_value)))
+            if isinstance(call.scale_x, (int, float)):
+                if call.scale_x != 1.0:
+                    skip = op.Mul(skip, op.Constant(value_float=float(call.scale_x)))
+            elif call.scale_x is not None:
+                skip = op.Mul(skip, _scalar(call.scale_x))
         h = op.Add(skip, op.Mul(reset, op.Sub(c_all, skip)))
     else:
         h = op.Mul(reset, c_all)

@@ -144,15 +144,15 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         if self.rnn_dropout > 0:
             warn_rnn_dropout(owner)
         self._store_settings(
-            bidirectional,
-            highway_bias,
-            has_skip_term,
-            rescale,
-            v1,
-            normalize_after,
-            weight_c_init,
-            amp_recurrence_fp16,
-            batch_first,
+            bidirectional=bidirectional,
+            highway_bias=highway_bias,
+            has_skip_term=has_skip_term,
+            rescale=rescale,
+            v1=v1,
+            normalize_after=normalize_after,
+            weight_c_init=weight_c_init,
+            amp_recurrence_fp16=amp_recurrence_fp16,
+            batch_first=batch_first,
         )
         self.recurrence_policy = resolve_amp_flag(
             owner, self.amp_recurrence_fp16, checked_policy(owner, recurrence_policy)
@@ -165,6 +165,7 @@ class SRUCell(RecurrentCellMixin, nn.Module):
 
     def _store_settings(
         self,
+        *,
         bidirectional,
         highway_bias,
         has_skip_term,
@@ -327,7 +328,16 @@ class SRUCell(RecurrentCellMixin, nn.Module):
         U, weight_c = self.compute_uv(x)
         skip = residual if self.has_skip_term and self.num_matrices == 3 else None
         return self._recurrence(
-            U, skip, weight_c, c0, mask_c, mask_pad, self.has_skip_term, reset, c_starts, return_states
+            U,
+            skip,
+            weight_c,
+            c0=c0,
+            mask_c=mask_c,
+            mask_pad=mask_pad,
+            has_skip_term=self.has_skip_term,
+            reset=reset,
+            c_starts=c_starts,
+            return_states=return_states,
         )
 
     def _one_half_copy_of_input(self, x: Tensor) -> Tensor:

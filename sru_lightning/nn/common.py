@@ -168,6 +168,7 @@ class RecurrentCellMixin(RefusesTorchScript):
         U: Tensor,
         skip: Tensor | None,
         weight_c: Tensor,
+        *,
         c0: Tensor | None,
         mask_c: Tensor | None,
         mask_pad: Tensor | None,

@@ -133,15 +133,15 @@ class SRUpp(StackMixin, nn.Module):
             owner, attention_every_n_layers, attention_last_n_layers
         )
         self._store_settings(
-            bidirectional,
-            layer_norm,
-            normalize_after,
-            attn_layer_norm,
-            highway_bias,
-            rescale,
-            nn_rnn_compatible_return,
-            weight_c_init,
-            batch_first,
+            bidirectional=bidirectional,
+            layer_norm=layer_norm,
+            normalize_after=normalize_after,
+            attn_layer_norm=attn_layer_norm,
+            highway_bias=highway_bias,
+            rescale=rescale,
+            nn_rnn_compatible_return=nn_rnn_compatible_return,
+            weight_c_init=weight_c_init,
+            batch_first=batch_first,
         )
         policy = checked_policy(owner, recurrence_policy)
         # Construction order follows the reference, so one seed gives the same initial weights.
@@ -152,6 +152,7 @@ class SRUpp(StackMixin, nn.Module):
 
     def _store_settings(
         self,
+        *,
         bidirectional,
         layer_norm,
         normalize_after,

@@ -145,7 +145,9 @@ class SRUppCell(RecurrentCellMixin, nn.Module):
         if self.training and self.dropout > 0:
             mask_c = time_shared_dropout_mask(self.bias, (input.shape[1], self.output_size), self.dropout)
         skip = input if self.num_matrices == 3 else None
-        return self._recurrence(U, skip, self.weight_c, c0, mask_c, mask_pad, has_skip_term=True, reset=reset)
+        return self._recurrence(
+            U, skip, self.weight_c, c0=c0, mask_c=mask_c, mask_pad=mask_pad, has_skip_term=True, reset=reset
+        )
 
     def extra_repr(self) -> str:
         parts = [f"{self.input_size}, {self.hidden_size}"]

@@ -107,16 +107,16 @@ class SRU(StackMixin, nn.Module):
         self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
         self.projection_size = check_non_negative_int(owner, "projection_size", projection_size)
         self._store_settings(
-            layer_norm,
-            has_skip_term,
-            rescale,
-            v1,
-            normalize_after,
-            weight_c_init,
-            highway_bias,
-            amp_recurrence_fp16,
-            nn_rnn_compatible_return,
-            batch_first,
+            layer_norm=layer_norm,
+            has_skip_term=has_skip_term,
+            rescale=rescale,
+            v1=v1,
+            normalize_after=normalize_after,
+            weight_c_init=weight_c_init,
+            highway_bias=highway_bias,
+            amp_recurrence_fp16=amp_recurrence_fp16,
+            nn_rnn_compatible_return=nn_rnn_compatible_return,
+            batch_first=batch_first,
         )
         # Same construction order as sru.SRU, so a seed gives the same initial weights.
         first_input_size = self._add_input_to_hidden(proj_input_to_hidden_first)
@@ -140,6 +140,7 @@ class SRU(StackMixin, nn.Module):
 
     def _store_settings(
         self,
+        *,
         layer_norm,
         has_skip_term,
         rescale,

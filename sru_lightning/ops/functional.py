@@ -18,8 +18,8 @@ import torch
 
 from .build import cuda_extension_available, extension_available
 from .compile_marks import assume_constant_result
-from .reference import sru_recurrence_reference
-from .shapes import check_recurrence_inputs
+from .reference import reference_recurrence
+from .shapes import RecurrenceShape, check_recurrence_inputs
 from .signature import RecurrenceCall
 from .storage_dtype import accumulation_dtype, resolve_storage_dtype, validate_policy
 from .tracing import record_kernel_call, tracing_active
@@ -47,86 +47,23 @@ def _cpp_backend_ready(device_type: str) -> bool:
     return True
 
 
-def _run(
-    U,
-    x,
-    weight_c,
-    bias,
-    c0,
-    scale_x,
-    mask_c,
-    mask_pad,
-    reset,
-    bidirectional,
-    has_skip_term,
-    policy,
-    inference,
-    c_starts=None,
-    return_states=False,
-):
+def _run(call: RecurrenceCall, *, policy: str, inference: bool, return_states: bool = False):
     validate_policy(policy)
-    shape = check_recurrence_inputs(
-        U,
-        x,
-        weight_c,
-        bias,
-        c0,
-        scale_x,
-        mask_c,
-        mask_pad,
-        bidirectional,
-        has_skip_term,
-        reset=reset,
-        c_starts=c_starts,
-    )
-    device_type = U.device.type
-    out_dtype = U.dtype
+    shape = check_recurrence_inputs(call)
+    device_type = call.U.device.type
+    out_dtype = call.U.dtype
     storage = resolve_storage_dtype(policy, out_dtype, device_type=device_type)
-    needs_x = has_skip_term and shape.k == 3
-
-    def to_storage(t):
-        return None if t is None else t.to(storage)
-
     with _autocast_disabled(device_type):
-        U_s = to_storage(U)
-        x_s = to_storage(x) if needs_x else None
-        weight_c_s = to_storage(weight_c)
-        bias_s = to_storage(bias)
-        c0_s = to_storage(c0)
-        mask_c_s = to_storage(mask_c)
-        c_starts_s = to_storage(c_starts)
-        mask_pad_b = None if mask_pad is None else mask_pad.to(torch.bool)
-        if shape.single_step:
-            U_s = U_s.unsqueeze(0)
-            x_s = None if x_s is None else x_s.unsqueeze(0)
-            weight_c_s = weight_c_s.unsqueeze(0) if shape.per_step_weight_c else weight_c_s
-            mask_pad_b = None if mask_pad_b is None else mask_pad_b.unsqueeze(0)
-            reset = None if reset is None else reset.unsqueeze(0)
-            c_starts_s = None if c_starts_s is None else c_starts_s.unsqueeze(0)
-
-        call = RecurrenceCall(
-            U_s,
-            x_s,
-            weight_c_s,
-            bias_s,
-            c0_s,
-            scale_x,
-            mask_c_s,
-            mask_pad_b,
-            reset,
-            c_starts_s,
-            bidirectional,
-            has_skip_term,
-        )
+        stored = _in_storage(call, shape, storage)
         if _cpp_backend_ready(device_type):
             from . import op
 
             if return_states:
-                h, c_last, c_all = op.sru_forward_states(*call)
+                h, c_last, c_all = op.sru_forward_states(stored)
             else:
-                h, c_last = (op.sru_inference if inference else op.sru_forward)(*call)
+                h, c_last = (op.sru_inference if inference else op.sru_forward)(stored)
         else:
-            h, c_last, c_all = _run_reference(call, inference)
+            h, c_last, c_all = _run_reference(stored, inference)
         if shape.single_step:
             h = h.squeeze(0)
         if return_states:
@@ -135,27 +72,36 @@ def _run(
         return h.to(out_dtype), c_last.to(out_dtype)
 
 
+def _in_storage(call: RecurrenceCall, shape: RecurrenceShape, storage: torch.dtype) -> RecurrenceCall:
+    """What the kernel reads: every floating tensor in the storage dtype, the padding as bool,
+    x only where the skip term reads it, and one step (B, ...) as a sequence of one (1, B, ...)."""
+
+    def to_storage(t):
+        return None if t is None else t.to(storage)
+
+    def as_sequence(t):
+        return t.unsqueeze(0) if shape.single_step and t is not None else t
+
+    weight_c = to_storage(call.weight_c)
+    return call.replace(
+        U=as_sequence(to_storage(call.U)),
+        x=as_sequence(to_storage(call.x)) if call.has_skip_term and shape.k == 3 else None,
+        weight_c=as_sequence(weight_c) if shape.per_step_weight_c else weight_c,
+        bias=to_storage(call.bias),
+        c0=to_storage(call.c0),
+        mask_c=to_storage(call.mask_c),
+        mask_pad=as_sequence(None if call.mask_pad is None else call.mask_pad.to(torch.bool)),
+        reset=as_sequence(call.reset),
+        c_starts=as_sequence(to_storage(call.c_starts)),
+    )
+
+
 def _run_reference(call: RecurrenceCall, inference: bool):
     storage = call.U.dtype
     accumulate = accumulation_dtype(storage)
     grad_context = torch.no_grad() if inference else contextlib.nullcontext()
     with grad_context:
-        h, c_last, c_all = sru_recurrence_reference(
-            call.U,
-            call.x,
-            call.weight_c,
-            call.bias,
-            call.c0,
-            scale_x=call.scale_x,
-            mask_c=call.mask_c,
-            mask_pad=call.mask_pad,
-            reset=call.reset,
-            c_starts=call.c_starts,
-            return_states=True,
-            bidirectional=call.bidirectional,
-            has_skip_term=call.has_skip_term,
-            compute_dtype=accumulate,
-        )
+        h, c_last, c_all = reference_recurrence(call, compute_dtype=accumulate)
     device_type = call.U.device.type
     record_kernel_call(device_type, storage, accumulate, "reference", "inference" if inference else "forward")
     if not inference and h.requires_grad and tracing_active() and not torch.compiler.is_compiling():
@@ -216,23 +162,21 @@ def sru_recurrence(
         return_states: also return ``c_all`` (L, B, dirs*D), the state after every step, with
             its gradient: a packed document's final state is ``c_all`` at its last step.
     """
-    return _run(
-        U,
-        x,
-        weight_c,
-        bias,
-        c0,
-        scale_x,
-        mask_c,
-        mask_pad,
-        reset,
-        bidirectional,
-        has_skip_term,
-        policy,
-        False,
+    call = RecurrenceCall(
+        U=U,
+        x=x,
+        weight_c=weight_c,
+        bias=bias,
+        c0=c0,
+        scale_x=scale_x,
+        mask_c=mask_c,
+        mask_pad=mask_pad,
+        reset=reset,
         c_starts=c_starts,
-        return_states=return_states,
+        bidirectional=bidirectional,
+        has_skip_term=has_skip_term,
     )
+    return _run(call, policy=policy, inference=False, return_states=return_states)
 
 
 def sru_recurrence_inference(
@@ -252,19 +196,18 @@ def sru_recurrence_inference(
     policy: str = "auto",
 ):
     """Same as :func:`sru_recurrence` without autograd; the per-step c is never stored."""
-    return _run(
-        U,
-        x,
-        weight_c,
-        bias,
-        c0,
-        scale_x,
-        mask_c,
-        mask_pad,
-        reset,
-        bidirectional,
-        has_skip_term,
-        policy,
-        True,
+    call = RecurrenceCall(
+        U=U,
+        x=x,
+        weight_c=weight_c,
+        bias=bias,
+        c0=c0,
+        scale_x=scale_x,
+        mask_c=mask_c,
+        mask_pad=mask_pad,
+        reset=reset,
         c_starts=c_starts,
+        bidirectional=bidirectional,
+        has_skip_term=has_skip_term,
     )
+    return _run(call, policy=policy, inference=True)

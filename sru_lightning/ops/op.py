@@ -58,15 +58,11 @@ def release_cached_buffers() -> int:
     return torch.ops.sru_lightning.release_cached_buffers()
 
 
-def _width(bias) -> int:
-    """dirs*D, the width of h and c, from bias's shape (2*dirs*D,)."""
-    return bias.shape[0] // 2
-
-
 @torch.library.register_fake(_FORWARD)
 def _forward_fake(*values):
     a = signature.bind(FORWARD_ARGUMENTS, values)
-    U, width = a["U"], _width(a["bias"])
+    call = RecurrenceCall.from_op(a)
+    U, width = call.U, call.width
     length, batch = U.shape[0], U.shape[1]
     h = U.new_empty((length, batch, width))
     c_last = U.new_empty((batch, width))
@@ -78,22 +74,16 @@ def _forward_fake(*values):
 def _backward_fake(*values):
     # The kernels return contiguous gradients whatever the inputs' strides (a batch_first
     # U or x arrives transposed): new_empty, not empty_like, which would copy the strides.
-    a = signature.bind(BACKWARD_ARGUMENTS, values)
-    U, width = a["U"], _width(a["bias"])
-    grad_x = U.new_empty(a["x"].shape) if _skip_from_x(a) else U.new_empty((0,))
+    call = RecurrenceCall.from_op(signature.bind(BACKWARD_ARGUMENTS, values))
+    U = call.U
     return (
         U.new_empty(U.shape),
-        grad_x,
-        U.new_empty(a["weight_c"].shape),
-        U.new_empty(a["bias"].shape),
-        U.new_empty((U.shape[1], width)),
-        U.new_empty(a["c_starts"].shape) if a["c_starts"] is not None else U.new_empty((0,)),
+        U.new_empty(call.x.shape) if call.skip_from_x else U.new_empty((0,)),
+        U.new_empty(call.weight_c.shape),
+        U.new_empty(call.bias.shape),
+        U.new_empty((U.shape[1], call.width)),
+        U.new_empty(call.c_starts.shape) if call.c_starts is not None else U.new_empty((0,)),
     )
-
-
-def _skip_from_x(arguments: dict) -> bool:
-    """Whether the skip term reads x (k == 3), so x gets a gradient."""
-    return arguments["has_skip_term"] and arguments["U"].shape[-1] == 3 * _width(arguments["bias"])
 
 
 # The tensors the backward needs: every tensor argument of the forward, and c_all.
@@ -106,7 +96,7 @@ def _setup_context(ctx, inputs, output):
     _, _, c_all = output
     ctx.save_for_backward(*(a[name] for name in _SAVED), c_all)
     ctx.options = {name: a[name] for name in _OPTIONS}
-    ctx.skip_from_x = _skip_from_x(a)
+    ctx.skip_from_x = RecurrenceCall.from_op(a).skip_from_x
     # c_all is an output with a gradient too (a packed document's final state is one of its steps).
     # Unused outputs then get None instead of freshly filled zero tensors.
     ctx.set_materialize_grads(False)
@@ -126,25 +116,19 @@ def _differentiable_gradients(a, skip_from_x, grad_h, grad_c_last, grad_c_all):
     gradient penalties, meta-learning). Returns the gradients of the differentiable arguments
     by name.
     """
-    from .reference import sru_recurrence_reference
+    from .reference import reference_recurrence
 
-    U = a["U"]
-    inputs = [U, a["x"] if skip_from_x else None, a["weight_c"], a["bias"], a["c0"], a["c_starts"]]
-    # A fresh leaf for an input without grad: its gradient is still returned, as by the kernel.
-    inputs = [None if t is None else (t if t.requires_grad else t.detach().requires_grad_()) for t in inputs]
-    scale_x = a["scale_x"] if a["scale_x"] is not None else a["scale_x_value"]
-    h, c_last, c_all = sru_recurrence_reference(
-        *inputs[:5],
-        c_starts=inputs[5],
-        return_states=True,
-        scale_x=scale_x,
-        mask_c=a["mask_c"],
-        mask_pad=a["mask_pad"],
-        reset=a["reset"],
-        bidirectional=a["bidirectional"],
-        has_skip_term=a["has_skip_term"],
-        compute_dtype=accumulation_dtype(U.dtype),
-    )
+    call = RecurrenceCall.from_op(a)
+    if not skip_from_x:
+        call = call.replace(x=None)
+
+    def leaf(t):  # a fresh leaf for an input without grad: its gradient is still returned, as by the kernel
+        return t if t is None or t.requires_grad else t.detach().requires_grad_()
+
+    call = call.replace(**{name: leaf(getattr(call, name)) for name in signature.DIFFERENTIABLE})
+    inputs = [getattr(call, name) for name in signature.DIFFERENTIABLE]
+    U = call.U
+    h, c_last, c_all = reference_recurrence(call, compute_dtype=accumulation_dtype(U.dtype))
     outputs, grads = [h.to(U.dtype)], [grad_h]
     if grad_c_last is not None:
         outputs.append(c_last.to(U.dtype))
@@ -204,42 +188,26 @@ def _setup_backward_context(ctx, inputs, output):
 torch.library.register_autograd(_BACKWARD, _no_derivative_of_the_backward, setup_context=_setup_backward_context)
 
 
-def _op_arguments(arguments, store_c: bool) -> tuple:
-    """The forward op's positional arguments for the entry points' ``arguments``
-    (:class:`~sru_lightning.ops.signature.RecurrenceCall` order)."""
-    call = RecurrenceCall(*arguments)._asdict()
-    scale_x = call["scale_x"]
-    if scale_x is None or isinstance(scale_x, torch.Tensor):
-        call["scale_x_value"] = 1.0
-    else:
-        call["scale_x"], call["scale_x_value"] = None, float(scale_x)
-    return signature.ordered(FORWARD_ARGUMENTS, {**call, "store_c": store_c})
-
-
-def sru_forward(*arguments):
-    """Differentiable recurrence on storage-dtype inputs (L, B, ...). Returns (h, c_last).
-
-    ``arguments`` are those of :class:`~sru_lightning.ops.signature.RecurrenceCall`: U, x,
-    weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, c_starts, bidirectional, has_skip_term.
-    """
-    h, c_last, _ = sru_forward_states(*arguments)
+def sru_forward(call: RecurrenceCall):
+    """Differentiable recurrence on storage-dtype inputs (L, B, ...). Returns (h, c_last)."""
+    h, c_last, _ = sru_forward_states(call)
     return h, c_last
 
 
-def sru_forward_states(*arguments):
+def sru_forward_states(call: RecurrenceCall):
     """:func:`sru_forward` that also returns c_all (L, B, dirs*D), the state after every step,
     with its gradient."""
-    h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*_op_arguments(arguments, store_c=True))
-    U = arguments[0]
+    h, c_last, c_all = torch.ops.sru_lightning.recurrence_forward(*call.op_arguments(store_c=True))
+    U = call.U
     record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "cpp", "forward")
     return h, c_last, c_all
 
 
-def sru_inference(*arguments):
-    """Recurrence without autograd and without storing the per-step states (arguments as
-    for :func:`sru_forward`)."""
+def sru_inference(call: RecurrenceCall):
+    """Recurrence without autograd and without storing the per-step states (the call as for
+    :func:`sru_forward`)."""
     with torch.no_grad():
-        h, c_last, _ = torch.ops.sru_lightning.recurrence_forward(*_op_arguments(arguments, store_c=False))
-    U = arguments[0]
+        h, c_last, _ = torch.ops.sru_lightning.recurrence_forward(*call.op_arguments(store_c=False))
+    U = call.U
     record_kernel_call(U.device.type, U.dtype, accumulation_dtype(U.dtype), "cpp", "inference")
     return h, c_last

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import torch
 
-from .shapes import check_recurrence_inputs
+from .shapes import RecurrenceShape, check_recurrence_inputs
+from .signature import RecurrenceCall
 from .storage_dtype import accumulation_dtype
 
 
@@ -57,20 +58,31 @@ def sru_recurrence_reference(
     ``compute_dtype`` None computes in float32 (float64 for float64 ``U``); a half dtype does
     every operation in that dtype.
     """
-    shape = check_recurrence_inputs(
-        U,
-        x,
-        weight_c,
-        bias,
-        c0,
-        scale_x,
-        mask_c,
-        mask_pad,
-        bidirectional,
-        has_skip_term,
+    call = RecurrenceCall(
+        U=U,
+        x=x,
+        weight_c=weight_c,
+        bias=bias,
+        c0=c0,
+        scale_x=scale_x,
+        mask_c=mask_c,
+        mask_pad=mask_pad,
         reset=reset,
         c_starts=c_starts,
+        bidirectional=bidirectional,
+        has_skip_term=has_skip_term,
     )
+    check_recurrence_inputs(call)
+    h, c_last, c_all = reference_recurrence(call, compute_dtype=compute_dtype)
+    return (h, c_last, c_all) if return_states else (h, c_last)
+
+
+def reference_recurrence(call: RecurrenceCall, *, compute_dtype: torch.dtype | None = None):
+    """The recurrence of a checked call (:func:`~sru_lightning.ops.shapes.check_recurrence_inputs`):
+    ``(h, c_last, c_all)`` in ``U``'s dtype, ``compute_dtype`` as for :func:`sru_recurrence_reference`."""
+    shape = RecurrenceShape.of(call)
+    U, x, weight_c, bias, c0 = call.U, call.x, call.weight_c, call.bias, call.c0
+    scale_x, mask_c, mask_pad, reset, c_starts = call.scale_x, call.mask_c, call.mask_pad, call.reset, call.c_starts
     out_dtype = U.dtype
     dtype = compute_dtype if compute_dtype is not None else accumulation_dtype(U.dtype)
     L, B, dirs, D, k = shape.length, shape.batch, shape.directions, shape.hidden_size, shape.k
@@ -88,7 +100,7 @@ def sru_recurrence_reference(
             forget_w, reset_w = wc[0].expand(L, B, dirs, D), wc[1].expand(L, B, dirs, D)
         forget_b, reset_b = cast(bias).reshape(2, dirs, D)
 
-        if not has_skip_term:
+        if not call.has_skip_term:
             skip = None
         elif k == 4:
             skip = u[..., 3]
@@ -114,11 +126,11 @@ def sru_recurrence_reference(
                     start = torch.zeros_like(c_prev) if start_states is None else start_states[t, :, d]
                     c_prev = torch.where(starts[first], start, c_prev)
                 forget = torch.sigmoid(u[t, :, d, :, 1] + forget_w[t, :, d] * c_prev + forget_b[d])
-                reset = torch.sigmoid(u[t, :, d, :, 2] + reset_w[t, :, d] * c_prev + reset_b[d])
+                reset_gate = torch.sigmoid(u[t, :, d, :, 2] + reset_w[t, :, d] * c_prev + reset_b[d])
                 c_t = forget * c_prev + (1 - forget) * u[t, :, d, :, 0]
                 if pad is not None:
                     c_t = torch.where(pad[t], c_prev, c_t)
-                gate = reset if drop is None else reset * drop[:, d]
+                gate = reset_gate if drop is None else reset_gate * drop[:, d]
                 if skip is None:
                     h_t = gate * c_t
                 else:
@@ -135,6 +147,4 @@ def sru_recurrence_reference(
         c_all = torch.stack(c_directions, dim=2).reshape(L, B, dirs * D)
         if shape.single_step:
             h, c_all = h[0], c_all[0]
-    if return_states:
-        return h.to(out_dtype), c_last.to(out_dtype), c_all.to(out_dtype)
-    return h.to(out_dtype), c_last.to(out_dtype)
+    return h.to(out_dtype), c_last.to(out_dtype), c_all.to(out_dtype)

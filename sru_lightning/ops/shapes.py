@@ -1,4 +1,5 @@
-"""Shape checks shared by the entry points and the reference: one place that knows the layout.
+"""The checks of a recurrence call, in one place that knows the layout: the entry points and
+the public reference check their :class:`~sru_lightning.ops.signature.RecurrenceCall` here, once.
 
 Layout (identical to the ``sru`` package, so its checkpoints load unchanged):
 
@@ -18,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .signature import RecurrenceCall
+
 
 @dataclass(frozen=True)
 class RecurrenceShape:
@@ -33,6 +36,17 @@ class RecurrenceShape:
     def columns(self) -> int:
         """Width of h and c: dirs * D."""
         return self.directions * self.hidden_size
+
+    @classmethod
+    def of(cls, call: RecurrenceCall) -> RecurrenceShape:
+        """The sizes of a call that :func:`check_recurrence_inputs` accepted (read, not checked)."""
+        directions = 2 if call.bidirectional else 1
+        hidden = call.bias.numel() // (2 * directions)
+        single_step = call.U.dim() == 2
+        length = 1 if single_step else call.U.shape[0]
+        k = call.U.shape[-1] // (directions * hidden)
+        per_step = call.weight_c.dim() != 1
+        return cls(length, call.U.shape[-2], directions, hidden, k, single_step, per_step)
 
 
 def _shape(t) -> tuple:
@@ -94,9 +108,8 @@ def _check_x(x, lead: tuple, columns: int) -> None:
         raise ValueError(f"SRU recurrence: `x` must have shape {lead + (columns,)}, got {_shape(x)}")
 
 
-def _is_per_step_weight_c(weight_c, lead: tuple, columns: int) -> bool:
-    per_step = weight_c.dim() != 1
-    if per_step:
+def _check_weight_c(weight_c, lead: tuple, columns: int) -> None:
+    if weight_c.dim() != 1:
         wrong = _shape(weight_c) != lead + (2 * columns,)
     else:
         wrong = weight_c.numel() != 2 * columns
@@ -105,7 +118,6 @@ def _is_per_step_weight_c(weight_c, lead: tuple, columns: int) -> bool:
             f"SRU recurrence: `weight_c` must have shape ({2 * columns},) or "
             f"{lead + (2 * columns,)}, got {_shape(weight_c)}"
         )
-    return per_step
 
 
 def _check_batch_tensors(c0, mask_c, mask_pad, reset, lead: tuple, batch: int, columns: int) -> None:
@@ -147,21 +159,10 @@ def _check_scale_x(scale_x) -> None:
         )
 
 
-def check_recurrence_inputs(
-    U,
-    x,
-    weight_c,
-    bias,
-    c0,
-    scale_x,
-    mask_c,
-    mask_pad,
-    bidirectional: bool,
-    has_skip_term: bool,
-    reset=None,
-    c_starts=None,
-) -> RecurrenceShape:
-    """Validate every argument against the layout and return the inferred sizes."""
+def check_recurrence_inputs(call: RecurrenceCall) -> RecurrenceShape:
+    """Validate every argument of ``call`` against the layout and return the inferred sizes."""
+    U, x, weight_c, bias = call.U, call.x, call.weight_c, call.bias
+    c0, mask_c, mask_pad, reset, c_starts = call.c0, call.mask_c, call.mask_pad, call.reset, call.c_starts
     _check_types(U, x, weight_c, bias, c0, mask_c, mask_pad, reset)
     _require_tensor("c_starts", c_starts, allow_none=True)
     _check_devices(
@@ -173,20 +174,20 @@ def check_recurrence_inputs(
         mask_c=mask_c,
         mask_pad=mask_pad,
         reset=reset,
-        scale_x=scale_x,
+        scale_x=call.scale_x,
         c_starts=c_starts,
     )
-    directions = 2 if bidirectional else 1
+    directions = 2 if call.bidirectional else 1
     hidden = _hidden_from_bias(bias, directions)
     columns = directions * hidden
     k = _k_from_U(U, directions, hidden)
     single_step = U.dim() == 2
     length, batch = 1 if single_step else U.shape[0], U.shape[-2]
     lead = (batch,) if single_step else (length, batch)
-    if has_skip_term and k == 3:
+    if call.has_skip_term and k == 3:
         _check_x(x, lead, columns)
-    per_step = _is_per_step_weight_c(weight_c, lead, columns)
+    _check_weight_c(weight_c, lead, columns)
     _check_batch_tensors(c0, mask_c, mask_pad, reset, lead, batch, columns)
     _check_document_starts(c_starts, reset, lead, columns)
-    _check_scale_x(scale_x)
-    return RecurrenceShape(length, batch, directions, hidden, k, single_step, per_step)
+    _check_scale_x(call.scale_x)
+    return RecurrenceShape.of(call)

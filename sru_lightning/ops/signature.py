@@ -4,13 +4,18 @@ The schemas of ``torch.ops.sru_lightning.recurrence_forward`` and ``recurrence_b
 are defined by the C++ library (csrc/sru_ops.h); :func:`check_registered_schemas` compares
 them with the schemas derived here, so the fake kernels, the autograd formula and the
 wrappers of :mod:`sru_lightning.ops.op`, which all read their arguments through this
-description, cannot drift from the C++ side.
+description, cannot drift from the C++ side. :class:`RecurrenceCall` is the same list as one
+keyword-only object, what the Python side passes around.
 """
 
 from __future__ import annotations
 
-from collections import namedtuple
-from typing import NamedTuple
+import dataclasses
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from torch import Tensor
 
 
 class Argument(NamedTuple):
@@ -57,11 +62,65 @@ def _backward_arguments() -> tuple[Argument, ...]:
 BACKWARD_ARGUMENTS = _backward_arguments()
 BACKWARD_RETURNS = tuple(f"grad_{name}" for name in DIFFERENTIABLE)
 
-# The arguments of the Python entry points (op.sru_forward, functional._run): the op's, with
-# scale_x a float, a 1-element tensor or None (split into scale_x and scale_x_value for the op).
-RecurrenceCall = namedtuple(
-    "RecurrenceCall", [argument.name for argument in RECURRENCE_ARGUMENTS if argument.name != "scale_x_value"]
-)
+
+@dataclass(frozen=True, kw_only=True)
+class RecurrenceCall:
+    """The arguments of one recurrence call, by name: the Python form of ``RecurrenceArgs`` in
+    csrc/sru_ops.h, taken by the entry points (:func:`~sru_lightning.ops.functional.sru_recurrence`
+    builds one), :func:`~sru_lightning.ops.op.sru_forward`, the reference, the fake kernels and
+    the ONNX translation.
+
+    Its fields are :data:`RECURRENCE_ARGUMENTS` in order, with ``scale_x`` a float, a 1-element
+    tensor or None: the op takes it as the tensor ``scale_x`` and the float ``scale_x_value``
+    (:meth:`op_arguments`, :meth:`from_op`). Built by keyword only. It holds its values as given;
+    :func:`sru_lightning.ops.shapes.check_recurrence_inputs` checks them (the ONNX translation
+    builds one from graph values, which are not tensors).
+    """
+
+    U: Tensor
+    x: Tensor | None = None
+    weight_c: Tensor
+    bias: Tensor
+    c0: Tensor | None = None
+    scale_x: Tensor | float | None = None
+    mask_c: Tensor | None = None
+    mask_pad: Tensor | None = None
+    reset: Tensor | None = None
+    c_starts: Tensor | None = None
+    bidirectional: bool = False
+    has_skip_term: bool = True
+
+    @property
+    def width(self) -> int:
+        """dirs*D, the width of h and c, from bias's shape (2*dirs*D,)."""
+        return self.bias.shape[0] // 2
+
+    @property
+    def skip_from_x(self) -> bool:
+        """Whether the skip term reads x (k == 3), so x gets a gradient."""
+        return self.has_skip_term and self.U.shape[-1] == 3 * self.width
+
+    def replace(self, **changes) -> RecurrenceCall:
+        """This call with the named fields changed."""
+        return dataclasses.replace(self, **changes)
+
+    def op_arguments(self, *, store_c: bool) -> tuple:
+        """The forward op's positional arguments (:data:`FORWARD_ARGUMENTS` order)."""
+        by_name = {field.name: getattr(self, field.name) for field in dataclasses.fields(self)}
+        if isinstance(self.scale_x, (int, float)):
+            by_name["scale_x"], by_name["scale_x_value"] = None, float(self.scale_x)
+        else:
+            by_name["scale_x_value"] = 1.0
+        return ordered(FORWARD_ARGUMENTS, {**by_name, "store_c": store_c})
+
+    @classmethod
+    def from_op(cls, arguments: dict) -> RecurrenceCall:
+        """The call from an op's arguments by name (:func:`bind`; the forward's or the
+        backward's), ``scale_x`` and ``scale_x_value`` joined into one."""
+        scale_x = arguments["scale_x"] if arguments["scale_x"] is not None else arguments["scale_x_value"]
+        by_name = {field.name: arguments[field.name] for field in dataclasses.fields(cls) if field.name != "scale_x"}
+        return cls(scale_x=scale_x, **by_name)
+
 
 # The vector code of the CPU kernels, in the order of torch.ops.sru_lightning.cpu_vector_level()'s
 # numbers; the C++ library lists the same names (torch.ops.sru_lightning.cpu_vector_levels()).

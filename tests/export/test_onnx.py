@@ -4,6 +4,7 @@ file with nothing but numpy, and training-only inputs are refused."""
 
 from __future__ import annotations
 
+import inspect
 import json
 import subprocess
 import sys
@@ -161,6 +162,15 @@ def test_documents_starting_from_given_states_match_eager_in_onnxruntime(tmp_pat
             assert relative_error(torch.from_numpy(g), e, floor=1e-12) < 1e-5, f"{name} at B={b} L={steps}"
         if reset[: steps - 1].any():  # a document inside the row starts from its given state
             assert relative_error(torch.from_numpy(got[0]), from_zero[0]) > 1e-3
+
+
+def test_the_translation_takes_the_op_arguments_by_their_names():
+    # The exporter matches the translation's parameters to the op's schema by name.
+    from sru_lightning.export.onnx_recurrence import recurrence_forward
+    from sru_lightning.ops.signature import FORWARD_ARGUMENTS
+
+    parameters = list(inspect.signature(recurrence_forward).parameters)
+    assert parameters == [argument.name for argument in FORWARD_ARGUMENTS]
 
 
 def test_training_only_inputs_are_refused_with_a_clear_error():

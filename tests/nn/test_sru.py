@@ -3,6 +3,8 @@ layout SRU and SRUpp share)."""
 
 from __future__ import annotations
 
+import inspect
+
 import pytest
 import torch
 from torch import nn
@@ -419,3 +421,9 @@ def test_gradcheck_float64_through_the_layer():
         for name in ("weight", "weight_proj", "weight_c", "bias")
     )
     assert torch.autograd.gradcheck(run, inputs, fast_mode=True)
+
+
+@pytest.mark.parametrize("layer", [SRUCell, SRU, SRUpp], ids=lambda layer: layer.__name__)
+def test_stored_settings_are_passed_by_keyword(layer):
+    parameters = list(inspect.signature(layer._store_settings).parameters.values())[1:]
+    assert parameters and all(parameter.kind is inspect.Parameter.KEYWORD_ONLY for parameter in parameters)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from sru_lightning import ops
 from sru_lightning.ops import op
+from sru_lightning.ops.signature import RecurrenceCall
 from sru_lightning.ops.testing import make_case, relative_error, run_with_grads
 
 VARIANTS = {
@@ -42,9 +43,20 @@ def cpp_forward(
     bidirectional=False,
     has_skip_term=True,
 ):
-    return op.sru_forward(
-        U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, None, bidirectional, has_skip_term
+    call = RecurrenceCall(
+        U=U,
+        x=x,
+        weight_c=weight_c,
+        bias=bias,
+        c0=c0,
+        scale_x=scale_x,
+        mask_c=mask_c,
+        mask_pad=mask_pad,
+        reset=reset,
+        bidirectional=bidirectional,
+        has_skip_term=has_skip_term,
     )
+    return op.sru_forward(call)
 
 
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
@@ -262,8 +274,9 @@ def test_large_outputs_reuse_the_buffers_of_dead_outputs_with_identical_results(
 def test_buffer_cache_size_comes_from_the_environment_and_bad_values_are_named():
     script = (
         "import torch; from sru_lightning.ops import op; from sru_lightning.ops.testing import make_case\n"
+        "from sru_lightning.ops.signature import RecurrenceCall\n"
         "(U, x, w, b, c0), kw = make_case(length=64, batch=32, hidden=256, dtype=torch.float32)\n"
-        "h, c = op.sru_forward(U, x, w, b, c0, kw['scale_x'], None, None, None, None, False, True)\n"
+        "h, c = op.sru_forward(RecurrenceCall(U=U, x=x, weight_c=w, bias=b, c0=c0, scale_x=kw['scale_x']))\n"
         "del h, c\n"
         "print('freed', op.release_cached_buffers())\n"
     )

@@ -26,6 +26,7 @@ CHECK = r"""
 import torch
 from sru_lightning import ops
 from sru_lightning.ops import op
+from sru_lightning.ops.signature import RecurrenceCall
 from sru_lightning.ops.testing import make_case, relative_error, run_with_grads
 
 VARIANTS = [
@@ -41,9 +42,9 @@ BOUNDS = {torch.float16: (2e-3, 1e-2), torch.bfloat16: (1.6e-2, 8e-2)}
 
 def kernel(U, x, weight_c, bias, c0, *, scale_x=None, mask_c=None, mask_pad=None, reset=None, bidirectional=False,
            has_skip_term=True):
-    c_starts = None
-    return op.sru_forward(U, x, weight_c, bias, c0, scale_x, mask_c, mask_pad, reset, c_starts, bidirectional,
-                          has_skip_term)
+    return op.sru_forward(RecurrenceCall(U=U, x=x, weight_c=weight_c, bias=bias, c0=c0, scale_x=scale_x,
+                                         mask_c=mask_c, mask_pad=mask_pad, reset=reset, bidirectional=bidirectional,
+                                         has_skip_term=has_skip_term))
 
 
 def cast(tensors, kwargs, dtype):

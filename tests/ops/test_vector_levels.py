@@ -14,15 +14,14 @@ CHECK = r"""
 import torch
 from sru_lightning import ops
 from sru_lightning.ops import op
+from sru_lightning.ops.signature import RecurrenceCall
 from sru_lightning.ops.testing import make_case, run_with_grads
 worst = 0.0
 for dtype, bound in ((torch.float64, 1e-10), (torch.float32, 1e-5), (torch.bfloat16, 1e-1), (torch.float16, 2e-2)):
     for variant in (dict(bidirectional=True, with_mask_pad=True, with_mask_c=True), dict(k=4, per_step_weight_c=True)):
         tensors, kwargs = make_case(length=5, batch=3, hidden=70, dtype=dtype, **variant)
         kwargs["reset"] = torch.tensor([[0, 1, 0], [0, 0, 0], [1, 0, 0], [0, 1, 1], [0, 0, 0]], dtype=torch.bool)
-        fn = lambda U, x, w, b, c0, **kw: op.sru_forward(U, x, w, b, c0, kw.get("scale_x"), kw.get("mask_c"),
-                                                         kw.get("mask_pad"), kw.get("reset"), None, kw["bidirectional"],
-                                                         kw["has_skip_term"])
+        fn = lambda U, x, w, b, c0, **kw: op.sru_forward(RecurrenceCall(U=U, x=x, weight_c=w, bias=b, c0=c0, **kw))
         got = run_with_grads(fn, tensors, kwargs)
         doubled = {k: (v.double() if torch.is_tensor(v) and v.is_floating_point() else v) for k, v in kwargs.items()}
         ref = run_with_grads(ops.sru_recurrence_reference, [t.double() if t is not None else None for t in tensors],
