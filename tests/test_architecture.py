@@ -269,3 +269,25 @@ def test_the_layers_import_like_torch(statement):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip() == "", f"`{statement}` loaded {result.stdout.strip()}"
+
+
+def test_no_application_module_imports_another_modules_private_name():
+    """A name with a leading underscore belongs to its module (the sweep watchdog once imported
+    the CLI's `_sweeper_counts_failures`); a module so named (`_lightning_compat`) is the
+    package's own and may be imported."""
+    names = module_names()
+    found = []
+    for module, path in names.items():
+        if layer_of(module) != "application":
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            source = _resolve(module, path.name == "__init__.py", node)
+            if source != PACKAGE and not source.startswith(PACKAGE + "."):
+                continue
+            for alias in node.names:
+                private = alias.name.startswith("_") and not alias.name.startswith("__")
+                if private and f"{source}.{alias.name}" not in names:
+                    found.append(f"{module} imports {source}.{alias.name}")
+    assert not found, found

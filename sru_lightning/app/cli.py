@@ -10,7 +10,6 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from sru_lightning._resources import conf_dir
 from sru_lightning.app.usage import PROG, print_error
@@ -165,7 +164,7 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     from hydra.core.hydra_config import HydraConfig
     from omegaconf import DictConfig
 
-    from sru_lightning.app.sweep import SweepIncomplete, summarise_stopped_sweep
+    from sru_lightning.app import sweep
 
     original_argv = list(sys.argv)
     statuses: list[str] = []
@@ -177,17 +176,13 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         sys.argv = [original_argv[0], command, *overrides]
         hydra_config = HydraConfig.get()
         try:
-            job_overrides = as_typed(list(hydra_config.overrides.task), overrides)
-            result = run(
-                cfg, command, Path(hydra_config.runtime.output_dir), job_overrides, multirun=_is_multirun(HydraConfig)
-            )
+            job_overrides = sweep.as_typed(list(hydra_config.overrides.task), overrides)
+            output_dir = Path(hydra_config.runtime.output_dir)
+            result = run(cfg, command, output_dir, job_overrides, multirun=sweep.is_multirun(hydra_config))
         finally:
             sys.argv = [original_argv[0], *overrides]
         statuses.append(result["status"])
-        if result["status"] != "completed" and _sweeper_counts_failures(hydra_config):
-            # Optuna's sweeper marks a trial failed when its job raises (a nan it cannot take).
-            raise JobFailed(f"job {result['run_dir']} {result['status']}: {result.get('error', '')}")
-        return optimized_value(result)
+        return sweep.job_return(result, hydra_config)
 
     problem = _unparsable_override(overrides)
     if problem:
@@ -202,23 +197,23 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     os.environ["HYDRA_FULL_ERROR"] = "1"
     try:
         entry()
-    except SweepIncomplete as incomplete:  # the summary above lists every job
-        return _report_incomplete(incomplete)
+    except sweep.SweepIncomplete as incomplete:  # the summary above lists every job
+        return sweep.report_incomplete(incomplete)
     except SystemExit as exit_request:  # a job stopped by SIGTERM or Ctrl+C stops its sweep too
-        summarise_stopped_sweep(continue_with=[command, *overrides])
+        sweep.summarise_stopped_sweep(continue_with=[command, *overrides])
         return exit_request.code if isinstance(exit_request.code, int) else 1
     except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
-        summarise_stopped_sweep(continue_with=[command, *overrides])
+        sweep.summarise_stopped_sweep(continue_with=[command, *overrides])
         return _fail("aborted by Ctrl+C (SIGINT)", 130)
-    except JobFailed as error:
-        summarise_stopped_sweep()
+    except sweep.JobFailed as error:
+        sweep.summarise_stopped_sweep()
         return _fail(f"the sweep stopped: {error} (hydra.sweeper.max_failure_rate sets how many may fail)", 1)
     except Exception as error:
         message = _configuration_error(error)
         if message is not None:
             return _fail(message)
-        if _raised_by_a_sweeper(error):  # e.g. Optuna after every trial failed
-            summarise_stopped_sweep()
+        if sweep.ended_by_a_plugin():  # e.g. Optuna after every trial failed
+            sweep.summarise_stopped_sweep()
             return _fail(f"the sweep stopped: {type(error).__name__}: {error}", 1)
         raise
     finally:
@@ -230,71 +225,6 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     if any(status != "completed" for status in statuses):
         return 1  # the run said why (interrupted, failed)
     return 0
-
-
-def _report_incomplete(incomplete) -> int:
-    """One line per job of a sweep that did not complete, then the count; exit status 1."""
-    for row in incomplete.rows:
-        error = row["error"].splitlines()[0] if row["error"] else "no result was written"
-        print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
-    print(
-        f"{PROG}: {len(incomplete.rows)} of {incomplete.total} runs did not complete; see the summary above",
-        file=sys.stderr,
-    )
-    return 1
-
-
-def _override_key(override: str) -> str:
-    return override.lstrip("+~").split("=", 1)[0]
-
-
-def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
-    """A job's overrides as the user typed them: Hydra hands a sweep's jobs its own spelling of the
-    fixed ones (`~key=null`, `False`); a swept key keeps the job's value."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    parser = OverridesParser.create()
-    fixed = {}
-    for item in typed:
-        if item.startswith("-") or ("=" not in item and not item.startswith("~")):
-            continue
-        try:
-            if not parser.parse_override(item).is_sweep_override():
-                fixed[_override_key(item)] = item
-        except Exception:  # unparsable overrides were refused before Hydra ran
-            continue
-    return [fixed.get(_override_key(item), item) for item in job_overrides]
-
-
-def _raised_by_a_sweeper(error: BaseException) -> bool:
-    return any(f"{os.sep}hydra_plugins{os.sep}" in frame for frame in _traceback_files(error))
-
-
-def _traceback_files(error: BaseException) -> list[str]:
-    files = []
-    trace = error.__traceback__
-    while trace is not None:
-        files.append(trace.tb_frame.f_code.co_filename)
-        trace = trace.tb_next
-    return files
-
-
-class JobFailed(Exception):
-    """A sweep job did not complete (raised for sweepers that record failed trials themselves)."""
-
-
-def _sweeper_counts_failures(hydra_config) -> bool:
-    """True for sweepers other than Hydra's basic one (Optuna's): they take a failed job as an
-    exception; the basic sweeper would stop at the first one, so its jobs return instead."""
-    target = str(hydra_config.sweeper.get("_target_", ""))
-    return _is_multirun_config(hydra_config) and bool(target) and not target.endswith("BasicSweeper")
-
-
-def optimized_value(record: dict[str, Any]) -> float:
-    """What the task returns to Hydra's sweeper: the monitored metric of a completed run, nan otherwise
-    (the Optuna sweeper records a nan trial as failed and goes on)."""
-    value = record.get("metrics", {}).get(record.get("monitor")) if record.get("status") == "completed" else None
-    return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
 def _configuration_error(error: BaseException) -> str | None:
@@ -346,13 +276,3 @@ def _unparsable_override(overrides: list[str]) -> str | None:
             quoted = quoting_hint(override)
             return message + (f"; Hydra reads such a value only in quotes: {quoted}" if quoted else "")
     return None
-
-
-def _is_multirun(hydra_config) -> bool:
-    return _is_multirun_config(hydra_config.get())
-
-
-def _is_multirun_config(hydra_config) -> bool:
-    from hydra.types import RunMode
-
-    return hydra_config.mode == RunMode.MULTIRUN

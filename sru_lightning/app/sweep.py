@@ -1,66 +1,48 @@
-"""Per-job result files and the end-of-sweep summary table (markdown + CSV).
+"""Sweeps (`fit -m ...`): what a job hands its sweeper, which jobs a sweep ran, and the
+end-of-sweep summary table (markdown + CSV).
+
+The CLI calls this module's public functions: :func:`as_typed` and :func:`job_return` in each
+job's task, and, when Hydra returns, :func:`report_incomplete` or :func:`summarise_stopped_sweep`
+with :func:`ended_by_a_plugin`. Whether a run is a sweep job, and whether its sweeper counts failed
+jobs itself (Optuna's), is read from Hydra's own config (`hydra.mode`, `hydra.sweeper`).
 
 Every run writes `result.json` into its own output directory. After a multirun, the
 `SweepSummary` Hydra callback reads the result of each job directory (whatever launcher ran
 it: local, joblib, submitit on SLURM) and writes `summary.md` and `summary.csv` next to them.
 A job that died without writing its result is listed as `missing`, and one its launcher gave up
-on (`lost.json` in its folder, see sru_lightning.app.slurm_launcher) as `lost`, with the
-launcher's reason. When a job did not
-complete, the callback ends the command with :class:`SweepIncomplete`, which carries those
-rows to the command line.
+on (`lost.json` in its folder, written by sru_lightning.app.sweep_watchdog) as `lost`, with the
+launcher's reason. When a job did not complete, the callback ends the command with
+:class:`SweepIncomplete`, which carries those rows to the command line.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
-import math
+import os
 import shlex
+import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from sru_lightning.app.runs.jobs import sweep_job_order
 from sru_lightning.app.runs.records import HISTORY_FILE, RESULT_FILE
+from sru_lightning.app.summary_table import write_summary
+from sru_lightning.app.usage import PROG
 
 log = logging.getLogger(__name__)
 
-SUMMARY_MARKDOWN = "summary.md"
-SUMMARY_CSV = "summary.csv"
 # Written into a job's folder by a launcher that gave up on the job (it ended without a result).
 LOST_FILE = "lost.json"
 # How a run ends on its own terms. A lost job whose run recorded anything else (`running`, no
 # record at all, or `interrupted`: stopped by the scheduler's SIGTERM, a stop the sweep will not
 # come back to) is listed as lost, with the launcher's reason and the run's.
 SETTLED_STATUSES = ("completed", "failed")
-# Metrics shown first when present; any other metric follows in alphabetical order.
-PREFERRED_METRICS = (
-    "val_bpc",
-    "val_ppl",
-    "test_bpc",
-    "test_ppl",
-    "unigram_bpc",
-    "train_bpc_epoch",
-    "val_bpw",
-    "val_word_ppl",
-    "test_bpw",
-    "test_word_ppl",
-    "unigram_bpw",
-    "train_bpw_epoch",
-)
-
-# How each job ran, after its metrics: optimizer steps, training throughput, wall time.
-# Column -> decimals shown in summary.md (summary.csv keeps every digit).
-RUN_COLUMNS = {"optimizer_steps": 0, "tokens_per_second": 0, "wall_seconds": 1}
-# Significant digits summary.md keeps of a metric (a learning rate of 2.9e-05 must not read
-# 0.0000), and of a run column (a short run's 0.04 s is not 0.0).
-METRIC_SIGNIFICANT_DIGITS = 4
-RUN_COLUMN_SIGNIFICANT_DIGITS = 1
-# Above this, fixed-point notation prints digits a float does not hold.
-_FIXED_POINT_LIMIT = 1e15
 
 
 class SweepIncomplete(SystemExit):
@@ -74,23 +56,112 @@ class SweepIncomplete(SystemExit):
         self.total = total
 
 
-def _job_sort_key(path: Path) -> tuple[int, str]:
-    return (int(path.name), "") if path.name.isdigit() else (1 << 30, path.name)
+#: Where Hydra's own sweeper and launcher live; any other is a plugin (Optuna's sweeper, the
+#: joblib and submitit launchers), which may end a sweep by raising.
+HYDRA_CORE_PLUGINS = "hydra._internal.core_plugins."
 
 
-def collect_results(sweep_dir: str | Path, since: float | None = None) -> list[dict[str, Any]]:
-    """One row per job directory under `sweep_dir`: job, status, overrides, metrics, error.
+# --------------------------------------------------------------------------------------------
+# a job of a sweep
+class JobFailed(Exception):
+    """A sweep job did not complete (raised for sweepers that record failed trials themselves)."""
 
-    With `since` (a time.time()), only the jobs this sweep started: Hydra writes a job's
-    `.hydra/overrides.yaml` when it starts it, so older job folders belong to an earlier sweep.
+
+def is_multirun(hydra_config) -> bool:
+    """Whether Hydra runs this job as part of a sweep (`hydra_config`: the `hydra` node)."""
+    from hydra.types import RunMode
+
+    return hydra_config.mode == RunMode.MULTIRUN
+
+
+def sweeper_counts_failures(hydra_config) -> bool:
+    """True for sweepers other than Hydra's basic one (Optuna's): they take a failed job as an
+    exception; the basic sweeper would stop at the first one, so its jobs return instead."""
+    target = str(hydra_config.sweeper.get("_target_", ""))
+    return is_multirun(hydra_config) and bool(target) and not target.startswith(HYDRA_CORE_PLUGINS)
+
+
+def optimized_value(record: dict[str, Any]) -> float:
+    """What the task returns to Hydra's sweeper: the monitored metric of a completed run, nan otherwise
+    (the Optuna sweeper records a nan trial as failed and goes on)."""
+    value = record.get("metrics", {}).get(record.get("monitor")) if record.get("status") == "completed" else None
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
+def job_return(record: dict[str, Any], hydra_config) -> float:
+    """What a job's task hands its sweeper for the run `record`: :func:`optimized_value`, or, for a
+    run that did not complete under a sweeper that counts failed jobs, :class:`JobFailed`."""
+    if record["status"] != "completed" and sweeper_counts_failures(hydra_config):
+        # Optuna's sweeper marks a trial failed when its job raises (a nan it cannot take).
+        raise JobFailed(f"job {record['run_dir']} {record['status']}: {record.get('error', '')}")
+    return optimized_value(record)
+
+
+def _override_key(override: str) -> str:
+    return override.lstrip("+~").split("=", 1)[0]
+
+
+def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
+    """A job's overrides as the user typed them: Hydra hands a sweep's jobs its own spelling of the
+    fixed ones (`~key=null`, `False`); a swept key keeps the job's value."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    parser = OverridesParser.create()
+    fixed = {}
+    for item in typed:
+        if item.startswith("-") or ("=" not in item and not item.startswith("~")):
+            continue
+        try:
+            if not parser.parse_override(item).is_sweep_override():
+                fixed[_override_key(item)] = item
+        except Exception:  # unparsable overrides were refused before Hydra ran
+            continue
+    return [fixed.get(_override_key(item), item) for item in job_overrides]
+
+
+# --------------------------------------------------------------------------------------------
+# the jobs a sweep ran
+#: A job folder's records of what happened to the job: Hydra writes the first when it starts the
+#: job, the run the second, a launcher that gave up on the job the third.
+JOB_RECORDS = (os.path.join(".hydra", "overrides.yaml"), RESULT_FILE, LOST_FILE)
+
+
+def job_records(sweep_dir: str | Path) -> dict[str, tuple]:
+    """{job folder name: what each of its records is (inode, modification, size; None if absent)}
+    for the job folders under `sweep_dir` now. Taken when a sweep begins, it tells the jobs this
+    sweep writes from those an earlier sweep left, by comparison alone (no clock is read)."""
+    found: dict[str, tuple] = {}
+    folder = Path(sweep_dir)
+    if not folder.is_dir():
+        return found
+    for job_dir in folder.iterdir():
+        if job_dir.is_dir():
+            found[job_dir.name] = tuple(_stamp(job_dir / name) for name in JOB_RECORDS)
+    return found
+
+
+def _stamp(file: Path) -> tuple[int, int, int] | None:
+    try:
+        status = file.stat()
+    except OSError:
+        return None
+    return (status.st_ino, status.st_mtime_ns, status.st_size)
+
+
+def collect_results(sweep_dir: str | Path, before: dict[str, tuple] | None = None) -> list[dict[str, Any]]:
+    """One row per job directory under `sweep_dir`, in the order of Hydra's job numbers: job,
+    status, overrides, metrics, error.
+
+    With `before` (:func:`job_records` when the sweep began), only the jobs this sweep started or
+    ended: a job folder whose records are as they were belongs to an earlier sweep.
     """
     rows = []
-    for job_dir in sorted((p for p in Path(sweep_dir).iterdir() if p.is_dir()), key=_job_sort_key):
+    now = job_records(sweep_dir)
+    for job_dir in sorted((Path(sweep_dir) / name for name in now), key=sweep_job_order):
         overrides_file = job_dir / ".hydra" / "overrides.yaml"
         result_file = job_dir / RESULT_FILE
-        if not any(file.exists() for file in (overrides_file, result_file, job_dir / LOST_FILE)):
-            continue
-        if since is not None and _started_before(job_dir, since):
+        records = now[job_dir.name]
+        if not any(records) or (before is not None and before.get(job_dir.name) == records):
             continue
         record: dict[str, Any] = latest_attempt(job_dir) or {}
         if not record and result_file.exists():
@@ -161,128 +232,57 @@ def _lost_record(job_dir: Path) -> dict[str, Any] | None:
     return note if isinstance(note, dict) else None
 
 
-def _started_before(job_dir: Path, since: float) -> bool:
-    stamps = [
-        file.stat().st_mtime
-        for file in (job_dir / ".hydra" / "overrides.yaml", job_dir / RESULT_FILE, job_dir / LOST_FILE)
-        if file.exists()
-    ]
-    return max(stamps) < since
-
-
-def _metric_columns(rows: list[dict[str, Any]]) -> list[str]:
-    present = {name for row in rows for name in row["metrics"]}
-    first = [name for name in PREFERRED_METRICS if name in present]
-    return first + sorted(present - set(first))
-
-
-def _is_whole(value: Any) -> bool:
-    return isinstance(value, float) and math.isfinite(value) and value.is_integer() and abs(value) < _FIXED_POINT_LIMIT
-
-
-def _format(value: Any, digits: int = 4, significant: int = METRIC_SIGNIFICANT_DIGITS) -> str:
-    """A number for summary.md, as it reads best: integers (and whole floats such as an `epoch`
-    metric) without a fraction; other floats with `digits` decimals when those still show
-    `significant` significant digits, else with `significant` significant digits in whatever
-    notation Python picks (``2.9e-05``), so a small or huge value keeps its meaning."""
-    if _is_whole(value):
-        return str(int(value))
-    if isinstance(value, float):
-        magnitude = abs(value)
-        if not math.isfinite(value) or 10.0 ** (significant - 1 - digits) <= magnitude < _FIXED_POINT_LIMIT:
-            return f"{value:.{digits}f}"
-        return f"{value:.{significant}g}"
-    return "" if value is None else str(value)
-
-
-def _exact(value: Any) -> str:
-    """A number for summary.csv, where a program reads it back: every digit of a float (its
-    shortest round-tripping form, ``2.9e-05``), integers and whole floats without a fraction."""
-    if _is_whole(value):
-        return str(int(value))
-    if isinstance(value, float):
-        return repr(value)
-    return "" if value is None else str(value)
-
-
-def write_summary(sweep_dir: str | Path, rows: list[dict[str, Any]], stopped: bool = False) -> tuple[Path, Path]:
-    """Write summary.md and summary.csv for `rows` into `sweep_dir`; return their paths.
-    `stopped`: the sweep ended before its last job, which summary.md then says."""
-    sweep_dir = Path(sweep_dir)
-    metrics = _metric_columns(rows)
-    header = ["job", "status", "overrides", *metrics, *RUN_COLUMNS, "error"]
-
-    def cells(row: dict[str, Any], metric, run_column) -> list[str]:
-        return [
-            row["job"],
-            row["status"],
-            row["overrides"],
-            *(metric(row["metrics"].get(m)) for m in metrics),
-            *(run_column(row.get(key), key) for key in RUN_COLUMNS),
-            row["error"].splitlines()[0] if row["error"] else "",
-        ]
-
-    csv_path = sweep_dir / SUMMARY_CSV
-    with open(csv_path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        writer.writerow(header)
-        writer.writerows(cells(row, _exact, lambda value, key: _exact(value)) for row in rows)
-    table = [
-        cells(row, _format, lambda value, key: _format(value, RUN_COLUMNS[key], RUN_COLUMN_SIGNIFICANT_DIGITS))
-        for row in rows
-    ]
-
-    def cell(text: str) -> str:
-        return text.replace("|", "\\|")
-
-    lines = [
-        f"# Sweep summary: {sweep_dir}",
-        "",
-        "| " + " | ".join(header) + " |",
-        "|" + "|".join("---" for _ in header) + "|",
-        *("| " + " | ".join(cell(value) for value in line) + " |" for line in table),
-        "",
-    ]
-    done = sum(row["status"] == "completed" for row in rows)
-    lines.append(f"{done} of {len(rows)} jobs completed.")
-    if stopped:
-        lines.append("The sweep was stopped: the jobs it had not started yet are not listed.")
-    markdown_path = sweep_dir / SUMMARY_MARKDOWN
-    markdown_path.write_text("\n".join(lines) + "\n")
-    return markdown_path, csv_path
-
-
 class SweepSummary(Callback):
     """Hydra callback: after a multirun, tabulate the overrides and final metrics of every job
     this sweep ran (a sweep continued in the folder of an earlier one lists only its own jobs)."""
 
     def __init__(self) -> None:
-        self.started: float | None = None
+        self.before: dict[str, tuple] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        global _unfinished
-        # A little slack for file systems that store times coarsely.
-        self.started = time.time() - 1.0
-        _unfinished = (Path(config.hydra.sweep.dir), self.started)
+        global _under_way
+        sweep_dir = Path(str(config.hydra.sweep.dir))
+        self.before = job_records(sweep_dir)
+        targets = [str(config.hydra[part].get("_target_", "")) for part in ("sweeper", "launcher")]
+        _under_way = _SweepUnderWay(sweep_dir, self.before, tuple(targets))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global _unfinished
-        _unfinished = None
-        rows = summarise(Path(config.hydra.sweep.dir), self.started)
+        global _under_way
+        _under_way = None
+        rows = summarise(Path(str(config.hydra.sweep.dir)), self.before)
         incomplete = [row for row in rows if row["status"] != "completed"]
         if incomplete:
             raise SweepIncomplete(incomplete, len(rows))
 
 
-#: The sweep under way (its folder, when it started) until its summary is written.
-_unfinished: tuple[Path, float] | None = None
+@dataclass(frozen=True)
+class _SweepUnderWay:
+    folder: Path
+    before: dict[str, tuple]
+    #: `hydra.sweeper._target_` and `hydra.launcher._target_` of the sweep's config.
+    plugins: tuple[str, ...]
 
 
-def summarise(sweep_dir: Path, since: float | None, stopped: bool = False) -> list[dict[str, Any]]:
+#: The sweep under way until its summary is written.
+_under_way: _SweepUnderWay | None = None
+
+
+def ended_by_a_plugin() -> bool:
+    """Whether the sweep under way (an error came out of Hydra before its summary was written) is
+    run by a sweeper or launcher other than Hydra's own, as its config says: such a plugin ends a
+    sweep by raising (Optuna's sweeper after no trial completed, submitit's launcher giving up on a
+    job), which the command reports in one line. Under Hydra's basic sweeper and launcher, the
+    jobs report their own failures, so an error out of the sweep is a fault, shown in full."""
+    return _under_way is not None and any(
+        target and not target.startswith(HYDRA_CORE_PLUGINS) for target in _under_way.plugins
+    )
+
+
+def summarise(sweep_dir: Path, before: dict[str, tuple] | None, stopped: bool = False) -> list[dict[str, Any]]:
     """Write and print the summary of the jobs this sweep ran; their rows."""
     if not sweep_dir.is_dir():
         return []
-    rows = collect_results(sweep_dir, since=since)
+    rows = collect_results(sweep_dir, before)
     markdown_path, csv_path = write_summary(sweep_dir, rows, stopped)
     print(markdown_path.read_text(), flush=True)
     log.info("Sweep summary: %s and %s", markdown_path, csv_path)
@@ -294,27 +294,38 @@ def summarise_stopped_sweep(continue_with: list[str] | None = None) -> None:
     SIGTERM in one of its jobs) still gets the summary of the jobs it ran: Hydra calls no
     end-of-sweep callback then. `continue_with`: the sweep's command (`fit -m ...`), to print
     the one that continues it, each job in its own folder (`ckpt_path=auto`)."""
-    global _unfinished
-    if _unfinished is not None:
-        sweep_dir, since = _unfinished
-        _unfinished = None
-        summarise(sweep_dir, since, stopped=True)
-        if continue_with:
-            kept = [
-                word for word in continue_with if not word.lstrip("+~").startswith(("ckpt_path=", "hydra.sweep.dir="))
-            ]
-            from sru_lightning.app.override_text import command_line, override
+    global _under_way
+    if _under_way is None:
+        return
+    sweep_dir, before = _under_way.folder, _under_way.before
+    _under_way = None
+    summarise(sweep_dir, before, stopped=True)
+    if continue_with:
+        kept = [word for word in continue_with if not word.lstrip("+~").startswith(("ckpt_path=", "hydra.sweep.dir="))]
+        from sru_lightning.app.override_text import command_line, override
 
-            words = [
-                "python",
-                "-m",
-                "sru_lightning",
-                *kept,
-                override("hydra.sweep.dir", str(sweep_dir.absolute())),
-                "ckpt_path=auto",
-            ]
-            print(
-                "the sweep was stopped; continue it (each job from its own folder, the finished ones "
-                "only validated again) with: " + command_line(words),
-                flush=True,
-            )
+        words = [
+            "python",
+            "-m",
+            "sru_lightning",
+            *kept,
+            override("hydra.sweep.dir", str(sweep_dir.absolute())),
+            "ckpt_path=auto",
+        ]
+        print(
+            "the sweep was stopped; continue it (each job from its own folder, the finished ones "
+            "only validated again) with: " + command_line(words),
+            flush=True,
+        )
+
+
+def report_incomplete(incomplete: SweepIncomplete) -> int:
+    """One line per job of a sweep that did not complete, then the count; exit status 1."""
+    for row in incomplete.rows:
+        error = row["error"].splitlines()[0] if row["error"] else "no result was written"
+        print(f"{PROG}: job {row['job']} {row['status']}: {error}", file=sys.stderr)
+    print(
+        f"{PROG}: {len(incomplete.rows)} of {incomplete.total} runs did not complete; see the summary above",
+        file=sys.stderr,
+    )
+    return 1

@@ -170,8 +170,7 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
     from hydra.core.utils import JobReturn, JobStatus
     from submitit.core.utils import DelayedSubmission, cloudpickle_dump
 
-    from sru_lightning.app.cli import JobFailed, _sweeper_counts_failures, as_typed
-    from sru_lightning.app.sweep import record_lost_job
+    from sru_lightning.app.sweep import JobFailed, as_typed, record_lost_job, sweeper_counts_failures
 
     reason = (
         f"SLURM job {job_id} ended ({state}) without a result"
@@ -184,7 +183,7 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
     log.error("Sweep job #%d (%s) lost: %s", number, " ".join(overrides), reason)
     # As the user typed them (the CLI's sys.argv during the sweep), like a run's own record.
     record_lost_job(job_dir, as_typed(overrides, sys.argv[1:]), reason, job_id)
-    if _sweeper_counts_failures(config.hydra):
+    if sweeper_counts_failures(config.hydra):
         result = JobReturn(
             overrides=overrides,
             working_dir=str(job_dir),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers.tiny_run import TINY_RUN
 
-from sru_lightning.app import cli
+from sru_lightning.app import cli, sweep
 from sru_lightning.app.runs.checkpoints import CHECKPOINT_NAME
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
@@ -102,26 +102,35 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_it_writes(tmp_p
 
 
 def test_a_summary_lists_only_the_jobs_this_sweep_started(tmp_path):
+    """Which jobs a sweep ran is told by what it wrote into their folders, not by clocks: on a
+    file system whose clock is an hour behind this machine's, this sweep's jobs were left out of
+    its summary (and one an hour ahead would have joined it)."""
     import os
     import time
 
     from sru_lightning.app.runs.records import write_result
-    from sru_lightning.app.sweep import collect_results
+    from sru_lightning.app.sweep import collect_results, job_records
 
-    for job, status in (("0", "completed"), ("1", "completed")):
-        (tmp_path / job / ".hydra").mkdir(parents=True)
+    def start_job(job: str, stamp: float) -> None:
+        (tmp_path / job / ".hydra").mkdir(parents=True, exist_ok=True)
         (tmp_path / job / ".hydra" / "overrides.yaml").write_text(f"- lr={job}\n")
-        write_result(tmp_path / job, {"status": status, "overrides": [f"lr={job}"], "metrics": {"val_bpc": 1.0}})
-    old = time.time() - 3600
-    for path in (tmp_path / "1" / ".hydra" / "overrides.yaml", tmp_path / "1" / "result.json"):
-        os.utime(path, (old, old))
-    rows = collect_results(tmp_path, since=time.time() - 60)
-    assert [row["job"] for row in rows] == ["0"]
+        write_result(tmp_path / job, {"status": "completed", "overrides": [f"lr={job}"], "metrics": {"val_bpc": 1.0}})
+        for path in (tmp_path / job / ".hydra" / "overrides.yaml", tmp_path / job / "result.json"):
+            os.utime(path, (stamp, stamp))
+
+    for job in ("0", "1"):  # an earlier sweep, its clock an hour ahead
+        start_job(job, time.time() + 3600)
+    before = job_records(tmp_path)
+    for job in ("0", "2"):  # this sweep continues job 0 and adds job 2, its clock an hour behind
+        start_job(job, time.time() - 3600)
+    assert [row["job"] for row in collect_results(tmp_path, before)] == ["0", "2"]
+    assert [row["job"] for row in collect_results(tmp_path)] == ["0", "1", "2"]
 
 
 def test_summaries_print_integers_as_integers_and_overrides_as_typed(tmp_path):
     from sru_lightning.app.runs.records import write_result
-    from sru_lightning.app.sweep import collect_results, write_summary
+    from sru_lightning.app.summary_table import write_summary
+    from sru_lightning.app.sweep import collect_results
 
     (tmp_path / "0").mkdir()
     write_result(
@@ -147,7 +156,8 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
     import csv
 
     from sru_lightning.app.runs.records import write_result
-    from sru_lightning.app.sweep import collect_results, write_summary
+    from sru_lightning.app.summary_table import write_summary
+    from sru_lightning.app.sweep import collect_results
 
     metrics = {
         "lr": 2.9e-05,
@@ -191,7 +201,7 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
 def test_sweep_jobs_keep_the_overrides_as_the_user_typed_them():
     typed = ["model.rnn=sru,lstm", "~callbacks.rich_progress_bar", "+trainer.enable_progress_bar=false"]
     job = ["model.rnn=lstm", "~callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=False"]
-    assert cli.as_typed(job, typed) == ["model.rnn=lstm", *typed[1:]]
+    assert sweep.as_typed(job, typed) == ["model.rnn=lstm", *typed[1:]]
 
 
 # --------------------------------------------------------------------------------------------

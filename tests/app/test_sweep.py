@@ -8,9 +8,11 @@ import json
 import pytest
 from helpers.tiny_run import TINY_RUN
 
-from sru_lightning.app import cli
+from sru_lightning.app import cli, sweep
+from sru_lightning.app.runs import directories
 from sru_lightning.app.runs.records import write_result
-from sru_lightning.app.sweep import collect_results, record_lost_job, write_summary
+from sru_lightning.app.summary_table import write_summary
+from sru_lightning.app.sweep import collect_results, record_lost_job
 
 TINY = TINY_RUN
 
@@ -135,12 +137,58 @@ def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_pat
         SweepSummary().on_multirun_end(config)
     assert ended.value.code == 1 and ended.value.total == 2
     assert [(row["job"], row["status"]) for row in ended.value.rows] == [("1", "failed")]
-    assert cli._report_incomplete(ended.value) == 1
+    assert sweep.report_incomplete(ended.value) == 1
     err = capsys.readouterr().err
     assert "job 1 failed: ValueError: bad\n" in err and "1 of 2 runs did not complete" in err
     write_result(tmp_path / "1", {"status": "completed", "overrides": ["lr=2"], "metrics": {"val_bpc": 2.0}})
     SweepSummary().on_multirun_end(config)  # every job completed: the command goes on to status 0
     assert "2 of 2 jobs completed." in capsys.readouterr().out
+
+
+def test_a_sweeps_jobs_are_ordered_by_hydras_job_numbers(tmp_path):
+    """Folders named by `hydra.sweep.subdir=${hydra.job.override_dirname}` come in the order the
+    sweep ran them (was: by name, lr=0.01 first), in the summary and in the refusal that lists them."""
+    for name, number in (("lr=1", 0), ("lr=0.1", 1), ("lr=0.01", 2), ("lr=0.001", 10)):
+        (tmp_path / name / ".hydra").mkdir(parents=True)
+        (tmp_path / name / ".hydra" / "hydra.yaml").write_text(f"hydra:\n  job:\n    num: {number}\n")
+        (tmp_path / name / ".hydra" / "overrides.yaml").write_text(f"- {name}\n")
+    (tmp_path / "9" / ".hydra").mkdir(parents=True)  # no record of its number: its folder's name
+    (tmp_path / "9" / ".hydra" / "overrides.yaml").write_text("- lr=9\n")
+    order = ["lr=1", "lr=0.1", "lr=0.01", "9", "lr=0.001"]
+    assert [row["job"] for row in collect_results(tmp_path)] == order
+    assert directories.earlier_jobs(tmp_path) == order
+
+
+@pytest.mark.parametrize(
+    "sweeper, launcher, by_a_plugin",
+    [
+        ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "basic_launcher.BasicLauncher", False),
+        ("hydra_plugins.hydra_optuna_sweeper.optuna_sweeper.OptunaSweeper", "basic_launcher.BasicLauncher", True),
+        ("hydra._internal.core_plugins.basic_sweeper.BasicSweeper", "hydra_plugins.joblib.JoblibLauncher", True),
+    ],
+)
+def test_a_sweep_run_by_a_plugin_is_told_from_its_config(tmp_path, sweeper, launcher, by_a_plugin):
+    from hydra.types import RunMode
+    from omegaconf import OmegaConf
+
+    from sru_lightning.app.sweep import SweepSummary
+
+    launcher = launcher if launcher.startswith("hydra_plugins") else "hydra._internal.core_plugins." + launcher
+    hydra_node = {
+        "mode": RunMode.MULTIRUN,
+        "sweep": {"dir": str(tmp_path)},
+        "sweeper": {"_target_": sweeper},
+        "launcher": {"_target_": launcher},
+    }
+    config = OmegaConf.create({"hydra": hydra_node})
+    assert sweep.sweeper_counts_failures(config.hydra) is ("optuna" in sweeper)
+    assert not sweep.ended_by_a_plugin()  # no sweep under way
+    SweepSummary().on_multirun_start(config)
+    assert sweep.ended_by_a_plugin() is by_a_plugin
+    sweep.summarise_stopped_sweep()
+    assert not sweep.ended_by_a_plugin()
+    config.hydra.mode = RunMode.RUN  # a single run never counts as a failed trial
+    assert not sweep.sweeper_counts_failures(config.hydra)
 
 
 @pytest.mark.slow

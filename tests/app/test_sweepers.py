@@ -12,7 +12,7 @@ import pytest
 import yaml
 from helpers.tiny_run import TINY_RUN
 
-from sru_lightning.app import cli
+from sru_lightning.app import cli, sweep
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 
@@ -36,9 +36,9 @@ def _in_tmp(tmp_path, monkeypatch):
 
 def test_the_task_returns_the_monitored_metric_and_nan_for_a_failure():
     completed = {"status": "completed", "monitor": "val_bpc", "metrics": {"val_bpc": 2.5, "train_loss": 1.0}}
-    assert cli.optimized_value(completed) == 2.5
-    assert math.isnan(cli.optimized_value({"status": "failed", "monitor": "val_bpc"}))
-    assert math.isnan(cli.optimized_value({"status": "completed", "monitor": "val_bpc", "metrics": {}}))
+    assert sweep.optimized_value(completed) == 2.5
+    assert math.isnan(sweep.optimized_value({"status": "failed", "monitor": "val_bpc"}))
+    assert math.isnan(sweep.optimized_value({"status": "completed", "monitor": "val_bpc", "metrics": {}}))
 
 
 @pytest.mark.slow

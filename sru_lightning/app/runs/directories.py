@@ -27,6 +27,7 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from sru_lightning.app.runs.jobs import sweep_job_order
 from sru_lightning.app.usage import CommandExit, error_exit
 
 HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
@@ -185,11 +186,11 @@ def earlier_jobs(sweep_dir: Path) -> list[str]:
     if not sweep_dir.is_dir():
         return []
     found = [
-        child.name
+        child
         for child in sweep_dir.iterdir()
         if child.is_dir() and any((child / name).exists() for name in (".hydra", "result.json", "checkpoints"))
     ]
-    return sorted(found, key=lambda name: (not name.isdigit(), int(name) if name.isdigit() else 0, name))
+    return [child.name for child in sorted(found, key=sweep_job_order)]
 
 
 def _check_can_create(directory: Path, setting: str) -> None:

@@ -73,6 +73,29 @@ def owned_elsewhere(run_owner: dict[str, Any] | None, run_dir: Path) -> str | No
 
 
 # --------------------------------------------------------------------------------------------
+# a sweep's jobs
+def sweep_job_order(job_dir: Path) -> tuple[int, int, str]:
+    """The key that orders a sweep's job folders: the job number Hydra recorded for the job
+    (`hydra.job.num` in its `.hydra/hydra.yaml`), else the folder's name when it is a number
+    (Hydra's default `hydra.sweep.subdir`); folders with neither come last, by name."""
+    number = _hydra_job_number(Path(job_dir))
+    if number is None and Path(job_dir).name.isdigit():
+        number = int(Path(job_dir).name)
+    return (0, number, Path(job_dir).name) if number is not None else (1, 0, Path(job_dir).name)
+
+
+def _hydra_job_number(job_dir: Path) -> int | None:
+    import yaml
+
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # a sweep of many jobs reads many
+    try:
+        number = yaml.load((job_dir / ".hydra" / "hydra.yaml").read_text(), Loader=loader)["hydra"]["job"]["num"]
+    except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
+        return None
+    return number if isinstance(number, int) and not isinstance(number, bool) else None
+
+
+# --------------------------------------------------------------------------------------------
 # requeue
 def requeue_own_job() -> str:
     """Ask SLURM to requeue this job (after a stop on a scheduler's warning signal); what happened."""
