@@ -65,14 +65,22 @@ $(VENV)/.warmed: $(VENV)/.installed tests/helpers/warm_caches.py
 	$(PY) tests/helpers/warm_caches.py
 	touch $@
 
+# The kernels compile beside the third-party warm-up ($(1): build's options): each side is
+# mostly one compiler at a time, so two cores finish both together (its output follows).
+define kernels_beside_warmup
+	@$(PY) -m sru_lightning build $(1) > $(VENV)/kernel-build.log 2>&1 & build=$$!; \
+	$(MAKE) --no-print-directory $(VENV)/.warmed; warmed=$$?; \
+	wait $$build; built=$$?; cat $(VENV)/kernel-build.log; test $$warmed = 0 && test $$built = 0
+endef
+
 # Every tier: `-m ""` lifts the unit-tier selection of pyproject.toml's addopts. One kernel
 # library of every vector level serves the tests that cap the level.
-test: setup lint $(VENV)/.warmed
-	$(PY) -m sru_lightning build --all-levels
+test: setup lint
+	$(call kernels_beside_warmup,--all-levels)
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "" --durations=25
 
-test-fast: setup $(VENV)/.warmed
-	$(PY) -m sru_lightning build
+test-fast: setup
+	$(call kernels_beside_warmup,)
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q --durations=10
 
 # The dependency floors: a separate environment with the floor of every dependency and extra in
