@@ -9,7 +9,8 @@ next; `# ...` comments are dropped). Each is checked by what it runs:
   by one. The cheap ones also run for real, in-process, in a scratch folder, with `debug=tiny`
   appended (`NOT_RUN` names the ones that only compose, and why).
 - the tool commands (`bench`, `build`, `fidelity`, `gpu-check`, `generate`, `export`): their
-  arguments are parsed by the command's own parser (argparse, or the `GenerateSettings` /
+  arguments are parsed by the command's own parser (argparse, its subcommands' parsers too for
+  `bench op|decode|export|compile|documents`, or the `GenerateSettings` /
   `ExportSettings` key=value parser), which stops there; `generate` and `export` of a tiny
   run also run for real.
 - `make`, `pip install`, `bash examples/...`, `sbatch examples/...`: the Makefile target, the
@@ -208,7 +209,14 @@ def parse_tool_arguments(command: str, arguments: list[str], monkeypatch) -> Non
         real = argparse.ArgumentParser.parse_args
 
         def parse_then_stop(self, args=None, namespace=None):
-            self.allow_abbrev = False  # the documents spell options out in full
+            subcommands = [  # `bench op|decode|...`: each subcommand has a parser of its own
+                parser
+                for action in self._actions
+                if isinstance(action, argparse._SubParsersAction)
+                for parser in action.choices.values()
+            ]
+            for parser in (self, *subcommands):
+                parser.allow_abbrev = False  # the documents spell options out in full
             raise Parsed(real(self, args, namespace))
 
         monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)

@@ -21,7 +21,10 @@ TRAINER_COMMANDS = {
 }
 # command -> (module, description); imported only when the command runs.
 TOOL_COMMANDS = {
-    "bench": ("sru_lightning.diagnostics.bench", "speed and memory of the SRU recurrence vs LSTM and the GEMM floor"),
+    "bench": (
+        "sru_lightning.diagnostics.bench",
+        "speed and memory: op (SRU vs LSTM and the GEMM floor), decode, export, compile, documents",
+    ),
     "build": ("sru_lightning.app.build_command", "compile the CPU (and CUDA) recurrence kernels ahead of time"),
     "fidelity": ("sru_lightning.diagnostics.fidelity", "numeric fidelity of every precision policy vs float64"),
     "gpu-check": ("sru_lightning.diagnostics.gpu_check", "end-to-end checks on a CUDA machine"),

@@ -1,4 +1,4 @@
-"""Compile benchmark (`python -m sru_lightning bench --compile`): the default language model
+"""Compile benchmark (`python -m sru_lightning bench compile`): the default language model
 (conf/model/sru.yaml, vocabulary of the default data) eagerly and as `model.compile=true` runs it
 (`torch.compile` of the model, `SRULanguageModel.for_trainer`): a training step (forward, loss,
 backward, optimizer step) and an inference pass of `--batch` streams of `--length` tokens.

@@ -1,4 +1,4 @@
-"""Decoding benchmark (`python -m sru_lightning bench --decode`): tokens per second of the
+"""Decoding benchmark (`python -m sru_lightning bench decode`): tokens per second of the
 default language model (conf/model/sru.yaml) against the LSTM of the same size
 (conf/model/lstm.yaml), and SRU++ (conf/model/srupp.yaml), one token at a time with the
 carried state, at batch 1.

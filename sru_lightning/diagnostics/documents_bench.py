@@ -1,7 +1,7 @@
 """Benchmark of packed documents: training throughput packed against padded, and what the op's
 document boundaries (``reset``) cost.
 
-``python -m sru_lightning bench --documents [--length 128 --batch 32 --hidden 256]``
+``python -m sru_lightning bench documents [--length 128 --batch 32 --hidden 256]``
 
 * trains a small character model (embedding, a 2-layer SRU, a linear decoder, Adam) on the same
   documents of random lengths (uniform in 1..length, so padding each to the length pads about

@@ -1,4 +1,4 @@
-"""Export benchmark (`python -m sru_lightning bench --export`): the default SRU, SRU++ and LSTM
+"""Export benchmark (`python -m sru_lightning bench export`): the default SRU, SRU++ and LSTM
 language models (conf/model/*.yaml) run eagerly, as AOTInductor packages and in onnxruntime, in
 one process, interleaved round by round, best of N.
 

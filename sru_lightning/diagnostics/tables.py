@@ -1,4 +1,4 @@
-"""What the benchmarks (`bench`, `bench --decode`, `bench --export`) share: the thread count
+"""What the benchmarks (`bench op`, `bench decode`, `bench export`, ...) share: the thread count
 they time under, the statistic they keep of repeated timings, and their fixed-width tables."""
 
 from __future__ import annotations

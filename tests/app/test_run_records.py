@@ -294,19 +294,19 @@ def test_an_lstm_run_does_not_warn_about_sru_layers_and_a_resume_is_announced_on
 
 
 def test_bench_says_an_error_once():
-    from sru_lightning.diagnostics.bench import error_line
+    from sru_lightning.diagnostics.op_bench import error_line
 
     assert error_line(RuntimeError("RuntimeError: no kernel")) == "RuntimeError: no kernel"
     assert error_line(RuntimeError("frames\nRuntimeError: RuntimeError: no kernel")) == "RuntimeError: no kernel"
 
 
 def test_bench_checks_the_plot_path_before_it_measures(monkeypatch, capsys):
-    from sru_lightning.diagnostics import bench
+    from sru_lightning.diagnostics import bench, op_bench
 
     def must_not_run(*args, **kwargs):
         raise AssertionError("the benchmark ran before --plot was checked")
 
-    monkeypatch.setattr(bench, "run_benchmark", must_not_run)
+    monkeypatch.setattr(op_bench, "run_benchmark", must_not_run)
     with pytest.raises(SystemExit) as exit_request:
         bench.main(["--plot", "/no/such/dir/x.png"])
     assert exit_request.value.code == 2

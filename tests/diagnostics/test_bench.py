@@ -1,11 +1,11 @@
-"""The benchmark command runs end to end on tiny sizes (structure, not speed)."""
+"""The benchmark command and its subcommands run end to end on tiny sizes (structure, not speed)."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from sru_lightning.diagnostics import bench
+from sru_lightning.diagnostics import bench, op_bench
 
 TINY = [
     "--length",
@@ -28,14 +28,14 @@ TINY = [
 def test_saved_tensor_bytes_counts_each_storage_once():
     a = torch.randn(10, requires_grad=True)
     b = torch.randn(10, requires_grad=True)
-    assert bench.saved_tensor_bytes(lambda: a * b) == 2 * 10 * 4
-    assert bench.saved_tensor_bytes(lambda: a * a) == 10 * 4
-    assert bench.saved_tensor_bytes(lambda: (a.detach() * 2).sum()) == 0
+    assert op_bench.saved_tensor_bytes(lambda: a * b) == 2 * 10 * 4
+    assert op_bench.saved_tensor_bytes(lambda: a * a) == 10 * 4
+    assert op_bench.saved_tensor_bytes(lambda: (a.detach() * 2).sum()) == 0
 
 
 def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
     chart = tmp_path / "bench.png"
-    assert bench.main(TINY + ["--no-peer", "--plot", str(chart)]) == 0
+    assert bench.main(["op", *TINY, "--no-peer", "--plot", str(chart)]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
     assert lines[0].startswith("SRU benchmark: L=4 B=2 D=8 layers=2 dtype=fp32 threads=1 (best of 2)")
@@ -63,7 +63,7 @@ def test_half_dtype_bench_reports_same_dtype_ratios_and_the_kernel_ratio(capsys,
 
 
 def test_half_policy_saves_less_than_fp32():
-    saved = bench.measure_saved_bytes(bench.BenchConfig(length=4, batch=2, hidden=8, layers=2))
+    saved = op_bench.measure_saved_bytes(op_bench.BenchConfig(length=4, batch=2, hidden=8, layers=2))
     assert 0 < saved["half (bf16 autocast)"] < saved["fp32"]
 
 
@@ -82,8 +82,8 @@ def test_bench_includes_the_sru_package(capsys):
 
 def test_bench_restores_the_thread_count():
     before = torch.get_num_threads()
-    bench.run_benchmark(
-        bench.BenchConfig(
+    op_bench.run_benchmark(
+        op_bench.BenchConfig(
             length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0, threads=before + 1, include_peer=False
         )
     )
@@ -91,7 +91,7 @@ def test_bench_restores_the_thread_count():
 
 
 def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_generate(capsys):
-    assert bench.main(["--decode", "--tokens", "5", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    assert bench.main(["decode", "--tokens", "5", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
     assert lines[0].startswith("Decoding benchmark: default model: embedding 64, hidden 256, 3 layers")
@@ -104,7 +104,7 @@ def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_gen
 
 
 def test_documents_bench_times_packed_against_padded_and_the_op_with_and_without_boundaries(capsys):
-    arguments = ["--documents", "--length", "16", "--batch", "2", "--hidden", "8", "--repeats", "2", "--warmup", "0"]
+    arguments = ["documents", "--length", "16", "--batch", "2", "--hidden", "8", "--repeats", "2", "--warmup", "0"]
     assert bench.main(arguments) == 0
     packing, overhead = capsys.readouterr().out.split("\n\n")
     packing_lines = packing.splitlines()
@@ -150,18 +150,27 @@ def test_documents_bench_rows_never_exceed_the_length():
 @pytest.mark.parametrize(
     "arguments, says",
     [
-        (["--tokens", "5"], "--tokens is read by --decode and --export only, got --tokens 5 with the layer benchmark"),
         (
-            ["--compile", "--tokens", "5"],
-            "--tokens is read by --decode and --export only, got --tokens 5 with --compile",
+            ["--tokens", "5"],
+            "bench op: error: unrecognized arguments: --tokens 5; --tokens is an option of `bench decode`, "
+            "`bench export`",
         ),
-        (["--decode", "--layers", "3"], "--layers is read by the layer benchmark (no mode flag) only, got --layers 3"),
-        (["--documents", "--no-peer"], "--no-peer is read by the layer benchmark (no mode flag) only, got --no-peer"),
-        (["--export", "--compile"], "argument --compile: not allowed with argument --export"),
-        (["--warmup", "-1"], "--warmup must be >= 0, got -1"),
+        (["compile", "--tokens", "5"], "bench compile: error: unrecognized arguments: --tokens 5;"),
+        (
+            ["decode", "--layers", "3"],
+            "decode: error: unrecognized arguments: --layers 3; --layers is an option of `bench op`",
+        ),
+        (
+            ["documents", "--no-peer"],
+            "documents: error: unrecognized arguments: --no-peer; --no-peer is an option of `bench op`",
+        ),
+        (["export", "compile"], "bench export: error: unrecognized arguments: compile"),
+        (["--decode"], "unrecognized arguments: --decode; decode is a subcommand: `bench decode ...`"),
+        (["nope"], "invalid choice: 'nope' (choose from 'op', 'decode', 'export', 'compile', 'documents')"),
+        (["--warmup", "-1"], "bench op: error: --warmup must be >= 0, got -1"),
     ],
 )
-def test_bench_refuses_an_option_its_mode_does_not_read_and_two_modes(arguments, says, capsys):
+def test_bench_refuses_an_option_its_subcommand_does_not_read(arguments, says, capsys):
     with pytest.raises(SystemExit) as refused:
         bench.main(arguments)
     assert refused.value.code == 2
@@ -169,37 +178,50 @@ def test_bench_refuses_an_option_its_mode_does_not_read_and_two_modes(arguments,
     assert len(errors) == 1 and says in errors[0], errors
 
 
-def test_bench_help_shows_what_each_size_option_sets_and_its_defaults():
-    help_text = " ".join(bench.build_parser().format_help().split())
-    for shown in [
-        "--length LENGTH sequence length L; default 128, --compile 64;",
-        "--batch BATCH batch size B; default 32, --compile 16;",
-        "--hidden HIDDEN hidden size D (input size too); default 256;",
-        "--threads THREADS intra-op threads (torch.set_num_threads); default 2, --export 1",
-        "--repeats REPEATS timed rounds; default 15, --export 7",
-        "--warmup WARMUP untimed rounds before them; default 3, --export 2",
-        "steps per run (--export); default 200, --export 100; read by --decode, --export",
-    ]:
-        assert shown in help_text
+def _help(*words: str) -> str:
+    parser = bench.build_parser()
+    return " ".join((parser.modes[words[0]] if words else parser).format_help().split())
+
+
+def test_each_subcommands_help_lists_only_its_options_with_its_defaults():
+    assert all(f"{mode} time " in _help() for mode in bench.MODES)
+    shown = {
+        "op": ["--length LENGTH sequence length L; default 128", "--layers LAYERS", "--no-peer", "--plot FILE"],
+        "compile": ["--length LENGTH sequence length L; default 64", "--batch BATCH batch size B; default 16"],
+        "export": [
+            "--threads THREADS intra-op threads (torch.set_num_threads); default 1",
+            "--repeats REPEATS timed rounds; default 7",
+            "--warmup WARMUP untimed rounds before them; default 2",
+            "--tokens TOKENS chained decoding steps per run; default 100",
+        ],
+        "decode": ["--tokens TOKENS tokens generated per run; default 200", "--threads THREADS"],
+        "documents": ["--hidden HIDDEN hidden size D (input size too); default 256"],
+    }
+    for mode, lines in shown.items():
+        text = _help(mode)
+        assert all(line in text for line in lines), (mode, text)
+        for option, (flag, _) in bench.OPTIONS.items():
+            assert (f"{flag} " in text or text.endswith(flag)) is (option in bench.MODE_OPTIONS[mode]), (mode, flag)
 
 
 @pytest.mark.parametrize(
-    "mode, module, runner, arguments, expected",
+    "words, module, runner, expected",
     [
-        ("--export", "export_bench", "run_export_benchmark", [], dict(threads=1, steps=100, length=128, repeats=7)),
-        ("--export", "export_bench", "run_export_benchmark", ["--tokens", "5"], dict(steps=5, threads=1)),
-        ("--compile", "compile_bench", "run_compile_benchmark", [], dict(length=64, batch=16, threads=2)),
-        ("--decode", "decode_bench", "run_decode_benchmark", ["--tokens", "5"], dict(tokens=5, threads=2)),
+        (["export"], "export_bench", "run_export_benchmark", dict(threads=1, steps=100, length=128, repeats=7)),
+        (["export", "--tokens", "5"], "export_bench", "run_export_benchmark", dict(steps=5, threads=1)),
+        (["compile"], "compile_bench", "run_compile_benchmark", dict(length=64, batch=16, threads=2)),
+        (["decode", "--tokens", "5"], "decode_bench", "run_decode_benchmark", dict(tokens=5, threads=2)),
+        (["op"], "op_bench", "run_benchmark", dict(length=128, batch=32, layers=2, include_peer=True)),
+        ([], "op_bench", "run_benchmark", dict(length=128, hidden=256, dtype="fp32")),  # `bench` alone
+        (["--no-peer", "--length", "8"], "op_bench", "run_benchmark", dict(length=8, include_peer=False)),
     ],
 )
-def test_each_mode_runs_with_its_own_defaults_and_the_options_given(
-    mode, module, runner, arguments, expected, monkeypatch
-):
+def test_each_subcommand_runs_with_its_own_defaults_and_the_options_given(words, module, runner, expected, monkeypatch):
     import importlib
 
     target = importlib.import_module(f"sru_lightning.diagnostics.{module}")
     seen = []
     monkeypatch.setattr(target, runner, lambda config: seen.append(config) or "result")
     monkeypatch.setattr(target, "format_table", lambda result: "table")
-    assert bench.main([mode, *arguments]) == 0
+    assert bench.main(words) == 0
     assert {name: getattr(seen[0], name) for name in expected} == expected

@@ -4,7 +4,7 @@ the float32 run for an SRU stack (measured with saved-tensor hooks)."""
 import pytest
 import torch
 
-from sru_lightning.diagnostics.bench import saved_tensor_bytes
+from sru_lightning.diagnostics.op_bench import saved_tensor_bytes
 from sru_lightning.nn import SRU, set_recurrence_policy
 
 LENGTH, BATCH, HIDDEN = 32, 8, 64
