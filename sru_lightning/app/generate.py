@@ -134,13 +134,14 @@ def build_model(checkpoint: Mapping[str, Any], path: Path):
 def load_codec(checkpoint: Mapping[str, Any], path: Path):
     """The vocabulary saved with the checkpoint; for older checkpoints, rebuilt from the data
     config of the run that wrote it (the one place that knows it: `runs.folder`)."""
+    from sru_lightning.app.runs.checkpoints import LoadedCheckpoint
     from sru_lightning.app.runs.folder import checkpoint_run_config
     from sru_lightning.data import TokenCodec
 
     for entry in checkpoint.values():  # Lightning files the data module's state under its class name
         if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
             return TokenCodec.from_state_dict(entry["token_codec"])
-    config = checkpoint_run_config(path)
+    config = checkpoint_run_config(LoadedCheckpoint(path, checkpoint))
     if config is None or "data" not in config:
         raise UsageError(
             f"the checkpoint {str(path)!r} holds no vocabulary, and no run configuration was found with it "

@@ -114,6 +114,77 @@ def test_the_latest_checkpoint_is_the_highest_recorded_step_whatever_its_name_or
     assert model_checkpoint("last", str(tmp_path)) == (folder / "last-v1.ckpt").absolute()
 
 
+def counted_loads(monkeypatch) -> list[str]:
+    """Every torch.load from now on in this process, by what it was given (a path or a file)."""
+    loads: list[str] = []
+    real = torch.load
+
+    def counting(source, *args, **kwargs):
+        loads.append(str(getattr(source, "name", source)))
+        return real(source, *args, **kwargs)
+
+    monkeypatch.setattr(torch, "load", counting)
+    return loads
+
+
+def indexed_checkpoint(path: Path, step: int, **entries) -> None:
+    """A checkpoint written as a run writes one: noted in the run's index."""
+    from sru_lightning.app.runs.checkpoint_index import IndexedCheckpointIO
+    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY, RUN_ID_KEY
+
+    contents = {"global_step": step, "state_dict": {}, RUN_ID_KEY: "run-a", RUN_CONFIG_KEY: {"seed": step}}
+    IndexedCheckpointIO().save_checkpoint({**contents, **entries}, path)
+
+
+def test_a_runs_checkpoints_are_ordered_from_its_index_without_reading_one(tmp_path, monkeypatch):
+    from sru_lightning.app.runs.checkpoint_index import INDEX_FILE
+
+    folder = tmp_path / "run" / "checkpoints"
+    for name, step in (("epoch=0-step=2.ckpt", 2), ("last.ckpt", 6), ("interrupted.ckpt", 4)):
+        indexed_checkpoint(folder / name, step)
+    assert (tmp_path / "run" / INDEX_FILE).is_file() and not (folder / INDEX_FILE).exists()
+    loads = counted_loads(monkeypatch)
+    run = RunFolder(tmp_path / "run")
+    assert [saved.step for saved in run.checkpoints] == [2, 4, 6] and run.latest.path.name == "last.ckpt"
+    assert run.config().seed == 6 and run.latest.run_id == "run-a"
+    assert model_checkpoint("last", str(tmp_path)) == folder / "last.ckpt"
+    # a copy that keeps the files' times (cp -a, copytree) keeps its index
+    shutil.copytree(tmp_path / "run", tmp_path / "copy")
+    assert RunFolder(tmp_path / "copy").latest.path == tmp_path / "copy" / "checkpoints" / "last.ckpt"
+    # a checkpoint deleted by hand is gone from the order
+    (folder / "last.ckpt").unlink()
+    assert RunFolder(tmp_path / "run").latest.path.name == "interrupted.ckpt"
+    # a file written under a partial name and renamed into place is known under its name
+    indexed_checkpoint(folder / "interrupted.ckpt.partial", 8)
+    os.replace(folder / "interrupted.ckpt.partial", folder / "interrupted.ckpt")
+    assert RunFolder(tmp_path / "run").latest.step == 8
+    assert loads == [], "the index alone ordered the checkpoints"
+    # a file replaced or added by hand is read: the index never outvotes a file
+    torch.save({"global_step": 12, "state_dict": {}}, folder / "epoch=0-step=2.ckpt")
+    shutil.copy(folder / "interrupted.ckpt", folder / "copy.ckpt")
+    assert [saved.step for saved in RunFolder(tmp_path / "run").checkpoints] == [8, 8, 12]
+    assert sorted(Path(load).name for load in loads) == ["copy.ckpt", "epoch=0-step=2.ckpt"]
+
+
+@pytest.mark.slow
+def test_a_resume_reads_its_checkpoint_once_and_lightning_once(tmp_path, monkeypatch):
+    run = tmp_path / "runs" / "A"
+    assert fit(run, 4) == 0
+    assert interrupted_resume(run, 8, at_step=5) == 1
+    assert len(list((run / "checkpoints").glob("*.ckpt"))) == 3  # last, the best, interrupted
+    assert fit(tmp_path / "runs" / "B", 2) == 0  # another run under the same root
+    stopped_at = RunFolder(run).latest
+    assert stopped_at.path.name == "interrupted.ckpt"
+    loads = counted_loads(monkeypatch)
+    assert resume(run, 8) == 0
+    assert result_of(run)["ckpt_step"] == stopped_at.step
+    assert len(loads) <= 2, loads
+    loads.clear()
+    assert fit(tmp_path / "runs" / "C", 10, "ckpt_path=last", f"resume_dir={tmp_path / 'runs'}") == 0
+    assert result_of(tmp_path / "runs" / "C")["ckpt_step"] == 8
+    assert len(loads) <= 2, loads
+
+
 # --------------------------------------------------------------------------------------------
 # the five reproductions of the issue
 @pytest.mark.slow

@@ -65,7 +65,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     datamodule = instantiate_setting(data_config)
     if command != "fit" and ckpt_path is not None:
         # Token ids mean what they meant in training.
-        _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path)
+        _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
     with data_setting():  # the data module reads its text on first use
         vocab_size = datamodule.vocab_size
     model_kwargs = {} if "vocab_size" in model_config and command != "fit" else {"vocab_size": vocab_size}
@@ -79,7 +79,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         )
     if command == "fit" and ckpt_path is not None:
         with checkpoint_setting():
-            check_fits_model(ckpt_path, model)
+            check_fits_model(start.loaded, model)
     if getattr(model.hparams, "vocab_size", vocab_size) != vocab_size:
         raise UsageError(
             f"the checkpoint {ckpt_path!r} was trained with a vocabulary of {model.hparams.vocab_size} tokens, but "
@@ -155,8 +155,8 @@ def _check_compile_fits_strategy(model, trainer) -> None:
 def _run_plugins(cfg) -> dict[str, Any]:
     """The Trainer plugins every run has (unless the config names its own `trainer.plugins`):
 
-    * checkpoint files that are complete or absent, and a write failure naming its file
-      (`AtomicCheckpointIO`; DeepSpeed writes its shard folders itself);
+    * checkpoint files that are complete or absent, and a write failure naming its file, each
+      noted in the run's index (`IndexedCheckpointIO`; DeepSpeed writes its shard folders itself);
     * under SLURM, Lightning's own SIGUSR1 handling off: it saves a checkpoint inside the signal
       handler (a collective there can hang DDP) and restores its own `hpc_ckpt` files on a
       requeue, outside the run's checkpoints. The run's GracefulInterrupt stops on SIGUSR1 at an
@@ -164,13 +164,13 @@ def _run_plugins(cfg) -> dict[str, Any]:
     """
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    from sru_lightning.strategies import AtomicCheckpointIO
+    from .checkpoint_index import IndexedCheckpointIO
 
     if "plugins" in cfg.trainer:
         return {}
     plugins: list[Any] = []
     if "DeepSpeed" not in _strategy_name(cfg):
-        plugins.append(AtomicCheckpointIO())
+        plugins.append(IndexedCheckpointIO())
     if SLURMEnvironment.detect():
         try:
             plugins.append(SLURMEnvironment(auto_requeue=False))
@@ -208,11 +208,11 @@ def _record_attempt_config(cfg, output_dir: Path) -> None:
         OmegaConf.save(cfg, path)
 
 
-def _encode_with_the_checkpoints_vocabulary(datamodule, ckpt_path: str) -> None:
+def _encode_with_the_checkpoints_vocabulary(datamodule, loaded) -> None:
     """Token ids mean what they meant in training: evaluation data is encoded with the checkpoint's
     vocabulary (a character it lacks is an error; an unknown word is counted as the unknown word)."""
     with checkpoint_setting():
-        codec = saved_codec(ckpt_path)
+        codec = saved_codec(loaded)
     adopt = getattr(datamodule, "adopt_vocabulary", None)
     if codec is None or adopt is None:
         return

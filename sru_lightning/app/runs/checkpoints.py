@@ -1,7 +1,9 @@
 """Reading checkpoints: safely, with one set of error texts, and what each engine can read.
 
 Checkpoints are untrusted input: they are read with `weights_only=True`. Which checkpoint a
-command uses is decided by :mod:`.folder` (the run, its newest checkpoint by recorded step).
+command uses is decided by :mod:`.folder` (the run, its newest checkpoint by recorded step)
+without reading any: a command reads the one it uses once (:func:`load_checkpoint`) and passes
+that :class:`LoadedCheckpoint` down (Lightning's own restore is the only other read).
 Every checkpoint carries its model's constructor arguments (Lightning's `hyper_parameters`):
 `validate`/`test` rebuild the model from them, so evaluating an `lstm` run needs no `model=lstm`.
 """
@@ -10,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +21,15 @@ log = logging.getLogger("sru_lightning")
 #: The name Lightning's checkpoint callback gives the run's latest checkpoint (the newest of a
 #: run is found by the step recorded inside, whatever the name; see :mod:`.folder`).
 CHECKPOINT_NAME = "last.ckpt"
+#: The folder of a run directory that holds its checkpoints (see :class:`.folder.RunFolder`).
+CHECKPOINTS_DIR = "checkpoints"
 _NOT_ARCHITECTURE = ("optimizer", "lr_scheduler")
+#: The key of a checkpoint that holds the run's configuration (unresolved, as Hydra composed it).
+RUN_CONFIG_KEY = "sru_lightning_run_config"
+#: The key of a checkpoint that names the job owning the run (see :mod:`.jobs`).
+RUN_OWNER_KEY = "sru_lightning_run_owner"
+#: The key of a checkpoint that holds the identity of the run that wrote it (see :mod:`.identity`).
+RUN_ID_KEY = "sru_lightning_run_id"
 
 
 class CheckpointError(ValueError):
@@ -59,18 +70,67 @@ def deepspeed_folder_elsewhere(path: str | Path, command: str) -> CheckpointErro
     )
 
 
-def read_checkpoint(path: str | Path) -> dict[str, Any]:
-    """The checkpoint's contents, loaded safely (`weights_only=True`, memory-mapped). For a
-    DeepSpeed folder: Lightning's state (no weights), from its client-state file."""
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """One checkpoint, read once: where it is, what it holds, and the facts a command asks of it
+    (its step, the run's configuration, identity and owner, the model's constructor arguments).
+    For a DeepSpeed folder `contents` is Lightning's state from its client-state file (no weights)."""
+
+    path: Path
+    contents: Mapping[str, Any]
+
+    @property
+    def deepspeed(self) -> bool:
+        return is_deepspeed_folder(self.path)
+
+    @property
+    def step(self) -> int:
+        """The optimizer step it was saved at."""
+        return int(self.contents.get("global_step", 0) or 0)
+
+    @property
+    def run_config(self) -> Mapping[str, Any] | None:
+        """The configuration of the run that wrote it; None for a checkpoint written outside a run."""
+        saved = self.contents.get(RUN_CONFIG_KEY)
+        return saved if isinstance(saved, Mapping) else None
+
+    @property
+    def run_id(self) -> str | None:
+        """The identity of the run that wrote it (see :mod:`.identity`)."""
+        saved = self.contents.get(RUN_ID_KEY)
+        return saved if isinstance(saved, str) and saved else None
+
+    @property
+    def owner(self) -> dict[str, Any] | None:
+        """The job that owned the run when it was written (see :mod:`.jobs`)."""
+        saved = self.contents.get(RUN_OWNER_KEY)
+        return dict(saved) if isinstance(saved, Mapping) else None
+
+    @property
+    def hyper_parameters(self) -> dict[str, Any]:
+        """The model's constructor arguments (Lightning's `hyper_parameters`)."""
+        saved = self.contents.get("hyper_parameters")
+        return dict(saved) if isinstance(saved, Mapping) else {}
+
+
+def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
+    """Read the checkpoint at `path` (a file or a DeepSpeed folder): safely (`weights_only=True`)
+    and memory-mapped, so its weights are read only where used. CheckpointError when it cannot
+    be read or is not a Lightning checkpoint."""
     import torch
 
-    client_state = deepspeed_client_state(path)
-    if client_state is not None:
-        path = client_state
+    path = Path(path)
+    source = deepspeed_client_state(path) or path
     try:
-        return torch.load(str(path), map_location="cpu", weights_only=True, mmap=True)
+        contents = torch.load(str(source), map_location="cpu", weights_only=True, mmap=True)
     except Exception as error:
-        raise CheckpointError(f"cannot read the checkpoint {str(path)!r}: {type(error).__name__}: {error}") from error
+        raise CheckpointError(f"cannot read the checkpoint {str(source)!r}: {type(error).__name__}: {error}") from error
+    if not isinstance(contents, Mapping):
+        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (it holds a {type(contents).__name__})")
+    step = contents.get("global_step", 0) or 0
+    if isinstance(step, bool) or not isinstance(step, int):
+        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (its global_step is {step!r})")
+    return LoadedCheckpoint(path, contents)
 
 
 def read_model_checkpoint(path: Path, command: str) -> dict[str, Any]:
@@ -78,12 +138,12 @@ def read_model_checkpoint(path: Path, command: str) -> dict[str, Any]:
     export): its weights (`state_dict`) and constructor arguments (`hyper_parameters`)."""
     if is_deepspeed_folder(path):
         raise deepspeed_folder_elsewhere(path, command)
-    checkpoint = read_checkpoint(path)
-    if not isinstance(checkpoint, Mapping) or "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
+    checkpoint = load_checkpoint(path).contents
+    if "state_dict" not in checkpoint or "hyper_parameters" not in checkpoint:
         raise CheckpointError(
             f"{str(path)!r} is not a checkpoint of sru_lightning's language model (no state_dict / hyper_parameters)"
         )
-    return checkpoint
+    return dict(checkpoint)
 
 
 # --------------------------------------------------------------------------------------------
@@ -95,7 +155,7 @@ def _strategy_target(cfg) -> str:
     return str(strategy or "")
 
 
-def check_engine_reads(cfg, command: str, checkpoint: str | Path) -> None:
+def check_engine_reads(cfg, command: str, checkpoint: str | Path, loaded: LoadedCheckpoint | None = None) -> None:
     """Refuse, in one sentence, a checkpoint the configured engine cannot read.
 
     DeepSpeed writes (and reads) folders of per-rank shards; every other engine here writes and
@@ -115,16 +175,19 @@ def check_engine_reads(cfg, command: str, checkpoint: str | Path) -> None:
             "start a fresh DeepSpeed run"
         )
     if folder:
-        _check_deepspeed_layout(cfg, Path(checkpoint))
+        _check_deepspeed_layout(cfg, Path(checkpoint), loaded)
 
 
-def deepspeed_layout(folder: Path) -> tuple[int | None, int | None]:
+def deepspeed_layout(folder: Path, loaded: LoadedCheckpoint | None = None) -> tuple[int | None, int | None]:
     """(ZeRO stage, number of data-parallel processes) a DeepSpeed checkpoint folder was written
-    with, each None when the folder does not say."""
-    try:
-        state = read_checkpoint(folder)
-    except CheckpointError:  # unreadable here: the engine says why when it loads it
-        state = {}
+    with, each None when the folder does not say; `loaded`: the folder as already read."""
+    if loaded is not None:
+        state = loaded.contents
+    else:
+        try:
+            state = load_checkpoint(folder).contents
+        except CheckpointError:  # unreadable here: the engine says why when it loads it
+            state = {}
     config = state.get("ds_config") if isinstance(state, Mapping) else None
     stage = None
     if isinstance(config, Mapping) and isinstance(config.get("zero_optimization"), Mapping):
@@ -138,11 +201,11 @@ def deepspeed_layout(folder: Path) -> tuple[int | None, int | None]:
     return (int(stage) if isinstance(stage, int) else None), processes
 
 
-def _check_deepspeed_layout(cfg, folder: Path) -> None:
+def _check_deepspeed_layout(cfg, folder: Path, loaded: LoadedCheckpoint | None) -> None:
     """A DeepSpeed folder resumes only under its own ZeRO stage and number of processes: DeepSpeed
     reads the shards of that layout (otherwise an AssertionError or ZeRORuntimeException after a
     full start). Refused in one line before anything starts."""
-    stage, processes = deepspeed_layout(folder)
+    stage, processes = deepspeed_layout(folder, loaded)
     strategy = cfg.trainer.get("strategy")
     configured_stage = strategy.get("stage") if hasattr(strategy, "get") else None
     if stage is not None and isinstance(configured_stage, int) and configured_stage != stage:
@@ -161,11 +224,11 @@ def _check_deepspeed_layout(cfg, folder: Path) -> None:
             )
 
 
-def check_fits_model(checkpoint: str | Path, model) -> None:
-    """Raise CheckpointError unless `checkpoint` can be loaded into `model` (a fit continuing it):
+def check_fits_model(loaded: LoadedCheckpoint, model) -> None:
+    """Raise CheckpointError unless the checkpoint can be loaded into `model` (a fit continuing it):
     same parameters, same shapes. Names the model settings that differ when it can."""
-    contents = read_checkpoint(checkpoint)
-    if is_deepspeed_folder(checkpoint):
+    contents, checkpoint = loaded.contents, loaded.path
+    if loaded.deepspeed:
         # Its weights are in the engine's shards: compare the settings the model was built with.
         saved = contents.get("hyper_parameters") or {}
         current = dict(getattr(model, "hparams", {}) or {})
@@ -212,13 +275,11 @@ def check_fits_model(checkpoint: str | Path, model) -> None:
     )
 
 
-def saved_codec(checkpoint: str | Path):
-    """The vocabulary the data module saved in `checkpoint` (a TokenCodec), or None when it has none."""
-    from collections.abc import Mapping
-
+def saved_codec(loaded: LoadedCheckpoint):
+    """The vocabulary the data module saved in the checkpoint (a TokenCodec), or None when it has none."""
     from sru_lightning.data import TokenCodec
 
-    for entry in read_checkpoint(checkpoint).values():  # filed under the data module's class name
+    for entry in loaded.contents.values():  # filed under the data module's class name
         if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
             return TokenCodec.from_state_dict(entry["token_codec"])
     return None

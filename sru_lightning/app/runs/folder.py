@@ -21,36 +21,53 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
-from .checkpoints import CheckpointError, is_deepspeed_folder, read_checkpoint
+from .checkpoint_index import indexed_entry, read_index
+from .checkpoints import (
+    CHECKPOINTS_DIR,
+    RUN_CONFIG_KEY,
+    RUN_ID_KEY,
+    RUN_OWNER_KEY,
+    CheckpointError,
+    LoadedCheckpoint,
+    is_deepspeed_folder,
+    load_checkpoint,
+)
 from .records import RESULT_FILE, run_status
 
 log = logging.getLogger("sru_lightning")
 
-CHECKPOINTS_DIR = "checkpoints"
-#: The key of a checkpoint that holds the run's configuration (unresolved, as Hydra composed it).
-RUN_CONFIG_KEY = "sru_lightning_run_config"
-#: The key of a checkpoint that names the job owning the run (see :mod:`.jobs`).
-RUN_OWNER_KEY = "sru_lightning_run_owner"
-#: The key of a checkpoint that holds the identity of the run that wrote it (see :mod:`.identity`).
-RUN_ID_KEY = "sru_lightning_run_id"
+__all__ = [
+    "CHECKPOINTS_DIR",
+    "RUN_CONFIG_KEY",
+    "RUN_ID_KEY",
+    "RUN_OWNER_KEY",
+    "RunFolder",
+    "SaveRunConfig",
+    "SavedCheckpoint",
+    "resolve_checkpoint",
+]
 #: Commands' top-level settings that say what to do, not how the run trains.
 COMMAND_SETTINGS = ("ckpt_path", "resume_dir", "optimized_metric")
 
 
 @dataclass(frozen=True)
 class SavedCheckpoint:
-    """One checkpoint of a run: where it is and the optimizer step recorded inside it."""
+    """One checkpoint of a run: where it is, the optimizer step recorded inside it, and the
+    identity, owner and configuration of the run that wrote it (from the run's index, else read)."""
 
     path: Path
     step: int
     written: float  # modification time: only breaks a tie between checkpoints of one step
+    run_id: str | None = None
+    owner: Mapping[str, Any] | None = field(default=None, compare=False)
+    config: Mapping[str, Any] | None = field(default=None, compare=False)
 
     @property
     def resumable(self) -> bool:
@@ -58,15 +75,24 @@ class SavedCheckpoint:
         return self.step >= 1
 
 
-def saved_checkpoint(path: Path) -> SavedCheckpoint:
-    """`path` read as a checkpoint (its step); CheckpointError when it cannot be read."""
-    contents = read_checkpoint(path)
-    if not isinstance(contents, Mapping):
-        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (it holds a {type(contents).__name__})")
-    step = contents.get("global_step", 0) or 0
-    if isinstance(step, bool) or not isinstance(step, int):
-        raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (its global_step is {step!r})")
-    return SavedCheckpoint(path.absolute(), step, path.stat().st_mtime)
+def saved_checkpoint(path: Path, index: Mapping[str, Mapping[str, Any]] | None = None) -> SavedCheckpoint:
+    """The checkpoint at `path`, from its entry in the run's `index` when that still describes the
+    file, else read; CheckpointError when it cannot be read."""
+    entry = indexed_entry(path, index) if index else None
+    if entry is not None:
+        owner, config, run_id = entry.get("owner"), entry.get("config"), entry.get("run_id")
+        return SavedCheckpoint(
+            path.absolute(),
+            entry["step"],
+            path.stat().st_mtime,
+            run_id if isinstance(run_id, str) and run_id else None,
+            owner if isinstance(owner, Mapping) else None,
+            config if isinstance(config, Mapping) else None,
+        )
+    loaded = load_checkpoint(path)
+    return SavedCheckpoint(
+        path.absolute(), loaded.step, path.stat().st_mtime, loaded.run_id, loaded.owner, loaded.run_config
+    )
 
 
 def checkpoint_candidates(folder: Path) -> Iterator[Path]:
@@ -113,12 +139,14 @@ class RunFolder:
     # -- checkpoints -------------------------------------------------------------------------
     @cached_property
     def checkpoints(self) -> list[SavedCheckpoint]:
-        """Every readable checkpoint of the run, oldest first (by step, then by time written).
-        An unreadable file is skipped with a log line: it cannot be the run's newest weights."""
+        """Every readable checkpoint of the run, oldest first (by step, then by time written), as
+        the run's index says (a file it does not describe is read). An unreadable file is skipped
+        with a log line: it cannot be the run's newest weights."""
         found = []
+        index = read_index(self.directory / CHECKPOINTS_DIR)
         for path in checkpoint_candidates(self.directory / CHECKPOINTS_DIR):
             try:
-                found.append(saved_checkpoint(path))
+                found.append(saved_checkpoint(path, index))
             except (CheckpointError, OSError) as error:
                 log.info("skipping %s: %s", path, str(error).splitlines()[0])
         return sorted(found, key=lambda saved: (saved.step, saved.written))
@@ -162,13 +190,8 @@ class RunFolder:
         import json
 
         latest = self.latest
-        if latest is not None:
-            try:
-                owner = read_checkpoint(latest.path).get(RUN_OWNER_KEY)
-            except (CheckpointError, AttributeError):
-                owner = None
-            if isinstance(owner, Mapping):
-                return dict(owner)
+        if latest is not None and latest.owner is not None:
+            return dict(latest.owner)
         try:
             owner = json.loads((self.directory / RESULT_FILE).read_text()).get("owner")
         except (OSError, ValueError, AttributeError):
@@ -178,26 +201,22 @@ class RunFolder:
     # -- configuration -----------------------------------------------------------------------
     def config(self) -> Any | None:
         """The configuration the run's latest checkpoint trained with (a DictConfig), or None."""
+        from omegaconf import OmegaConf
+
         latest = self.latest
-        if latest is not None:
-            saved = checkpoint_run_config(latest.path)
-            if saved is not None:
-                return saved
+        if latest is not None and latest.config is not None:
+            return OmegaConf.create(dict(latest.config))
         return hydra_config_of(self.directory)
 
 
-def checkpoint_run_config(checkpoint: str | Path):
-    """The run configuration saved inside `checkpoint` (a DictConfig), else that of the run
+def checkpoint_run_config(loaded: LoadedCheckpoint):
+    """The run configuration saved inside the checkpoint (a DictConfig), else that of the run
     around it (its `.hydra/config.yaml`, for checkpoints that predate the saved key), else None."""
     from omegaconf import OmegaConf
 
-    try:
-        saved = read_checkpoint(checkpoint).get(RUN_CONFIG_KEY)
-    except (CheckpointError, AttributeError):
-        saved = None
-    if isinstance(saved, Mapping):
-        return OmegaConf.create(dict(saved))
-    run = RunFolder.around(checkpoint)
+    if loaded.run_config is not None:
+        return OmegaConf.create(dict(loaded.run_config))
+    run = RunFolder.around(loaded.path)
     return hydra_config_of(run.directory) if run is not None else None
 
 

@@ -21,8 +21,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import CheckpointError, read_checkpoint
-from .folder import CHECKPOINTS_DIR, RUN_ID_KEY, checkpoint_candidates
+from .checkpoints import LoadedCheckpoint
+from .folder import CHECKPOINTS_DIR, RunFolder, checkpoint_candidates
 
 
 def new_run_id() -> str:
@@ -30,32 +30,22 @@ def new_run_id() -> str:
     return uuid.uuid4().hex
 
 
-def run_id_of(checkpoint: str | Path) -> str | None:
-    """The identity of the run that wrote `checkpoint`; None for a checkpoint written before runs
-    had one, or one that cannot be read."""
-    try:
-        saved = read_checkpoint(checkpoint).get(RUN_ID_KEY)
-    except (CheckpointError, AttributeError, OSError):
-        return None
-    return saved if isinstance(saved, str) and saved else None
-
-
-def run_id_to_continue(checkpoint: str | Path | None) -> str:
+def run_id_to_continue(checkpoint: LoadedCheckpoint | None) -> str:
     """The identity of the run an attempt writes: the one of the checkpoint it resumes, else a new one."""
-    return (run_id_of(checkpoint) if checkpoint is not None else None) or new_run_id()
+    return (checkpoint.run_id if checkpoint is not None else None) or new_run_id()
 
 
-def why_another_run(checkpoint: str | Path, directory: str | Path) -> str | None:
+def why_another_run(checkpoint: LoadedCheckpoint, directory: str | Path) -> str | None:
     """None when a fit resuming `checkpoint` may write into the run directory `directory` (it holds
     no checkpoint, or those of the checkpoint's own run, moved or copied); else what it holds."""
     checkpoints = Path(directory).absolute() / CHECKPOINTS_DIR
     held = list(checkpoint_candidates(checkpoints))
     if not held:
         return None
-    if Path(checkpoint).resolve().parent == checkpoints.resolve():
+    if Path(checkpoint.path).resolve().parent == checkpoints.resolve():
         return None  # the run's own checkpoint
-    own = run_id_of(checkpoint)
-    held_ids = {run_id_of(path) for path in held}
+    own = checkpoint.run_id
+    held_ids = {saved.run_id for saved in RunFolder(directory).checkpoints}
     if own is not None and own in held_ids:
         return None
     if own is None or not held_ids - {None}:
@@ -65,13 +55,10 @@ def why_another_run(checkpoint: str | Path, directory: str | Path) -> str | None
     return ", ".join(path.name for path in held[:3])
 
 
-def _record_names_files_in(checkpoint: str | Path, folder: Path) -> bool:
+def _record_names_files_in(checkpoint: LoadedCheckpoint, folder: Path) -> bool:
     """Whether the ``ModelCheckpoint`` records inside `checkpoint` name checkpoints, every one of
     which is in `folder` under the same name."""
-    try:
-        callbacks = read_checkpoint(checkpoint).get("callbacks")
-    except (CheckpointError, AttributeError, OSError):
-        return False
+    callbacks = checkpoint.contents.get("callbacks")
     records = [
         state
         for key, state in (callbacks.items() if isinstance(callbacks, Mapping) else ())

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from .changes import Change, judge, merged_config, refuse_unfollowable, resume_callback
-from .checkpoints import check_engine_reads, read_checkpoint
+from .checkpoints import LoadedCheckpoint, check_engine_reads, load_checkpoint
 from .folder import CHECKPOINTS_DIR, checkpoint_candidates, checkpoint_run_config, resolve_checkpoint
 from .identity import new_run_id, run_id_to_continue, why_another_run
 
@@ -25,7 +25,8 @@ log = logging.getLogger("sru_lightning")
 
 @dataclass
 class StartingPoint:
-    """The config an attempt runs with, and the checkpoint it starts from (None: fresh)."""
+    """The config an attempt runs with, and the checkpoint it starts from (None: fresh), as read
+    once (`loaded`: the model's checks and the evaluation's vocabulary take it from there)."""
 
     cfg: Any
     checkpoint: str | None = None
@@ -33,6 +34,7 @@ class StartingPoint:
     changes: list[Change] = field(default_factory=list)
     config_source: str = "command line"  # where the run's settings came from
     run_id: str = field(default_factory=new_run_id)  # the run this attempt writes (see .identity)
+    loaded: LoadedCheckpoint | None = field(default=None, repr=False)
 
     def callbacks(self) -> list:
         """Callbacks that apply the changed settings to a restored training state."""
@@ -68,8 +70,9 @@ def starting_point(
         return StartingPoint(cfg)
     if checkpoint is None:
         return StartingPoint(cfg)
+    loaded = load_checkpoint(checkpoint)
     if command == "fit":
-        held = why_another_run(checkpoint, output_dir)
+        held = why_another_run(loaded, output_dir)
         if held is not None:
             # Resuming would write this checkpoint's run over the one the directory holds.
             raise UsageError(
@@ -77,19 +80,18 @@ def starting_point(
                 f"not of the run of ckpt_path={str(checkpoint)!r}; pass ckpt_path=auto to continue the run it "
                 "holds, or choose another hydra.run.dir to continue the other"
             )
-    check_engine_reads(cfg, command, checkpoint)
-    contents = read_checkpoint(checkpoint)
-    step = int(contents.get("global_step", 0) or 0)
-    saved = checkpoint_run_config(checkpoint)
+    check_engine_reads(cfg, command, checkpoint, loaded)
+    step = loaded.step
+    saved = checkpoint_run_config(loaded)
     source = "the settings saved with the checkpoint"
     if saved is None:
-        saved = _config_around_model(cfg, contents)
+        saved = _config_around_model(cfg, loaded.contents)
         source = "command line (the checkpoint carries no run config)"
     merged = merged_config(saved, cfg, overrides)
     changes = judge(saved, merged, command, str(checkpoint), step)
     if command == "fit":
         refuse_unfollowable(changes, merged, str(checkpoint))
-    return StartingPoint(merged, str(checkpoint), step, changes, source, run_id_to_continue(checkpoint))
+    return StartingPoint(merged, str(checkpoint), step, changes, source, run_id_to_continue(loaded), loaded)
 
 
 def _config_around_model(cfg, contents) -> Any:
