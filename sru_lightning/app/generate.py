@@ -1,8 +1,7 @@
 """`python -m sru_lightning generate key=value ...`: write text with a trained language model.
 
 The model and its vocabulary are rebuilt from the checkpoint alone (its hyperparameters and
-the data module's saved vocabulary; checkpoints written before the vocabulary was saved fall
-back to the run's `.hydra/config.yaml`). The prompt is read once; every further token costs
+the data module's saved vocabulary). The prompt is read once; every further token costs
 one recurrent step from the carried state. Text streams to stdout, speed goes to stderr.
 """
 
@@ -132,30 +131,16 @@ def build_model(checkpoint: Mapping[str, Any], path: Path):
 
 
 def load_codec(checkpoint: Mapping[str, Any], path: Path):
-    """The vocabulary saved with the checkpoint; for older checkpoints, rebuilt from the data
-    config of the run that wrote it (the one place that knows it: `runs.folder`)."""
-    from sru_lightning.app.runs.checkpoints import LoadedCheckpoint
-    from sru_lightning.app.runs.folder import checkpoint_run_config
+    """The vocabulary the data module saved with the checkpoint."""
     from sru_lightning.data import TokenCodec
 
     for entry in checkpoint.values():  # Lightning files the data module's state under its class name
         if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
             return TokenCodec.from_state_dict(entry["token_codec"])
-    config = checkpoint_run_config(LoadedCheckpoint(path, checkpoint))
-    if config is None or "data" not in config:
-        raise UsageError(
-            f"the checkpoint {str(path)!r} holds no vocabulary, and no run configuration was found with it "
-            "or around it to rebuild it from"
-        )
-    from hydra.utils import instantiate
-
-    print(f"{PROG}: rebuilding the vocabulary from the data config of the run of {path}", file=sys.stderr)
-    try:
-        return instantiate(config.data).codec
-    except Exception as error:  # whatever the data module raises, said in one line
-        raise UsageError(
-            f"cannot rebuild the vocabulary of {str(path)!r} from its run's data config: {error}"
-        ) from None
+    raise UsageError(
+        f"the checkpoint {str(path)!r} holds no vocabulary (its data module saved none): generate with a "
+        "checkpoint of a run of sru_lightning's data modules"
+    )
 
 
 # --------------------------------------------------------------------------------------------

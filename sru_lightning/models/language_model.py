@@ -14,6 +14,8 @@ from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from torch import nn
 from torchmetrics import MeanMetric
 
+from .checkpoint_format import check_format, stamp_format
+
 RNN_TYPES = ("sru", "srupp", "lstm")
 #: The optimizer of a model given none.
 DEFAULT_OPTIMIZER = {"_target_": "torch.optim.Adam", "lr": 1e-3}
@@ -367,10 +369,7 @@ class SRULanguageModel(pl.LightningModule):
 
     def _own_carried_state(self, saved: Any) -> Any:
         """This rank's carried training state from a checkpoint's, or None (start from zeros)."""
-        if isinstance(saved, Mapping):
-            saved_world_size, per_rank = int(saved["world_size"]), list(saved["per_rank"])
-        else:  # a one-process checkpoint written before states were kept per rank
-            saved_world_size, per_rank = 1, [saved]
+        saved_world_size, per_rank = int(saved["world_size"]), list(saved["per_rank"])
         trainer = self._trainer
         if trainer is not None and trainer.state.fn != TrainerFn.FITTING:
             return None  # only a resumed fit continues the training stream; evaluation starts its own
@@ -528,6 +527,7 @@ class SRULanguageModel(pl.LightningModule):
         # run's. Under DDP each rank carries its own streams and only rank 0 writes the file,
         # so every rank's state is gathered into it. Lightning dumps a checkpoint on every
         # rank at the same point, which makes these collectives safe.
+        stamp_format(checkpoint)
         state = self._carried.get("train")
         world_size = self.trainer.world_size
         if world_size > 1:
@@ -546,6 +546,8 @@ class SRULanguageModel(pl.LightningModule):
         checkpoint[CARRIED_STATE_KEY] = {"world_size": world_size, "per_rank": per_rank}
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        trainer = self._trainer
+        check_format(checkpoint, str(getattr(trainer, "ckpt_path", None) or "the checkpoint"))
         saved = checkpoint.get(CARRIED_STATE_KEY)
         if saved is not None:
             own = self._own_carried_state(saved)

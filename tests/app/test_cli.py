@@ -186,16 +186,17 @@ def test_a_run_directory_resumes_from_its_newest_checkpoint(tmp_path):
     from omegaconf import OmegaConf
 
     from sru_lightning.app.runs.folder import resolve_checkpoint
+    from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
 
     checkpoints = tmp_path / "run" / "checkpoints"
     checkpoints.mkdir(parents=True)
     last, interrupted = checkpoints / "last.ckpt", checkpoints / "interrupted.ckpt"
-    torch.save({"global_step": 10}, last)
-    torch.save({"global_step": 15}, interrupted)
+    torch.save({"global_step": 10, FORMAT_KEY: FORMAT_VERSION}, last)
+    torch.save({"global_step": 15, FORMAT_KEY: FORMAT_VERSION}, interrupted)
     os.utime(last, (3_000, 3_000))  # written later, but holds an earlier step
     os.utime(interrupted, (2_000, 2_000))
     cfg = OmegaConf.create({"ckpt_path": str(tmp_path / "run")})
     assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(interrupted.absolute())
-    torch.save({"global_step": 20}, last)  # a later save supersedes the interruption
+    torch.save({"global_step": 20, FORMAT_KEY: FORMAT_VERSION}, last)  # a later save supersedes the interruption
     os.utime(last, (1_000, 1_000))
     assert resolve_checkpoint(cfg, "fit", tmp_path / "new") == str(last.absolute())

@@ -23,6 +23,7 @@ from sru_lightning.app import cli, generate  # noqa: E402
 from sru_lightning.app import export_command as command  # noqa: E402
 from sru_lightning.data import TokenCodec  # noqa: E402
 from sru_lightning.models import SRULanguageModel  # noqa: E402
+from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION  # noqa: E402
 
 ALPHABET = list("abcdefghij .,\nT")
 SIZES = {
@@ -50,6 +51,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
                 "hyper_parameters": dict(model.hparams),
                 "global_step": 7,
                 "PydocDataModule": {"token_codec": codec.state_dict()},
+                FORMAT_KEY: FORMAT_VERSION,
             },
             path,
         )

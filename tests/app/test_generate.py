@@ -95,14 +95,17 @@ def test_character_level_generation_is_deterministic_and_has_the_requested_lengt
     assert f"{run_dir / 'checkpoints' / 'last.ckpt'} (step 3, char level)" in other_seed.stderr
     assert len(generated(other_seed, "The ")) == 40 and generated(other_seed, "The ") != text
 
-    # the same seed gives the same text, also from a checkpoint without the saved vocabulary
-    # (as written before it was saved): rebuilt from the run's .hydra/config.yaml
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    # the same seed gives the same text from a copy of the checkpoint elsewhere
+    loose = tmp_path / "copy.ckpt"
+    loose.write_bytes((run_dir / "checkpoints" / "last.ckpt").read_bytes())
+    assert generated(run_command(capsys, "generate", f"ckpt_path={loose}", *settings, "seed=0"), "The ") == text
+    # a checkpoint without its vocabulary is refused in one line (nothing rebuilds it)
+    checkpoint = torch.load(loose, map_location="cpu", weights_only=True)
     assert checkpoint.pop("PydocDataModule")["token_codec"]["level"] == "char"
-    torch.save(checkpoint, run_dir / "checkpoints" / "older.ckpt")
-    older = run_command(capsys, "generate", f"ckpt_path={run_dir / 'checkpoints' / 'older.ckpt'}", *settings, "seed=0")
-    assert generated(older, "The ") == text
-    assert "rebuilding the vocabulary from the data config" in older.stderr
+    torch.save(checkpoint, loose)
+    refused = run_command(capsys, "generate", f"ckpt_path={loose}", *settings)
+    assert refused.returncode == 2 and refused.stderr.strip().count("\n") == 0
+    assert "holds no vocabulary" in refused.stderr
 
 
 @pytest.mark.slow

@@ -16,6 +16,7 @@ import signal
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import hypothesis
 import pytest
@@ -25,6 +26,7 @@ from hypothesis import strategies as st
 
 from sru_lightning.app import cli
 from sru_lightning.app.runs.folder import RunFolder, model_checkpoint, named_checkpoint
+from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
 
 # Steps, not epochs, bound these fits: each resume trains two more.
 STEPS = [
@@ -86,8 +88,11 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+V1 = {FORMAT_KEY: FORMAT_VERSION}
+
+
 def fake_checkpoint(path: Path, step: int, written: float) -> None:
-    torch.save({"global_step": step, "state_dict": {}}, path)
+    torch.save({"global_step": step, "state_dict": {}, **V1}, path)
     os.utime(path, (written, written))
 
 
@@ -132,7 +137,7 @@ def indexed_checkpoint(path: Path, step: int, **entries) -> None:
     from sru_lightning.app.runs.checkpoint_index import IndexedCheckpointIO
     from sru_lightning.app.runs.folder import RUN_CONFIG_KEY, RUN_ID_KEY
 
-    contents = {"global_step": step, "state_dict": {}, RUN_ID_KEY: "run-a", RUN_CONFIG_KEY: {"seed": step}}
+    contents = {"global_step": step, "state_dict": {}, RUN_ID_KEY: "run-a", RUN_CONFIG_KEY: {"seed": step}, **V1}
     IndexedCheckpointIO().save_checkpoint({**contents, **entries}, path)
 
 
@@ -160,10 +165,64 @@ def test_a_runs_checkpoints_are_ordered_from_its_index_without_reading_one(tmp_p
     assert RunFolder(tmp_path / "run").latest.step == 8
     assert loads == [], "the index alone ordered the checkpoints"
     # a file replaced or added by hand is read: the index never outvotes a file
-    torch.save({"global_step": 12, "state_dict": {}}, folder / "epoch=0-step=2.ckpt")
+    torch.save({"global_step": 12, "state_dict": {}, **V1}, folder / "epoch=0-step=2.ckpt")
     shutil.copy(folder / "interrupted.ckpt", folder / "copy.ckpt")
     assert [saved.step for saved in RunFolder(tmp_path / "run").checkpoints] == [8, 8, 12]
     assert sorted(Path(load).name for load in loads) == ["copy.ckpt", "epoch=0-step=2.ckpt"]
+
+
+# --------------------------------------------------------------------------------------------
+# one format: checkpoints and run records of another version are refused in one line
+@pytest.mark.parametrize("version", [None, 0, 2])
+def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path, capsys, version):
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    path = run / "checkpoints" / "last.ckpt"
+    contents = {"global_step": 4, "state_dict": {}, "hyper_parameters": {"vocab_size": 5}}
+    torch.save({**contents, **({FORMAT_KEY: version} if version is not None else {})}, path)
+    found = "none" if version is None else str(version)
+    for command in (
+        ["validate", *STEPS, f"ckpt_path={path}", f"hydra.run.dir={tmp_path / 'v'}"],
+        ["fit", *STEPS, f"ckpt_path={run}", f"hydra.run.dir={tmp_path / 'f'}"],
+        ["generate", f"ckpt_path={path}"],
+        ["export", f"ckpt_path={path}", f"out={tmp_path / 'e'}"],
+    ):
+        capsys.readouterr()
+        assert cli.main(command) == 2, command[0]
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1, (command[0], err)
+        assert str(path) in err[0] and f"format version is {found}, expected 1" in err[0], (command[0], err)
+
+
+def test_the_model_writes_its_format_and_refuses_another():
+    from sru_lightning.models import SRULanguageModel
+    from sru_lightning.models.checkpoint_format import CheckpointFormatError
+
+    model = SRULanguageModel(vocab_size=5, embedding_dim=4, hidden_size=6, num_layers=1)
+    model._trainer = SimpleNamespace(world_size=1, ckpt_path="x.ckpt", state=SimpleNamespace(fn="fit"))
+    written: dict = {}
+    model.on_save_checkpoint(written)
+    assert written[FORMAT_KEY] == FORMAT_VERSION
+    model.on_load_checkpoint(written)
+    with pytest.raises(CheckpointFormatError, match="'x.ckpt': its format version is none, expected 1"):
+        model.on_load_checkpoint({"carried_train_state": torch.zeros(2, 6)})  # the per-rank layout's predecessor
+
+
+def test_a_run_record_of_another_format_is_refused_in_one_line(tmp_path, capsys):
+    from sru_lightning.app.runs.records import read_result, write_record
+
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    fake_checkpoint(run / "checkpoints" / "last.ckpt", 4, time.time())
+    write_record(run, {"status": "completed"})
+    assert read_result(run)["format_version"] == 1
+    assert json.loads((run / "history.jsonl").read_text())["format_version"] == 1
+    (run / "result.json").write_text(json.dumps({"status": "completed"}))  # as written before records had a version
+    capsys.readouterr()
+    assert cli.main(["fit", *STEPS, "ckpt_path=auto", f"hydra.run.dir={run}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(run / "result.json") in err[0], err
+    assert "format version is none, expected 1" in err[0], err
 
 
 @pytest.mark.slow
@@ -352,15 +411,15 @@ def test_ckpt_path_last_takes_the_newest_run_the_configured_engine_can_read(tmp_
     settings = {"model": {"hidden_size": 16}, "data": {"seq_len": 8}}
     older = tmp_path / "outputs" / "ddp" / "checkpoints" / "last.ckpt"
     older.parent.mkdir(parents=True)
-    torch.save({"global_step": 5, RUN_CONFIG_KEY: settings}, older)
+    torch.save({"global_step": 5, RUN_CONFIG_KEY: settings, **V1}, older)
     os.utime(older, (1_000, 1_000))
     # a newer ZeRO-2 run of the same model and data: a folder of shards a DDP trainer cannot read
     shards = tmp_path / "outputs" / "zero2" / "checkpoints" / "last.ckpt" / "checkpoint"
     shards.mkdir(parents=True)
-    torch.save({"global_step": 9, RUN_CONFIG_KEY: settings}, shards / "mp_rank_00_model_states.pt")
+    torch.save({"global_step": 9, RUN_CONFIG_KEY: settings, **V1}, shards / "mp_rank_00_model_states.pt")
     other_model = tmp_path / "outputs" / "wide" / "checkpoints" / "last.ckpt"
     other_model.parent.mkdir(parents=True)
-    torch.save({"global_step": 7, RUN_CONFIG_KEY: {**settings, "model": {"hidden_size": 32}}}, other_model)
+    torch.save({"global_step": 7, RUN_CONFIG_KEY: {**settings, "model": {"hidden_size": 32}}, **V1}, other_model)
     cfg = OmegaConf.create(
         {**settings, "ckpt_path": "last", "resume_dir": str(tmp_path / "outputs"), "trainer": {"strategy": "ddp"}}
     )
@@ -431,18 +490,8 @@ def folder_state(root: Path) -> dict[str, tuple[str, int]]:
     return state
 
 
-def without_run_ids(run: Path) -> None:
-    """The run's checkpoints as written before checkpoints carried their run's identity."""
-    from sru_lightning.app.runs.folder import RUN_ID_KEY
-
-    for path in (run / "checkpoints").glob("*.ckpt"):
-        contents = torch.load(path, weights_only=True)
-        contents.pop(RUN_ID_KEY, None)
-        torch.save(contents, path)
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("held", ["finished", "interrupted", "finished, without identities"])
+@pytest.mark.parametrize("held", ["finished", "interrupted"])
 def test_a_resume_of_another_run_into_a_runs_folder_is_refused_and_leaves_it_untouched(tmp_path, capsys, held):
     run, other = tmp_path / "runs" / "A", tmp_path / "runs" / "B"
     assert fit(other, 2, "seed=7") == 0
@@ -451,9 +500,6 @@ def test_a_resume_of_another_run_into_a_runs_folder_is_refused_and_leaves_it_unt
         assert [path.name for path in (run / "checkpoints").iterdir()] == ["interrupted.ckpt"]
     else:
         assert fit(run, 2) == 0
-    if held.endswith("without identities"):
-        without_run_ids(run)
-        without_run_ids(other)
     before = folder_state(run)
     for setting in (other, RunFolder(other).latest.path):
         capsys.readouterr()

@@ -241,13 +241,22 @@ def test_float16_parameters_get_an_eps_float16_can_hold():
 # --------------------------------------------------------------------------------------------
 # resume keeps everything
 def _fake_run(root: Path, name: str, step: int, status: str | None, config_from: Path) -> Path:
+    from omegaconf import OmegaConf
+
+    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY
+    from sru_lightning.app.runs.records import RECORD_VERSION
+    from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
+
     run_dir = root / name
     (run_dir / "checkpoints").mkdir(parents=True)
     (run_dir / ".hydra").mkdir()
     (run_dir / ".hydra" / "config.yaml").write_text((config_from / ".hydra" / "config.yaml").read_text())
-    torch.save({"global_step": step}, run_dir / "checkpoints" / "last.ckpt")
+    config = OmegaConf.to_container(OmegaConf.load(run_dir / ".hydra" / "config.yaml"))
+    torch.save(
+        {"global_step": step, FORMAT_KEY: FORMAT_VERSION, RUN_CONFIG_KEY: config}, run_dir / "checkpoints" / "last.ckpt"
+    )
     if status is not None:
-        (run_dir / "result.json").write_text(json.dumps({"status": status}))
+        (run_dir / "result.json").write_text(json.dumps({"status": status, "format_version": RECORD_VERSION}))
     return run_dir
 
 

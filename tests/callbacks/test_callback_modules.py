@@ -1,5 +1,5 @@
 """The callbacks are laid out as Lightning's own are: one callback per module, every one of them
-importable from `sru_lightning.callbacks`, and the earlier import paths still naming them."""
+importable from `sru_lightning.callbacks`, and no module that only passes on another's names."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ import importlib
 import inspect
 import pkgutil
 
-import pytest
 from lightning.pytorch.callbacks import Callback
 
 import sru_lightning.callbacks as callbacks_package
@@ -38,18 +37,17 @@ def test_every_public_callback_is_exported_from_the_package():
     assert sorted(cls.__name__ for cls in public - exported) == []
 
 
-@pytest.mark.parametrize(
-    "earlier_path,name",
-    [
-        ("sru_lightning.callbacks.interrupts", "GracefulInterrupt"),
-        ("sru_lightning.callbacks.interrupts", "InterruptionCheckpoint"),
-        ("sru_lightning.callbacks.resume", "RestoreDataPosition"),
-        ("sru_lightning.callbacks.resume", "SeedEveryBatch"),
-    ],
-)
-def test_the_earlier_import_paths_name_the_same_classes(earlier_path, name):
-    """Run configs saved in the checkpoints of earlier runs name these `_target_`s, and a resumed
-    run instantiates them again."""
-    from hydra.utils import get_class
-
-    assert get_class(f"{earlier_path}.{name}") is getattr(callbacks_package, name)
+def test_every_module_defines_what_it_holds():
+    """No module only passes on names defined elsewhere (the package has no earlier import paths
+    to keep: its checkpoints name the modules that define their callbacks)."""
+    hollow = []
+    for module_info in pkgutil.iter_modules(callbacks_package.__path__):
+        module = importlib.import_module(f"{callbacks_package.__name__}.{module_info.name}")
+        own = [
+            member
+            for _, member in inspect.getmembers(module, lambda item: inspect.isclass(item) or inspect.isfunction(item))
+            if member.__module__ == module.__name__
+        ]
+        if not own:
+            hollow.append(module_info.name)
+    assert hollow == []

@@ -287,11 +287,18 @@ def test_the_clipping_fsdp_precision_takes_every_fsdp_precision(precision):
 def _fake_deepspeed_folder(root, stage: int, processes: int):
     import torch
 
+    from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
+
     folder = root / "last.ckpt" / "checkpoint"
     folder.mkdir(parents=True)
     name = "zero_pp_rank_0_mp_rank_00_model_states.pt" if stage == 3 else "mp_rank_00_model_states.pt"
     torch.save(
-        {"global_step": 4, "dp_world_size": processes, "ds_config": {"zero_optimization": {"stage": stage}}},
+        {
+            "global_step": 4,
+            "dp_world_size": processes,
+            "ds_config": {"zero_optimization": {"stage": stage}},
+            FORMAT_KEY: FORMAT_VERSION,
+        },
         folder / name,
     )
     for rank in range(processes):

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from sru_lightning.models.checkpoint_format import CheckpointFormatError, check_format
+
 log = logging.getLogger("sru_lightning")
 
 #: The name Lightning's checkpoint callback gives the run's latest checkpoint (the newest of a
@@ -116,7 +118,8 @@ class LoadedCheckpoint:
 def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     """Read the checkpoint at `path` (a file or a DeepSpeed folder): safely (`weights_only=True`)
     and memory-mapped, so its weights are read only where used. CheckpointError when it cannot
-    be read or is not a Lightning checkpoint."""
+    be read, is not a Lightning checkpoint, or is not of this sru_lightning's format
+    (:mod:`sru_lightning.models.checkpoint_format`)."""
     import torch
 
     path = Path(path)
@@ -130,6 +133,10 @@ def load_checkpoint(path: str | Path) -> LoadedCheckpoint:
     step = contents.get("global_step", 0) or 0
     if isinstance(step, bool) or not isinstance(step, int):
         raise CheckpointError(f"{str(path)!r} is not a Lightning checkpoint (its global_step is {step!r})")
+    try:
+        check_format(contents, str(path))
+    except CheckpointFormatError as error:
+        raise CheckpointError(str(error)) from None
     return LoadedCheckpoint(path, contents)
 
 

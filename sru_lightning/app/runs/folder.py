@@ -8,10 +8,10 @@ newest: the newest is the one with the highest optimizer step recorded inside it
 written wins a tie), so a moved, copied or renamed run answers exactly as the original.
 
 Every checkpoint a run writes also carries the run's configuration as it trained
-(:class:`SaveRunConfig`, under :data:`RUN_CONFIG_KEY`): the settings that produced those
-weights travel with them, so a checkpoint named by run directory, by file, or as a copy
-elsewhere is evaluated and resumed with the same settings. Checkpoints written before that
-key existed fall back to the `.hydra/config.yaml` of the run around them.
+(:class:`SaveRunConfig`, under :data:`RUN_CONFIG_KEY`), and the format version
+(:mod:`sru_lightning.models.checkpoint_format`): the settings that produced those weights travel
+with them, so a checkpoint named by run directory, by file, or as a copy elsewhere is evaluated
+and resumed with the same settings.
 
 Every command that takes a run asks this module: `fit` resuming (`ckpt_path=<run>`, `last`),
 `validate`/`test`, `generate`, `export`, and sweep jobs continuing their runs.
@@ -28,6 +28,8 @@ from typing import Any
 
 from lightning.pytorch.callbacks import Callback
 
+from sru_lightning.models.checkpoint_format import stamp_format
+
 from .checkpoint_index import indexed_entry, read_index
 from .checkpoints import (
     CHECKPOINTS_DIR,
@@ -39,7 +41,7 @@ from .checkpoints import (
     is_deepspeed_folder,
     load_checkpoint,
 )
-from .records import RESULT_FILE, run_status
+from .records import RESULT_FILE, RecordFormatError, read_result, run_status
 
 log = logging.getLogger("sru_lightning")
 
@@ -112,6 +114,7 @@ class RunFolder:
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory).expanduser().absolute()
+        self.unreadable: list[str] = []  # why each checkpoint file that could not be read was skipped
 
     def __repr__(self) -> str:
         return f"RunFolder({str(self.directory)!r})"
@@ -133,8 +136,12 @@ class RunFolder:
 
     @property
     def status(self) -> str | None:
-        """The status of the run's latest attempt (result.json), None when it has no record."""
-        return run_status(self.directory)
+        """The status of the run's latest attempt (result.json), None when it has no record;
+        CheckpointError when the record is of another format."""
+        try:
+            return run_status(self.directory)
+        except RecordFormatError as error:
+            raise CheckpointError(str(error)) from None
 
     # -- checkpoints -------------------------------------------------------------------------
     @cached_property
@@ -148,7 +155,8 @@ class RunFolder:
             try:
                 found.append(saved_checkpoint(path, index))
             except (CheckpointError, OSError) as error:
-                log.info("skipping %s: %s", path, str(error).splitlines()[0])
+                self.unreadable.append(str(error).splitlines()[0])
+                log.info("skipping %s: %s", path, self.unreadable[-1])
         return sorted(found, key=lambda saved: (saved.step, saved.written))
 
     @property
@@ -168,16 +176,20 @@ class RunFolder:
                     f"not a run: it holds no checkpoint; generate with it through model={self.directory}"
                 )
             where = self.directory / CHECKPOINTS_DIR
+            why = f" ({self.unreadable[0]})" if self.unreadable else ""
             raise CheckpointError(
                 f"`ckpt_path` is the directory {str(self.directory)!r}, which holds no readable checkpoint "
-                f"in {str(where)!r}; point ckpt_path at a .ckpt file or at a run directory that trained"
+                f"in {str(where)!r}{why}; point ckpt_path at a .ckpt file or at a run directory that trained"
             )
         return latest.path
 
     def why_not_continued(self) -> str | None:
         """None when `ckpt_path=last` may continue this run from its latest checkpoint, else why not."""
-        if self.status == "failed":
-            return f"the run in {str(self.directory)!r} failed"
+        try:
+            if self.status == "failed":
+                return f"the run in {str(self.directory)!r} failed"
+        except CheckpointError as error:
+            return str(error)
         latest = self.latest
         if latest is None:
             return f"{str(self.directory)!r} holds no readable checkpoint"
@@ -187,50 +199,33 @@ class RunFolder:
 
     def owner(self) -> dict[str, Any] | None:
         """The job that owns the run (a SLURM job, a sweep job), from its latest checkpoint or record."""
-        import json
-
         latest = self.latest
         if latest is not None and latest.owner is not None:
             return dict(latest.owner)
         try:
-            owner = json.loads((self.directory / RESULT_FILE).read_text()).get("owner")
-        except (OSError, ValueError, AttributeError):
-            return None
+            record = read_result(self.directory)
+        except RecordFormatError as error:
+            raise CheckpointError(str(error)) from None
+        owner = record.get("owner") if record is not None else None
         return dict(owner) if isinstance(owner, Mapping) else None
 
     # -- configuration -----------------------------------------------------------------------
     def config(self) -> Any | None:
         """The configuration the run's latest checkpoint trained with (a DictConfig), or None."""
-        from omegaconf import OmegaConf
-
         latest = self.latest
-        if latest is not None and latest.config is not None:
-            return OmegaConf.create(dict(latest.config))
-        return hydra_config_of(self.directory)
+        return _as_config(latest.config) if latest is not None else None
 
 
 def checkpoint_run_config(loaded: LoadedCheckpoint):
-    """The run configuration saved inside the checkpoint (a DictConfig), else that of the run
-    around it (its `.hydra/config.yaml`, for checkpoints that predate the saved key), else None."""
+    """The run configuration saved inside the checkpoint (a DictConfig), or None for a checkpoint
+    written outside a run (a Trainer of the user's own)."""
+    return _as_config(loaded.run_config)
+
+
+def _as_config(saved: Mapping[str, Any] | None):
     from omegaconf import OmegaConf
 
-    if loaded.run_config is not None:
-        return OmegaConf.create(dict(loaded.run_config))
-    run = RunFolder.around(loaded.path)
-    return hydra_config_of(run.directory) if run is not None else None
-
-
-def hydra_config_of(directory: Path):
-    """`<directory>/.hydra/config.yaml` as a DictConfig, None when missing or unreadable."""
-    from omegaconf import OmegaConf
-
-    saved = Path(directory) / ".hydra" / "config.yaml"
-    if not saved.is_file():
-        return None
-    try:
-        return OmegaConf.load(saved)
-    except Exception:  # a foreign or damaged file is no config of ours
-        return None
+    return OmegaConf.create(dict(saved)) if saved is not None else None
 
 
 def section(config, key: str) -> dict | None:
@@ -280,8 +275,8 @@ def latest_continuable(
 # --------------------------------------------------------------------------------------------
 # what every checkpoint of a run carries
 class SaveRunConfig(Callback):
-    """Writes the run's configuration, its identity (:mod:`.identity`) and its owner into every
-    checkpoint it saves (see the module docstring).
+    """Writes the format version, the run's configuration, its identity (:mod:`.identity`) and its
+    owner into every checkpoint it saves (see the module docstring).
 
     The configuration is stored unresolved, as plain values, so the checkpoint stays loadable
     with `weights_only=True` and a moved run's paths are not baked in.
@@ -296,6 +291,7 @@ class SaveRunConfig(Callback):
         self.run_id = run_id
 
     def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        stamp_format(checkpoint)
         checkpoint[RUN_CONFIG_KEY] = self.config
         if self.run_id:
             checkpoint[RUN_ID_KEY] = self.run_id
@@ -420,7 +416,7 @@ def resolve_checkpoint(
 
 
 #: Model settings that say how the model runs, not what it is: a run trained with another value
-#: is the same model (`model.compile`, which runs may also have been saved without).
+#: is the same model (`model.compile`).
 HOW_THE_MODEL_RUNS = ("compile",)
 
 

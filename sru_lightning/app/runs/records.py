@@ -1,6 +1,7 @@
 """The records a run leaves in its directory: `result.json` (the outcome of the latest attempt)
 and `history.jsonl` (one line per attempt). The run writes them; the sweep summary and
-`ckpt_path=last` read them."""
+`ckpt_path=last` read them. Every record carries `format_version` (:data:`RECORD_VERSION`); a
+record of another version is refused in one line (:func:`check_record_format`)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,37 @@ from typing import Any
 
 RESULT_FILE = "result.json"
 HISTORY_FILE = "history.jsonl"
+#: The format of the records this sru_lightning writes and reads.
+RECORD_VERSION = 1
+
+
+class RecordFormatError(ValueError):
+    """A run record of a format this sru_lightning does not read."""
+
+
+def check_record_format(record: dict[str, Any], path: str | Path) -> None:
+    """Raise RecordFormatError, naming the file, unless `record` is of this format."""
+    found = record.get("format_version")
+    if found != RECORD_VERSION or isinstance(found, bool):
+        raise RecordFormatError(
+            f"cannot read the run record {str(path)!r}: its format version is "
+            f"{found if found is not None else 'none'}, expected {RECORD_VERSION} (it was written by an earlier "
+            "sru_lightning)"
+        )
+
+
+def read_result(run_dir: Path) -> dict[str, Any] | None:
+    """The run directory's result.json; None when it has none or it is not JSON (a partial copy).
+    RecordFormatError for a record of another format."""
+    path = Path(run_dir) / RESULT_FILE
+    try:
+        record = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(record, dict):
+        return None
+    check_record_format(record, path)
+    return record
 
 
 def write_result(output_dir: str | Path, record: dict[str, Any]) -> Path:
@@ -17,7 +49,7 @@ def write_result(output_dir: str | Path, record: dict[str, Any]) -> Path:
     path = Path(output_dir) / RESULT_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(record, indent=2, sort_keys=True, default=str))
+    tmp.write_text(json.dumps(_versioned(record), indent=2, sort_keys=True, default=str))
     tmp.replace(path)  # atomic: a reader never sees half a file
     return path
 
@@ -28,12 +60,15 @@ def write_record(output_dir: Path, record: dict[str, Any], *, keep_result: bool 
     if not (keep_result and (output_dir / RESULT_FILE).is_file()):
         write_result(output_dir, record)
     with open(output_dir / HISTORY_FILE, "a") as history:
-        history.write(json.dumps(record, sort_keys=True, default=str) + "\n")
+        history.write(json.dumps(_versioned(record), sort_keys=True, default=str) + "\n")
+
+
+def _versioned(record: dict[str, Any]) -> dict[str, Any]:
+    return {**record, "format_version": RECORD_VERSION}
 
 
 def run_status(run_dir: Path) -> str | None:
-    """The status in the run directory's result.json (None when it has none or it is unreadable)."""
-    try:
-        return json.loads((run_dir / RESULT_FILE).read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
+    """The status in the run directory's result.json (None when it has none or it is unreadable);
+    RecordFormatError for a record of another format."""
+    record = read_result(run_dir)
+    return record.get("status") if record is not None else None

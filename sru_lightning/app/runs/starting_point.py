@@ -3,8 +3,8 @@
 A fresh `fit` runs the composed config. A command that starts from a checkpoint (a resumed or
 continued `fit`, `validate`, `test`) runs the configuration the checkpoint trained with
 (:func:`.folder.checkpoint_run_config`), with the settings the command line names put on top
-under the one rule of :mod:`.changes`. A checkpoint that carries no configuration and lies in
-no run (a file from elsewhere) is taken with the composed config, its model rebuilt from the
+under the one rule of :mod:`.changes`. A checkpoint that carries no run configuration (one a
+Trainer of the user's own wrote) is taken with the composed config, its model rebuilt from the
 checkpoint's own constructor arguments.
 """
 
