@@ -31,7 +31,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 from sru_lightning.app.runs.jobs import sweep_job_order
-from sru_lightning.app.runs.records import HISTORY_FILE, RESULT_FILE
+from sru_lightning.app.runs.records import HISTORY_FILE, RESULT_FILE, RecordFormatError, check_record_format
 from sru_lightning.app.summary_table import write_summary
 from sru_lightning.app.usage import PROG
 
@@ -164,11 +164,18 @@ def collect_results(sweep_dir: str | Path, before: dict[str, tuple] | None = Non
         if not any(records) or (before is not None and before.get(job_dir.name) == records):
             continue
         record: dict[str, Any] = latest_attempt(job_dir) or {}
+        source = job_dir / HISTORY_FILE
         if not record and result_file.exists():
+            source = result_file
             try:
                 record = json.loads(result_file.read_text())
             except (OSError, ValueError) as error:
                 record = {"status": "unreadable", "error": f"{result_file}: {error}"}
+        if record and record.get("status") != "unreadable":
+            try:
+                check_record_format(record, source)
+            except RecordFormatError as error:
+                record = {"status": "unreadable", "error": str(error)}
         lost = _lost_record(job_dir)
         if lost is not None and record.get("status") not in SETTLED_STATUSES:
             reason = lost.get("reason") or "lost by its launcher"

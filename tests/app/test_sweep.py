@@ -94,6 +94,20 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     assert "1 of 3 jobs completed." in markdown.read_text()
 
 
+def test_a_job_record_of_another_format_is_listed_as_unreadable(tmp_path):
+    (tmp_path / "0").mkdir()
+    (tmp_path / "0" / "result.json").write_text(json.dumps({"status": "completed", "overrides": ["lr=1"]}))
+    write_result(tmp_path / "1", {"status": "completed", "overrides": ["lr=2"]})
+    (tmp_path / "1" / "history.jsonl").write_text(json.dumps({"status": "completed", "format_version": 2}) + "\n")
+    rows = collect_results(tmp_path)
+    assert [row["status"] for row in rows] == ["unreadable", "unreadable"]
+    assert rows[0]["error"] == (
+        f"cannot read the run record {str(tmp_path / '0' / 'result.json')!r}: its format version is none, "
+        "expected 1 (it was written by an earlier sru_lightning)"
+    )
+    assert str(tmp_path / "1" / "history.jsonl") in rows[1]["error"] and "version is 2, expected 1" in rows[1]["error"]
+
+
 def test_summary_lists_jobs_their_launcher_gave_up_on_as_lost(tmp_path):
     # 0: lost before it started (no folder of its own); 1: lost while its run was running;
     # 2: the scheduler's SIGTERM interrupted the run, then the job died; 3: completed, then the
