@@ -1,4 +1,4 @@
-"""`bench --export`: the default models eagerly and from their exports, interleaved, one table."""
+"""`bench export`: the default models eagerly and from their exports, interleaved, one table."""
 
 from __future__ import annotations
 
