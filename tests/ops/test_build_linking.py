@@ -28,9 +28,10 @@ PROBE_RUN = textwrap.dedent("""
     from sru_lightning.ops import build
     if sys.argv[2] == "global":
         build.load_extension()
-    else:  # the CPU library loaded the default (local) way
-        spec = build.cpu_build_spec()
-        torch.ops.load_library(build.build_cache.library_file(spec.directory(), spec.name))
+    else:  # the CPU library this process would use (its own or one of every level), loaded the default (local) way
+        from sru_lightning.ops import cpu_levels
+        library, _ = build.find_cpu_build(cpu_levels.needed_levels())
+        torch.ops.load_library(library)
     cpp_extension.load(name="sru_lightning_link_probe", sources=[sys.argv[1] + "/probe.cpp"],
                        extra_include_paths=[{csrc!r}], build_directory=sys.argv[1], is_python_module=False)
     print(tuple(torch.ops.sru_lightning_link_probe.probe(torch.ones(3, 4)).shape))
