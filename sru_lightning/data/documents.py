@@ -24,8 +24,18 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
-from .modules import SPLITS, Corpus, LanguageModelDataModule, _readable_path, read_text_file, text_files
+from .modules import (
+    SPLITS,
+    Corpus,
+    LanguageModelDataModule,
+    _readable_path,
+    encode_ids,
+    read_text_file,
+    text_files,
+)
 from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
+from .subwords import text_pieces, train_bpe
+from .tokens import TokenCodec
 
 # The target index cross-entropy leaves out (torch's default ignore_index).
 IGNORED = -100
@@ -109,8 +119,9 @@ class WholeDocumentRows(IterableDataset):
 
 
 class DocumentsDataModule(LanguageModelDataModule):
-    """Separate documents, character level: a folder of text files (one document per file, in
-    order of their paths) or a JSON Lines file (one document per line, its text under `field`).
+    """Separate documents, character level (or BPE, learned from the training documents): a folder
+    of text files (one document per file, in order of their paths) or a JSON Lines file (one
+    document per line, its text under `field`).
 
     Documents are split into train / validation / test by `val_fraction` / `test_fraction` of the
     documents (at least one each), and batches carry the documents' boundaries (see the module).
@@ -187,20 +198,32 @@ class DocumentsDataModule(LanguageModelDataModule):
         return texts
 
     # -- corpus -----------------------------------------------------------------------------
-    def load_corpus(self) -> Corpus:
+    def _split_documents(self) -> dict[str, list[str]]:
         texts = self.read_documents()
         n_val = max(1, math.floor(len(texts) * self.val_fraction))
         n_test = max(1, math.floor(len(texts) * self.test_fraction))
         n_train = len(texts) - n_val - n_test
-        vocab = Vocabulary("".join(texts))
-        encoded = [vocab.encode(text) for text in texts]
-        self._documents = {
-            "train": encoded[:n_train],
-            "val": encoded[n_train : n_train + n_val],
-            "test": encoded[n_train + n_val :],
-        }
+        return {"train": texts[:n_train], "val": texts[n_train : n_train + n_val], "test": texts[n_train + n_val :]}
+
+    def _joined(self, vocab_size: int, itos: list[str] | None) -> Corpus:
         joined = {split: torch.cat(documents) for split, documents in self._documents.items()}
-        return Corpus(joined["train"], joined["val"], joined["test"], len(vocab), vocab.itos)
+        return Corpus(joined["train"], joined["val"], joined["test"], vocab_size, itos)
+
+    def load_corpus(self) -> Corpus:
+        texts = self._split_documents()
+        vocab = Vocabulary("".join(text for split in SPLITS for text in texts[split]))
+        self._documents = {split: [vocab.encode(text) for text in texts[split]] for split in SPLITS}
+        return self._joined(len(vocab), vocab.itos)
+
+    def load_bpe_corpus(self) -> Corpus:
+        """Each document in BPE tokens of a vocabulary learned from the training documents alone
+        (or adopted from a checkpoint)."""
+        texts = self._split_documents()
+        if self._codec is None:
+            pieces = (piece for text in texts["train"] for piece in text_pieces(text))
+            self._codec = TokenCodec("bpe", tokenizer=train_bpe(pieces, self.bpe_vocab_size))
+        self._documents = {split: [encode_ids(self._codec, text) for text in texts[split]] for split in SPLITS}
+        return self._joined(self._codec.vocab_size, None)
 
     def documents(self, split: str) -> list[torch.Tensor]:
         """The token ids of each document of `split`, in order."""
@@ -241,6 +264,8 @@ class DocumentsDataModule(LanguageModelDataModule):
 
     def adopt_vocabulary(self, codec) -> int:
         unknown = super().adopt_vocabulary(codec)
+        if codec.level == "bpe":  # the documents are encoded again when the corpus is next read
+            return unknown
         # The splits were encoded again with the same lengths: cut them into the same documents.
         for split in SPLITS:
             lengths = [document.numel() for document in self._documents[split]]

@@ -7,6 +7,7 @@ import math
 import os
 import sysconfig
 import zipfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,9 +17,39 @@ from torch.utils.data import DataLoader
 
 from .sampling import ResumableDataLoader
 from .streams import ContiguousStreams, Vocabulary, split_by_fractions, unigram_bits_per_token, word_tokens
+from .subwords import MIN_BPE_VOCAB_SIZE, text_pieces, train_bpe
 from .tokens import UNKNOWN_WORD, TokenCodec, token_unit
 
 SPLITS = ("train", "val", "test")
+#: `data.tokenizer` values: a vocabulary learned from the training split in place of the corpus's own tokens.
+TOKENIZERS = ("bpe",)
+
+
+def check_tokenizer(owner: str, tokenizer: str | None, vocab_size: int | None) -> None:
+    """Raise ValueError unless `data.tokenizer` / `data.vocab_size` are null / null or bpe / an integer >= 257."""
+    if tokenizer is not None and tokenizer not in TOKENIZERS:
+        raise ValueError(
+            f"{owner}: `data.tokenizer` must be null (the corpus's own tokens) or one of {', '.join(TOKENIZERS)}, "
+            f"got {tokenizer!r}"
+        )
+    if tokenizer is None:
+        if vocab_size is not None:
+            raise ValueError(
+                f"{owner}: `data.vocab_size` sets the size of a learned vocabulary and needs data.tokenizer=bpe, "
+                f"got data.vocab_size={vocab_size!r} without it (this corpus's own tokens have a fixed vocabulary)"
+            )
+        return
+    if not isinstance(vocab_size, int) or isinstance(vocab_size, bool) or vocab_size < MIN_BPE_VOCAB_SIZE:
+        raise ValueError(
+            f"{owner}: `data.vocab_size` must be an integer >= {MIN_BPE_VOCAB_SIZE} with data.tokenizer={tokenizer} "
+            f"(the 256 bytes and at least one merge), got {vocab_size!r}"
+        )
+
+
+def encode_ids(codec: TokenCodec, text: str) -> torch.Tensor:
+    """The token ids of `text` as a compact tensor (int16 when the vocabulary allows)."""
+    dtype = torch.int16 if codec.vocab_size < 2**15 else torch.int32
+    return torch.tensor(codec.encode(text), dtype=dtype)
 
 
 @dataclass(frozen=True)
@@ -29,7 +60,7 @@ class Corpus:
     val: torch.Tensor
     test: torch.Tensor
     vocab_size: int
-    itos: list[str] | None = None  # id -> token; None for byte level (id == byte value)
+    itos: list[str] | None = None  # id -> token; None for byte level (id == byte value) and BPE (see the codec)
 
 
 class LanguageModelDataModule(pl.LightningDataModule):
@@ -38,12 +69,29 @@ class LanguageModelDataModule(pl.LightningDataModule):
     Subclasses implement `load_corpus()`; it runs once, on first use, and is cached, so the
     vocabulary size is known before the model is built. Checkpoints written by a Trainer keep
     the vocabulary (`state_dict()`), so a model can be used without its corpus.
+
+    ``tokenizer="bpe"`` replaces the corpus's own tokens by a byte-level BPE vocabulary of at most
+    `vocab_size` tokens, learned from the training split alone (subclasses give the splits'
+    texts through `split_texts()`); evaluating or continuing a checkpoint uses the checkpoint's.
     """
 
-    token_level = "char"  # "byte", "char" or "word": what one token id stands for
+    token_level = "char"  # "byte", "char", "word" or "bpe": what one token id stands for
 
-    def __init__(self, batch_size: int = 32, seq_len: int = 128, eval_batch_size: int | None = None) -> None:
+    def __init__(
+        self,
+        batch_size: int = 32,
+        seq_len: int = 128,
+        eval_batch_size: int | None = None,
+        tokenizer: str | None = None,
+        vocab_size: int | None = None,
+    ) -> None:
         super().__init__()
+        check_tokenizer(type(self).__name__, tokenizer, vocab_size)
+        self.tokenizer = tokenizer
+        self.bpe_vocab_size = vocab_size  # the most tokens the learned vocabulary may hold
+        if tokenizer == "bpe":
+            self.token_level = "bpe"
+        self._codec: TokenCodec | None = None  # a learned (or a checkpoint's) vocabulary
         for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{type(self).__name__}: `data.{name}` must be a positive integer, got {value!r}")
@@ -62,10 +110,23 @@ class LanguageModelDataModule(pl.LightningDataModule):
     def load_corpus(self) -> Corpus:
         raise NotImplementedError
 
+    def split_texts(self) -> tuple[str, str, str]:
+        """The texts of the training, validation and test splits (what a BPE vocabulary reads)."""
+        raise NotImplementedError(f"{type(self).__name__} does not support data.tokenizer=bpe")
+
+    def load_bpe_corpus(self) -> Corpus:
+        """The splits in BPE tokens: a vocabulary learned from the training text alone, unless a
+        checkpoint's was adopted (`adopt_vocabulary`)."""
+        texts = self.split_texts()
+        if self._codec is None:
+            self._codec = TokenCodec("bpe", tokenizer=train_bpe(text_pieces(texts[0]), self.bpe_vocab_size))
+        train, val, test = (encode_ids(self._codec, text) for text in texts)
+        return Corpus(train, val, test, self._codec.vocab_size)
+
     @property
     def corpus(self) -> Corpus:
         if self._corpus is None:
-            self._corpus = self.load_corpus()
+            self._corpus = self.load_bpe_corpus() if self.token_level == "bpe" else self.load_corpus()
         return self._corpus
 
     @property
@@ -109,25 +170,54 @@ class LanguageModelDataModule(pl.LightningDataModule):
 
     @property
     def token_unit(self) -> str:
-        """What metrics count per token: "char" (characters and bytes) or "word"."""
-        return token_unit(self.token_level)
+        """What metrics count per token: "char" (characters and bytes), "word" or "token" (BPE).
+
+        BPE tokens are counted as "token" once the language model names metrics per token;
+        until then as "char" (the model's `val_bpc` is then bits per BPE token)."""
+        unit = token_unit(self.token_level)
+        if unit == "token":
+            try:
+                from sru_lightning.models.language_model import BITS_NAMES
+            except ImportError:
+                BITS_NAMES = {}
+            return unit if unit in BITS_NAMES else "char"
+        return unit
 
     @property
     def codec(self) -> TokenCodec:
         """Text <-> token ids for this corpus."""
+        if self.token_level == "bpe":
+            self.corpus  # noqa: B018  (learns the vocabulary, unless a checkpoint's was adopted)
+            return self._codec
         unknown = UNKNOWN_WORD if self.token_level == "word" else None
         return TokenCodec(self.token_level, self.corpus.itos, unknown=unknown)
+
+    def token_byte_lengths(self) -> torch.Tensor:
+        """(vocab_size,) long: the UTF-8 bytes each token id stands for (see TokenCodec.token_byte_lengths)."""
+        return torch.tensor(self.codec.token_byte_lengths(), dtype=torch.long)
+
+    def _level_setting(self, level: str) -> str:
+        if level == "bpe":
+            return "data.tokenizer=bpe"
+        if self.token_level == "bpe":
+            return "data.tokenizer=null" + (f" data.level={level}" if hasattr(self, "level") else "")
+        return f"data.level={level}"
 
     def adopt_vocabulary(self, codec: TokenCodec) -> int:
         """Encode every split with `codec` (a checkpoint's vocabulary) instead of the corpus's own,
         so token ids mean what they meant in training. Returns how many words became the unknown
-        word; a character (or word, without an unknown token) `codec` lacks is a ValueError."""
-        own = self.corpus
+        word; a character (or word, without an unknown token) `codec` lacks is a ValueError.
+        A BPE vocabulary is used as it is: the data's own is not learned."""
         if codec.level != self.token_level and {codec.level, self.token_level} != {"char"}:
             raise ValueError(
                 f"{type(self).__name__}: the checkpoint reads {codec.level}-level tokens, but the data "
-                f"({self.describe_source()}) is {self.token_level}-level; set data.level={codec.level}"
+                f"({self.describe_source()}) is {self.token_level}-level; set {self._level_setting(codec.level)}"
             )
+        if codec.level == "bpe":
+            if self._codec is None or self._codec.state_dict() != codec.state_dict():
+                self._codec, self._corpus, self._datasets = codec, None, {}
+            return 0
+        own = self.corpus
         if codec.itos is None or own.itos == codec.itos:
             return 0
         unknown_id = codec.stoi.get(codec.unknown) if codec.unknown is not None else None
@@ -158,6 +248,23 @@ class LanguageModelDataModule(pl.LightningDataModule):
         # Saved in every Trainer checkpoint: what `generate` needs to read and write text.
         return {"token_codec": self.codec.state_dict()}
 
+    def load_state_dict(self, state_dict: dict) -> None:
+        """A resumed fit reads the checkpoint's BPE vocabulary, should the one learned again from
+        the training split differ from it (other text, another `tokenizers`): ids keep their meaning."""
+        saved = state_dict.get("token_codec") if isinstance(state_dict, Mapping) else None
+        if self.token_level != "bpe" or not isinstance(saved, Mapping) or saved.get("level") != "bpe":
+            return
+        codec = TokenCodec.from_state_dict(saved)
+        if self._codec is not None and codec.state_dict() == self._codec.state_dict():
+            return
+        if self._corpus is not None and codec.vocab_size != self.corpus.vocab_size:
+            raise ValueError(
+                f"{type(self).__name__}: the checkpoint's BPE vocabulary has {codec.vocab_size} tokens, but the one "
+                f"learned from {self.describe_source()} has {self.corpus.vocab_size}; resume with the text and "
+                "data.vocab_size the checkpoint was trained with"
+            )
+        self.adopt_vocabulary(codec)
+
     # -- Lightning hooks --------------------------------------------------------------------
     def setup(self, stage: str | None = None) -> None:
         rank, world_size = 0, 1
@@ -185,6 +292,11 @@ class LanguageModelDataModule(pl.LightningDataModule):
 
     def test_dataloader(self) -> DataLoader:
         return self._loader("test")
+
+
+def _split_text(text: str, val_fraction: float, test_fraction: float) -> tuple[str, str, str]:
+    train, val, test = split_by_fractions(len(text), val_fraction, test_fraction)
+    return text[train], text[val], text[test]
 
 
 def _char_corpus(text: str, val_fraction: float, test_fraction: float) -> Corpus:
@@ -254,11 +366,16 @@ class PydocDataModule(LanguageModelDataModule):
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
 
-    def load_corpus(self) -> Corpus:
+    def _text(self) -> str:
         from pydoc_data.topics import topics
 
-        text = "\n\n".join(topics[key] for key in sorted(topics))
-        return _char_corpus(text, self.val_fraction, self.test_fraction)
+        return "\n\n".join(topics[key] for key in sorted(topics))
+
+    def load_corpus(self) -> Corpus:
+        return _char_corpus(self._text(), self.val_fraction, self.test_fraction)
+
+    def split_texts(self) -> tuple[str, str, str]:
+        return _split_text(self._text(), self.val_fraction, self.test_fraction)
 
 
 class StdlibDataModule(LanguageModelDataModule):
@@ -283,6 +400,12 @@ class StdlibDataModule(LanguageModelDataModule):
         self.test_fraction = test_fraction
 
     def load_corpus(self) -> Corpus:
+        return _char_corpus(self._text(), self.val_fraction, self.test_fraction)
+
+    def split_texts(self) -> tuple[str, str, str]:
+        return _split_text(self._text(), self.val_fraction, self.test_fraction)
+
+    def _text(self) -> str:
         root = Path(sysconfig.get_paths()["stdlib"])
         pieces, total = [], 0
         for file in sorted(root.rglob("*.py")):
@@ -300,7 +423,7 @@ class StdlibDataModule(LanguageModelDataModule):
         text = "\n".join(pieces)[: self.max_chars]
         if len(text) < 10_000:
             raise ValueError(f"StdlibDataModule: found only {len(text)} characters of sources under {root}")
-        return _char_corpus(text, self.val_fraction, self.test_fraction)
+        return text
 
 
 class Enwik8DataModule(LanguageModelDataModule):
@@ -352,6 +475,23 @@ class Enwik8DataModule(LanguageModelDataModule):
         n_train, n_val, _ = self.sizes
         return Corpus(ids[:n_train], ids[n_train : n_train + n_val], ids[n_train + n_val : needed], 256)
 
+    def split_texts(self) -> tuple[str, str, str]:
+        data = self._read()
+        n_train, n_val, n_test = self.sizes
+        bounds = {"train": (0, n_train), "val": (n_train, n_train + n_val), "test": (n_train + n_val, sum(self.sizes))}
+        texts = []
+        for split, (start, end) in bounds.items():
+            try:
+                texts.append(data[start:end].decode("utf-8"))
+            except UnicodeDecodeError as error:
+                raise ValueError(
+                    f"Enwik8DataModule: data.tokenizer=bpe reads text, but the {split} split of "
+                    f"`data.path`={str(self.path)!r} (bytes {start} to {end}) is not UTF-8 at its byte "
+                    f"{error.start} ({error.reason}); move the split with data.train_bytes / data.val_bytes / "
+                    "data.test_bytes so that no character is cut"
+                ) from None
+        return tuple(texts)
+
 
 class TextDataModule(LanguageModelDataModule):
     """Any local text: a file, or a folder of files, at character or word level.
@@ -377,9 +517,14 @@ class TextDataModule(LanguageModelDataModule):
         self.path = _readable_path(path, "data.path", "TextDataModule", "a text file or a folder of text files")
         if level not in self.LEVELS:
             raise ValueError(f"TextDataModule: `data.level` must be one of {self.LEVELS}, got {level!r}")
+        if self.tokenizer is not None and level != "char":
+            raise ValueError(
+                f"TextDataModule: data.tokenizer={self.tokenizer} learns its tokens from the text's bytes, so "
+                f"`data.level` must stay char (its default), got {level!r}"
+            )
         split_by_fractions(1, val_fraction, test_fraction)
         self.level = level
-        self.token_level = level
+        self.token_level = self.tokenizer or level
         self.val_fraction = val_fraction
         self.test_fraction = test_fraction
         try:
@@ -423,6 +568,10 @@ class TextDataModule(LanguageModelDataModule):
         if named is not None:
             return tuple(self._read_file(named[split]) for split in SPLITS)
         return "\n".join(self._read_file(file) for file in files)
+
+    def split_texts(self) -> tuple[str, str, str]:
+        texts = self._texts()
+        return _split_text(texts, self.val_fraction, self.test_fraction) if isinstance(texts, str) else texts
 
     def load_corpus(self) -> Corpus:
         texts = self._texts()

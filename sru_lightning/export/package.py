@@ -8,7 +8,8 @@ Layout of ``<out>/``::
                       `owned_files`: every file of the export, itself included
     model.onnx        format=onnx: standard ONNX, runs with onnxruntime alone
     model.pt2         format=pt2: a torch.export program; format=aoti: an AOTInductor package
-    vocabulary.json   the token codec (level and token list) that reads prompts and writes text
+    vocabulary.json   the token codec (level and token list, or at bpe level the tokenizer's
+                      JSON under `tokenizer`) that reads prompts and writes text
 
 Nothing else belongs in the folder: overwrite=true refuses a folder that holds anything its
 manifest does not own, since replacing the folder would delete it.
@@ -320,9 +321,14 @@ def read_vocabulary(folder: str | os.PathLike):
         )
     elif state.get("level") not in TOKEN_LEVELS:
         problem = f"`level` must be one of {', '.join(TOKEN_LEVELS)}, got {_shown(state.get('level', _MISSING))}"
-    elif state["level"] == "byte" and state.get("itos") is not None:
-        problem = f"`itos` must be null at byte level, got {_shown(state['itos'])}"
-    elif state["level"] != "byte" and not (
+    elif state["level"] in ("byte", "bpe") and state.get("itos") is not None:
+        problem = f"`itos` must be null at {state['level']} level, got {_shown(state['itos'])}"
+    elif state["level"] == "bpe" and not (isinstance(state.get("tokenizer"), str) and state["tokenizer"]):
+        shown = _shown(state.get("tokenizer", _MISSING))
+        problem = f"`tokenizer` must be the tokenizer's JSON text at bpe level, got {shown}"
+    elif state["level"] != "bpe" and "tokenizer" in state:
+        problem = f"`tokenizer` belongs to bpe level only, got one at {state['level']} level"
+    elif state["level"] not in ("byte", "bpe") and not (
         isinstance(state.get("itos"), list) and state["itos"] and all(isinstance(token, str) for token in state["itos"])
     ):
         problem = f"`itos` must be a non-empty list of strings (the tokens), got {_shown(state.get('itos', _MISSING))}"
@@ -333,4 +339,11 @@ def read_vocabulary(folder: str | os.PathLike):
         )
     if problem is not None:
         raise ExportError(f"the vocabulary {str(path)!r} is damaged: {problem}; export the checkpoint again")
-    return TokenCodec.from_state_dict(state)
+    try:
+        return TokenCodec.from_state_dict(state)
+    except ImportError as error:  # a bpe vocabulary without the `tokenizers` package
+        raise ExportError(str(error)) from None
+    except ValueError as error:  # a bpe `tokenizer` that is not a byte-level tokenizer's JSON
+        raise ExportError(
+            f"the vocabulary {str(path)!r} is damaged: {str(error).splitlines()[0]}; export the checkpoint again"
+        ) from None
