@@ -105,7 +105,7 @@ def load_checkpoint(setting: str, resume_dir: str, command: str = "generate") ->
     """The checkpoint `ckpt_path` names (see `model_checkpoint`) and its contents; a problem
     raises UsageError in one line."""
     from sru_lightning.app.runs.checkpoints import CheckpointError, read_model_checkpoint
-    from sru_lightning.app.runs.folder import model_checkpoint
+    from sru_lightning.app.runs.ckpt_path import model_checkpoint
 
     try:
         path = model_checkpoint(setting, resume_dir)

@@ -30,8 +30,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.app.runs.jobs import sweep_job_order
-from sru_lightning.app.runs.records import HISTORY_FILE, RESULT_FILE, RecordFormatError, check_record_format
+from sru_lightning.app.runs.records import RecordFormatError, check_record_format
 from sru_lightning.app.summary_table import write_summary
 from sru_lightning.app.usage import PROG
 
@@ -123,7 +124,7 @@ def as_typed(job_overrides: list[str], typed: list[str]) -> list[str]:
 # the jobs a sweep ran
 #: A job folder's records of what happened to the job: Hydra writes the first when it starts the
 #: job, the run the second, a launcher that gave up on the job the third.
-JOB_RECORDS = (os.path.join(".hydra", "overrides.yaml"), RESULT_FILE, LOST_FILE)
+JOB_RECORDS = (os.path.join(RunFolder.HYDRA_DIR, RunFolder.OVERRIDES_FILE), RunFolder.RESULT_FILE, LOST_FILE)
 
 
 def job_records(sweep_dir: str | Path) -> dict[str, tuple]:
@@ -158,13 +159,13 @@ def collect_results(sweep_dir: str | Path, before: dict[str, tuple] | None = Non
     rows = []
     now = job_records(sweep_dir)
     for job_dir in sorted((Path(sweep_dir) / name for name in now), key=sweep_job_order):
-        overrides_file = job_dir / ".hydra" / "overrides.yaml"
-        result_file = job_dir / RESULT_FILE
+        overrides_file = job_dir / RunFolder.HYDRA_DIR / RunFolder.OVERRIDES_FILE
+        result_file = job_dir / RunFolder.RESULT_FILE
         records = now[job_dir.name]
         if not any(records) or (before is not None and before.get(job_dir.name) == records):
             continue
         record: dict[str, Any] = latest_attempt(job_dir) or {}
-        source = job_dir / HISTORY_FILE
+        source = job_dir / RunFolder.HISTORY_FILE
         if not record and result_file.exists():
             source = result_file
             try:
@@ -208,7 +209,7 @@ def latest_attempt(job_dir: Path) -> dict[str, Any] | None:
     row describes: result.json keeps an earlier completed attempt's outcome when a later attempt
     was refused before it started, and that row would show the earlier attempt's settings."""
     try:
-        lines = (job_dir / HISTORY_FILE).read_text().splitlines()
+        lines = (job_dir / RunFolder.HISTORY_FILE).read_text().splitlines()
         record = json.loads(lines[-1]) if lines else None
     except (OSError, ValueError):
         return None

@@ -185,7 +185,7 @@ def test_a_run_directory_resumes_from_its_newest_checkpoint(tmp_path):
     import torch
     from omegaconf import OmegaConf
 
-    from sru_lightning.app.runs.folder import resolve_checkpoint
+    from sru_lightning.app.runs.ckpt_path import resolve_checkpoint
     from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
 
     checkpoints = tmp_path / "run" / "checkpoints"

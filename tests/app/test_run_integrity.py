@@ -25,7 +25,8 @@ from helpers.tiny_run import TINY_RUN
 from hypothesis import strategies as st
 
 from sru_lightning.app import cli
-from sru_lightning.app.runs.folder import RunFolder, model_checkpoint, named_checkpoint
+from sru_lightning.app.runs.ckpt_path import model_checkpoint, named_checkpoint
+from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
 
 # Steps, not epochs, bound these fits: each resume trains two more.
@@ -135,19 +136,17 @@ def counted_loads(monkeypatch) -> list[str]:
 def indexed_checkpoint(path: Path, step: int, **entries) -> None:
     """A checkpoint written as a run writes one: noted in the run's index."""
     from sru_lightning.app.runs.checkpoint_index import IndexedCheckpointIO
-    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY, RUN_ID_KEY
+    from sru_lightning.app.runs.checkpoints import RUN_CONFIG_KEY, RUN_ID_KEY
 
     contents = {"global_step": step, "state_dict": {}, RUN_ID_KEY: "run-a", RUN_CONFIG_KEY: {"seed": step}, **V1}
-    IndexedCheckpointIO().save_checkpoint({**contents, **entries}, path)
+    IndexedCheckpointIO(RunFolder.index_of).save_checkpoint({**contents, **entries}, path)
 
 
 def test_a_runs_checkpoints_are_ordered_from_its_index_without_reading_one(tmp_path, monkeypatch):
-    from sru_lightning.app.runs.checkpoint_index import INDEX_FILE
-
     folder = tmp_path / "run" / "checkpoints"
     for name, step in (("epoch=0-step=2.ckpt", 2), ("last.ckpt", 6), ("interrupted.ckpt", 4)):
         indexed_checkpoint(folder / name, step)
-    assert (tmp_path / "run" / INDEX_FILE).is_file() and not (folder / INDEX_FILE).exists()
+    assert (tmp_path / "run" / RunFolder.INDEX_FILE).is_file() and not (folder / RunFolder.INDEX_FILE).exists()
     loads = counted_loads(monkeypatch)
     run = RunFolder(tmp_path / "run")
     assert [saved.step for saved in run.checkpoints] == [2, 4, 6] and run.latest.path.name == "last.ckpt"
@@ -209,13 +208,11 @@ def test_the_model_writes_its_format_and_refuses_another():
 
 
 def test_a_run_record_of_another_format_is_refused_in_one_line(tmp_path, capsys):
-    from sru_lightning.app.runs.records import read_result, write_record
-
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
     fake_checkpoint(run / "checkpoints" / "last.ckpt", 4, time.time())
-    write_record(run, {"status": "completed"})
-    assert read_result(run)["format_version"] == 1
+    RunFolder(run).write_record({"status": "completed"})
+    assert RunFolder(run).result()["format_version"] == 1
     assert json.loads((run / "history.jsonl").read_text())["format_version"] == 1
     (run / "result.json").write_text(json.dumps({"status": "completed"}))  # as written before records had a version
     capsys.readouterr()
@@ -406,7 +403,8 @@ def test_a_usage_error_speaks_of_the_setting_not_of_python_classes(tmp_path, cap
 def test_ckpt_path_last_takes_the_newest_run_the_configured_engine_can_read(tmp_path):
     from omegaconf import OmegaConf
 
-    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY, resolve_checkpoint
+    from sru_lightning.app.runs.checkpoints import RUN_CONFIG_KEY
+    from sru_lightning.app.runs.ckpt_path import resolve_checkpoint
 
     settings = {"model": {"hidden_size": 16}, "data": {"seq_len": 8}}
     older = tmp_path / "outputs" / "ddp" / "checkpoints" / "last.ckpt"
@@ -540,7 +538,7 @@ def saved_seeds(run: Path) -> set:
     test below has its own seed, so two seeds in one folder are two runs' files."""
     from omegaconf import OmegaConf
 
-    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY
+    from sru_lightning.app.runs.checkpoints import RUN_CONFIG_KEY
 
     seeds = {torch.load(path, weights_only=True)[RUN_CONFIG_KEY]["seed"] for path in run.glob("checkpoints/*.ckpt")}
     if seeds and (run / ".hydra" / "config.yaml").is_file():

@@ -15,6 +15,7 @@ from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli, sweep
 from sru_lightning.app.runs.checkpoints import CHECKPOINT_NAME
+from sru_lightning.app.runs.folder import RunFolder
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 REPO = Path(__file__).resolve().parents[2]
@@ -108,13 +109,14 @@ def test_a_summary_lists_only_the_jobs_this_sweep_started(tmp_path):
     import os
     import time
 
-    from sru_lightning.app.runs.records import write_result
     from sru_lightning.app.sweep import collect_results, job_records
 
     def start_job(job: str, stamp: float) -> None:
         (tmp_path / job / ".hydra").mkdir(parents=True, exist_ok=True)
         (tmp_path / job / ".hydra" / "overrides.yaml").write_text(f"- lr={job}\n")
-        write_result(tmp_path / job, {"status": "completed", "overrides": [f"lr={job}"], "metrics": {"val_bpc": 1.0}})
+        RunFolder(tmp_path / job).write_result(
+            {"status": "completed", "overrides": [f"lr={job}"], "metrics": {"val_bpc": 1.0}}
+        )
         for path in (tmp_path / job / ".hydra" / "overrides.yaml", tmp_path / job / "result.json"):
             os.utime(path, (stamp, stamp))
 
@@ -128,13 +130,11 @@ def test_a_summary_lists_only_the_jobs_this_sweep_started(tmp_path):
 
 
 def test_summaries_print_integers_as_integers_and_overrides_as_typed(tmp_path):
-    from sru_lightning.app.runs.records import write_result
     from sru_lightning.app.summary_table import write_summary
     from sru_lightning.app.sweep import collect_results
 
     (tmp_path / "0").mkdir()
-    write_result(
-        tmp_path / "0",
+    RunFolder(tmp_path / "0").write_result(
         {
             "status": "completed",
             "overrides": ["data.path=my notes.txt", "~callbacks.x"],
@@ -155,7 +155,6 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
     the markdown at least four significant ones."""
     import csv
 
-    from sru_lightning.app.runs.records import write_result
     from sru_lightning.app.summary_table import write_summary
     from sru_lightning.app.sweep import collect_results
 
@@ -169,8 +168,7 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
         "steps": 40,
     }
     (tmp_path / "0").mkdir()
-    write_result(
-        tmp_path / "0",
+    RunFolder(tmp_path / "0").write_result(
         {
             "status": "completed",
             "overrides": ["model.optimizer.lr=2.9e-05"],
@@ -341,13 +339,13 @@ def test_a_failed_attempt_keeps_the_runs_config_and_its_own_beside_it(tmp_path, 
 
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
-    for name in directories.HYDRA_FILES:
+    for name in RunFolder.HYDRA_FILES:
         (run / ".hydra" / name).write_text(f"the run's {name}\n")
     monkeypatch.setattr(directories, "current", directories.DirectorySnapshot.take(run, ".hydra"))
-    for name in directories.HYDRA_FILES:  # what Hydra writes for the attempt
+    for name in RunFolder.HYDRA_FILES:  # what Hydra writes for the attempt
         (run / ".hydra" / name).write_text(f"the attempt's {name}\n")
     beside = directories.keep_config_beside(run)
     assert beside is not None and beside.parent == run / ".hydra" and beside.name.startswith("attempt-")
-    for name in directories.HYDRA_FILES:
+    for name in RunFolder.HYDRA_FILES:
         assert (run / ".hydra" / name).read_text() == f"the run's {name}\n"
         assert (beside / name).read_text() == f"the attempt's {name}\n"

@@ -243,7 +243,7 @@ def test_float16_parameters_get_an_eps_float16_can_hold():
 def _fake_run(root: Path, name: str, step: int, status: str | None, config_from: Path) -> Path:
     from omegaconf import OmegaConf
 
-    from sru_lightning.app.runs.folder import RUN_CONFIG_KEY
+    from sru_lightning.app.runs.checkpoints import RUN_CONFIG_KEY
     from sru_lightning.app.runs.records import RECORD_VERSION
     from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
 
@@ -264,7 +264,7 @@ def test_ckpt_path_last_skips_failed_runs_and_runs_without_a_step(tmp_path, caps
     import os
     import time
 
-    from sru_lightning.app.runs.folder import latest_continuable
+    from sru_lightning.app.runs.ckpt_path import latest_continuable
 
     template = tmp_path / "outputs" / "template"
     assert fit("trainer.max_steps=1", f"hydra.run.dir={template}") == 0

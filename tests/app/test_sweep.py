@@ -10,7 +10,7 @@ from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli, sweep
 from sru_lightning.app.runs import directories
-from sru_lightning.app.runs.records import write_result
+from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.app.summary_table import write_summary
 from sru_lightning.app.sweep import collect_results, record_lost_job
 
@@ -60,8 +60,7 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
     for job, overrides in (("0", ["lr=1"]), ("1", ["lr=2"]), ("10", ["lr=3"])):
         (tmp_path / job / ".hydra").mkdir(parents=True)
         (tmp_path / job / ".hydra" / "overrides.yaml").write_text("".join(f"- {o}\n" for o in overrides))
-    write_result(
-        tmp_path / "0",
+    RunFolder(tmp_path / "0").write_result(
         {
             "status": "completed",
             "overrides": ["lr=1"],
@@ -71,7 +70,9 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
             "wall_seconds": 9.5,
         },
     )
-    write_result(tmp_path / "10", {"status": "failed", "overrides": ["lr=3"], "error": "ValueError: bad\nmore"})
+    RunFolder(tmp_path / "10").write_result(
+        {"status": "failed", "overrides": ["lr=3"], "error": "ValueError: bad\nmore"}
+    )
     rows = collect_results(tmp_path)
     assert [row["job"] for row in rows] == ["0", "1", "10"]  # numeric order
     assert [row["status"] for row in rows] == ["completed", "missing", "failed"]
@@ -97,7 +98,7 @@ def test_summary_lists_jobs_that_died_without_a_result(tmp_path):
 def test_a_job_record_of_another_format_is_listed_as_unreadable(tmp_path):
     (tmp_path / "0").mkdir()
     (tmp_path / "0" / "result.json").write_text(json.dumps({"status": "completed", "overrides": ["lr=1"]}))
-    write_result(tmp_path / "1", {"status": "completed", "overrides": ["lr=2"]})
+    RunFolder(tmp_path / "1").write_result({"status": "completed", "overrides": ["lr=2"]})
     (tmp_path / "1" / "history.jsonl").write_text(json.dumps({"status": "completed", "format_version": 2}) + "\n")
     rows = collect_results(tmp_path)
     assert [row["status"] for row in rows] == ["unreadable", "unreadable"]
@@ -113,8 +114,7 @@ def test_summary_lists_jobs_their_launcher_gave_up_on_as_lost(tmp_path):
     # 2: the scheduler's SIGTERM interrupted the run, then the job died; 3: completed, then the
     # job died before it returned: the run's own outcome stands.
     for job, status in (("1", "running"), ("2", "interrupted"), ("3", "completed")):
-        write_result(
-            tmp_path / job,
+        RunFolder(tmp_path / job).write_result(
             {
                 "status": status,
                 "overrides": [f"lr={job}"],
@@ -144,8 +144,10 @@ def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_pat
 
     from sru_lightning.app.sweep import SweepIncomplete, SweepSummary
 
-    write_result(tmp_path / "0", {"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5}})
-    write_result(tmp_path / "1", {"status": "failed", "overrides": ["lr=2"], "error": "ValueError: bad\nmore"})
+    RunFolder(tmp_path / "0").write_result({"status": "completed", "overrides": ["lr=1"], "metrics": {"val_bpc": 2.5}})
+    RunFolder(tmp_path / "1").write_result(
+        {"status": "failed", "overrides": ["lr=2"], "error": "ValueError: bad\nmore"}
+    )
     config = OmegaConf.create({"hydra": {"sweep": {"dir": str(tmp_path)}}})
     with pytest.raises(SweepIncomplete) as ended:
         SweepSummary().on_multirun_end(config)
@@ -154,7 +156,7 @@ def test_the_summary_hands_the_jobs_that_did_not_complete_to_the_command(tmp_pat
     assert sweep.report_incomplete(ended.value) == 1
     err = capsys.readouterr().err
     assert "job 1 failed: ValueError: bad\n" in err and "1 of 2 runs did not complete" in err
-    write_result(tmp_path / "1", {"status": "completed", "overrides": ["lr=2"], "metrics": {"val_bpc": 2.0}})
+    RunFolder(tmp_path / "1").write_result({"status": "completed", "overrides": ["lr=2"], "metrics": {"val_bpc": 2.0}})
     SweepSummary().on_multirun_end(config)  # every job completed: the command goes on to status 0
     assert "2 of 2 jobs completed." in capsys.readouterr().out
 

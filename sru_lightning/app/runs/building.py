@@ -14,9 +14,10 @@ from typing import Any
 from sru_lightning.app.usage import UsageError
 
 from .checkpoints import check_fits_model, saved_codec
-from .folder import CHECKPOINTS_DIR, SaveRunConfig, plain_config
+from .folder import RunFolder
 from .refusals import check_config_resolves, checkpoint_setting, data_setting, instantiate_setting
 from .run_callbacks import AnnounceRunDirectory, LastValidation
+from .save_run_config import SaveRunConfig, plain_config
 from .starting_point import StartingPoint, starting_point
 from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
@@ -84,7 +85,7 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         raise UsageError(
             f"the checkpoint {ckpt_path!r} was trained with a vocabulary of {model.hparams.vocab_size} tokens, but "
             f"the data ({data_config.get('_target_')}) has {vocab_size}; evaluate it on the data it was "
-            "trained on (see data: in its run directory's .hydra/config.yaml)"
+            f"trained on (see data: in its run directory's {RunFolder.HYDRA_DIR}/{RunFolder.CONFIG_FILE})"
         )
     callbacks = [
         instantiate_setting(node, **metric_names_followed(node, model))
@@ -110,7 +111,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     elif not any(isinstance(cb, ModelCheckpoint) for cb in callbacks):
         # Lightning's default would write under the logger's folder (csv/...); keep them in the run's.
         callbacks.append(
-            FolderModelCheckpoint(dirpath=output_dir / CHECKPOINTS_DIR, save_last=True, enable_version_counter=False)
+            FolderModelCheckpoint(
+                dirpath=output_dir / RunFolder.CHECKPOINTS_DIR, save_last=True, enable_version_counter=False
+            )
         )
     # Part of every run: validating the final weights of a max_steps stop, throughput, freshness.
     if not any(isinstance(cb, ValidateBeforeStop) for cb in callbacks):
@@ -170,7 +173,7 @@ def _run_plugins(cfg) -> dict[str, Any]:
         return {}
     plugins: list[Any] = []
     if "DeepSpeed" not in _strategy_name(cfg):
-        plugins.append(IndexedCheckpointIO())
+        plugins.append(IndexedCheckpointIO(RunFolder.index_of))
     if SLURMEnvironment.detect():
         try:
             plugins.append(SLURMEnvironment(auto_requeue=False))

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -26,27 +26,22 @@ from typing_extensions import override
 
 from sru_lightning.strategies import AtomicCheckpointIO
 
-from .checkpoints import CHECKPOINTS_DIR, RUN_CONFIG_KEY, RUN_ID_KEY, RUN_OWNER_KEY
+from .checkpoints import RUN_CONFIG_KEY, RUN_ID_KEY, RUN_OWNER_KEY
 
 log = logging.getLogger("sru_lightning")
 
-__all__ = ["INDEX_FILE", "IndexedCheckpointIO", "indexed_entry", "read_index"]
+__all__ = ["IndexedCheckpointIO", "indexed_entry", "read_index"]
 
-#: The index, in the run directory beside its `checkpoints/` folder.
-INDEX_FILE = "checkpoints.json"
 INDEX_VERSION = 1
 _PARTIAL = ".partial"  # a checkpoint written under `<name>.partial`, then renamed (the time and size stay)
 
 
-def index_path(checkpoints: Path) -> Path:
-    return checkpoints.parent / INDEX_FILE
-
-
-def read_index(checkpoints: Path) -> dict[str, dict[str, Any]]:
-    """The entries of the index of the checkpoint folder `checkpoints`, by file name; empty when
-    there is none, or one this sru_lightning cannot read (its checkpoints are then read instead)."""
+def read_index(index: Path) -> dict[str, dict[str, Any]]:
+    """The entries of the index file `index` (:attr:`.folder.RunFolder.index_file`), by file name;
+    empty when there is none, or one this sru_lightning cannot read (its checkpoints are then read
+    instead)."""
     try:
-        index = json.loads(index_path(checkpoints).read_text())
+        index = json.loads(Path(index).read_text())
     except (OSError, ValueError):
         return {}
     if not isinstance(index, Mapping) or index.get("format_version") != INDEX_VERSION:
@@ -71,14 +66,12 @@ def indexed_entry(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> Mappi
     return entry
 
 
-def _record(path: Path, checkpoint: Mapping[str, Any]) -> None:
+def _record(index: Path, path: Path, checkpoint: Mapping[str, Any]) -> None:
     checkpoints = path.parent
-    if checkpoints.name != CHECKPOINTS_DIR:
-        return  # not a run's checkpoint folder
     name = path.name[: -len(_PARTIAL)] if path.name.endswith(_PARTIAL) else path.name
     stat = path.stat()
     entries = {
-        kept: entry for kept, entry in read_index(checkpoints).items() if kept != name and (checkpoints / kept).exists()
+        kept: entry for kept, entry in read_index(index).items() if kept != name and (checkpoints / kept).exists()
     }
     owner, config = checkpoint.get(RUN_OWNER_KEY), checkpoint.get(RUN_CONFIG_KEY)
     entries[name] = {
@@ -89,19 +82,17 @@ def _record(path: Path, checkpoint: Mapping[str, Any]) -> None:
         "owner": dict(owner) if isinstance(owner, Mapping) else None,
         "config": dict(config) if isinstance(config, Mapping) else None,
     }
-    _write(checkpoints, entries)
+    _write(index, entries)
 
 
-def _forget(path: Path) -> None:
-    checkpoints = path.parent
-    entries = read_index(checkpoints)
+def _forget(index: Path, path: Path) -> None:
+    entries = read_index(index)
     if path.name in entries:
         del entries[path.name]
-        _write(checkpoints, entries)
+        _write(index, entries)
 
 
-def _write(checkpoints: Path, entries: Mapping[str, Any]) -> None:
-    target = index_path(checkpoints)
+def _write(target: Path, entries: Mapping[str, Any]) -> None:
     partial = target.with_name(target.name + _PARTIAL)
     partial.write_text(json.dumps({"format_version": INDEX_VERSION, "checkpoints": entries}, default=str, indent=1))
     os.replace(partial, target)  # a reader never sees half an index
@@ -110,14 +101,24 @@ def _write(checkpoints: Path, entries: Mapping[str, Any]) -> None:
 class IndexedCheckpointIO(AtomicCheckpointIO):
     """:class:`~sru_lightning.strategies.AtomicCheckpointIO` that notes every checkpoint it
     writes into a run's `checkpoints/` folder in the run's index (see the module docstring).
-    A failure to write the index costs only time: readers then read the checkpoints."""
+    A failure to write the index costs only time: readers then read the checkpoints.
+
+    `index_of` says which index a checkpoint path is noted in, None for a path outside a run's
+    checkpoints folder (:meth:`.folder.RunFolder.index_of`).
+    """
+
+    def __init__(self, index_of: Callable[[Path], Path | None]) -> None:
+        super().__init__()
+        self.index_of = index_of
 
     @override
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None) -> None:
         super().save_checkpoint(checkpoint, path, storage_options)
         if storage_options is None and "://" not in str(path):
+            index = self.index_of(Path(path))
             try:
-                _record(Path(path), checkpoint)
+                if index is not None:
+                    _record(index, Path(path), checkpoint)
             except OSError as error:
                 log.warning("could not note %s in the run's checkpoint index: %s", path, error)
 
@@ -125,7 +126,9 @@ class IndexedCheckpointIO(AtomicCheckpointIO):
     def remove_checkpoint(self, path: Any) -> None:
         super().remove_checkpoint(path)
         if "://" not in str(path):
+            index = self.index_of(Path(path))
             try:
-                _forget(Path(path))
+                if index is not None:
+                    _forget(index, Path(path))
             except OSError as error:
                 log.warning("could not remove %s from the run's checkpoint index: %s", path, error)

@@ -1,7 +1,7 @@
 """Reading checkpoints: safely, with one set of error texts, and what each engine can read.
 
 Checkpoints are untrusted input: they are read with `weights_only=True`. Which checkpoint a
-command uses is decided by :mod:`.folder` (the run, its newest checkpoint by recorded step)
+command uses is decided by :mod:`.ckpt_path` (the run, its newest checkpoint by recorded step)
 without reading any: a command reads the one it uses once (:func:`load_checkpoint`) and passes
 that :class:`LoadedCheckpoint` down (Lightning's own restore is the only other read).
 Every checkpoint carries its model's constructor arguments (Lightning's `hyper_parameters`):
@@ -23,8 +23,6 @@ log = logging.getLogger("sru_lightning")
 #: The name Lightning's checkpoint callback gives the run's latest checkpoint (the newest of a
 #: run is found by the step recorded inside, whatever the name; see :mod:`.folder`).
 CHECKPOINT_NAME = "last.ckpt"
-#: The folder of a run directory that holds its checkpoints (see :class:`.folder.RunFolder`).
-CHECKPOINTS_DIR = "checkpoints"
 _NOT_ARCHITECTURE = ("optimizer", "lr_scheduler")
 #: The key of a checkpoint that holds the run's configuration (unresolved, as Hydra composed it).
 RUN_CONFIG_KEY = "sru_lightning_run_config"

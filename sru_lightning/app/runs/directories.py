@@ -27,10 +27,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.app.runs.jobs import sweep_job_order
 from sru_lightning.app.usage import CommandExit, error_exit
-
-HYDRA_FILES = ("config.yaml", "hydra.yaml", "overrides.yaml")
 
 
 def usage_exit(message: str) -> CommandExit:
@@ -58,10 +57,10 @@ class DirectorySnapshot:
             missing = [folder for folder in (path, *path.parents) if not os.path.lexists(folder)]
             return cls(path, existed=False, first_created=missing[-1] if missing else None)
         snapshot = cls(path, existed=True, entries=frozenset(os.listdir(path)))
-        hydra_dir = path / (output_subdir or ".hydra")
+        hydra_dir = path / (output_subdir or RunFolder.HYDRA_DIR)
         if hydra_dir.is_dir():
             snapshot.hydra_entries = frozenset(os.listdir(hydra_dir))
-            for name in HYDRA_FILES:
+            for name in RunFolder.HYDRA_FILES:
                 file = hydra_dir / name
                 if file.is_file():
                     snapshot.hydra_files[name] = (file.read_bytes(), file.stat().st_mtime_ns)
@@ -72,7 +71,7 @@ class DirectorySnapshot:
 
 #: The snapshot of the current single run's directory (taken by RunDirectoryGuard.on_run_start).
 current: DirectorySnapshot | None = None
-_output_subdir = ".hydra"
+_output_subdir = RunFolder.HYDRA_DIR
 #: The command Hydra is running (set by the CLI before Hydra starts).
 command: str | None = None
 #: An evaluation's own folder -> the run directory it was pointed at by hydra.run.dir.
@@ -89,7 +88,7 @@ def attempt_config_path(output_dir: Path) -> Path | None:
     """Where Hydra saved this attempt's composed config (`.hydra/config.yaml`), None when it saves none."""
     if _output_subdir is None:
         return None
-    return Path(output_dir) / _output_subdir / "config.yaml"
+    return Path(output_dir) / _output_subdir / RunFolder.CONFIG_FILE
 
 
 def _evaluation_folder(config, run_dir: Path) -> Path:
@@ -174,7 +173,7 @@ def keep_config_beside(output_dir: Path) -> Path | None:
     hydra_dir = output_dir / _output_subdir
     beside = hydra_dir / time.strftime("attempt-%Y-%m-%d_%H-%M-%S")
     beside.mkdir(parents=True, exist_ok=True)
-    for name in HYDRA_FILES:
+    for name in RunFolder.HYDRA_FILES:
         if (hydra_dir / name).is_file():
             shutil.copy2(hydra_dir / name, beside / name)
     _put_back(hydra_dir, snapshot)
@@ -188,7 +187,10 @@ def earlier_jobs(sweep_dir: Path) -> list[str]:
     found = [
         child
         for child in sweep_dir.iterdir()
-        if child.is_dir() and any((child / name).exists() for name in (".hydra", "result.json", "checkpoints"))
+        if child.is_dir()
+        and any(
+            (child / name).exists() for name in (RunFolder.HYDRA_DIR, RunFolder.RESULT_FILE, RunFolder.CHECKPOINTS_DIR)
+        )
     ]
     return [child.name for child in sorted(found, key=sweep_job_order)]
 
@@ -212,9 +214,7 @@ class RunDirectoryGuard(Callback):
 
     def on_run_start(self, config, **kwargs: Any) -> None:
         global current, _output_subdir
-        from .folder import RunFolder
-
-        _output_subdir = config.hydra.output_subdir or ".hydra"
+        _output_subdir = config.hydra.output_subdir or RunFolder.HYDRA_DIR
         run_dir = Path(str(config.hydra.run.dir)).absolute()
         if command in ("validate", "test") and RunFolder.holds_a_run(run_dir):
             run_dir = _evaluation_folder(config, run_dir)

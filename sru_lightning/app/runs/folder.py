@@ -1,62 +1,35 @@
-"""A run, read once: the one place that says what a run directory holds.
+"""A run directory, read once: the one place that says what a run directory holds and where.
 
 A run directory holds `checkpoints/` (any number of `.ckpt` files and DeepSpeed checkpoint
 folders, whatever Lightning named them: `last.ckpt`, `last-v1.ckpt`, `interrupted.ckpt`, a
-top-k file, a copy), `result.json` and `history.jsonl` (:mod:`.records`), and Hydra's
-`.hydra/`. Nothing here trusts a file name or a modification time to say which checkpoint is
-newest: the newest is the one with the highest optimizer step recorded inside it (the latest
-written wins a tie), so a moved, copied or renamed run answers exactly as the original.
+top-k file, a copy) with its index `checkpoints.json` beside it (:mod:`.checkpoint_index`),
+`result.json` and `history.jsonl` (:mod:`.records`), and Hydra's `.hydra/`. Those names are
+:class:`RunFolder`'s class attributes; every other module asks it for them.
 
-Every checkpoint a run writes also carries the run's configuration as it trained
-(:class:`SaveRunConfig`, under :data:`RUN_CONFIG_KEY`), and the format version
-(:mod:`sru_lightning.models.checkpoint_format`): the settings that produced those weights travel
-with them, so a checkpoint named by run directory, by file, or as a copy elsewhere is evaluated
-and resumed with the same settings.
-
-Every command that takes a run asks this module: `fit` resuming (`ckpt_path=<run>`, `last`),
-`validate`/`test`, `generate`, `export`, and sweep jobs continuing their runs.
+Nothing here trusts a file name or a modification time to say which checkpoint is newest: the
+newest is the one with the highest optimizer step recorded inside it (the latest written wins
+a tie), so a moved, copied or renamed run answers exactly as the original. Every checkpoint a
+run writes also carries the run's configuration as it trained (:mod:`.save_run_config`), which
+:meth:`RunFolder.config` gives back. Which checkpoint a `ckpt_path` setting names is decided
+by :mod:`.ckpt_path`.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from lightning.pytorch.callbacks import Callback
-
-from sru_lightning.models.checkpoint_format import stamp_format
-
 from .checkpoint_index import indexed_entry, read_index
-from .checkpoints import (
-    CHECKPOINTS_DIR,
-    RUN_CONFIG_KEY,
-    RUN_ID_KEY,
-    RUN_OWNER_KEY,
-    CheckpointError,
-    LoadedCheckpoint,
-    is_deepspeed_folder,
-    load_checkpoint,
-)
-from .records import RESULT_FILE, RecordFormatError, read_result, run_status
+from .checkpoints import CheckpointError, LoadedCheckpoint, is_deepspeed_folder, load_checkpoint
+from .records import RecordFormatError, append_record, read_record, write_record_file
 
 log = logging.getLogger("sru_lightning")
 
-__all__ = [
-    "CHECKPOINTS_DIR",
-    "RUN_CONFIG_KEY",
-    "RUN_ID_KEY",
-    "RUN_OWNER_KEY",
-    "RunFolder",
-    "SaveRunConfig",
-    "SavedCheckpoint",
-    "resolve_checkpoint",
-]
-#: Commands' top-level settings that say what to do, not how the run trains.
-COMMAND_SETTINGS = ("ckpt_path", "resume_dir", "optimized_metric")
+__all__ = ["RunFolder", "SavedCheckpoint", "checkpoint_candidates", "checkpoint_run_config", "runs_under"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +85,25 @@ def checkpoint_candidates(folder: Path) -> Iterator[Path]:
 class RunFolder:
     """A run directory: its checkpoints (newest by recorded step), its config and its record."""
 
+    # -- the layout: the names of what a run directory holds ---------------------------------
+    #: The folder of the run's checkpoints.
+    CHECKPOINTS_DIR = "checkpoints"
+    #: The run's index of its checkpoints, beside CHECKPOINTS_DIR (:mod:`.checkpoint_index`).
+    INDEX_FILE = "checkpoints.json"
+    #: The record of the run's latest attempt (:mod:`.records`).
+    RESULT_FILE = "result.json"
+    #: One record per attempt, one a line (:mod:`.records`).
+    HISTORY_FILE = "history.jsonl"
+    #: Hydra's folder of the attempt's config (Hydra's default `hydra.output_subdir`).
+    HYDRA_DIR = ".hydra"
+    #: What Hydra writes into HYDRA_DIR: the composed config, Hydra's own, the command line's overrides.
+    CONFIG_FILE = "config.yaml"
+    HYDRA_FILE = "hydra.yaml"
+    OVERRIDES_FILE = "overrides.yaml"
+    HYDRA_FILES = (CONFIG_FILE, HYDRA_FILE, OVERRIDES_FILE)
+    #: Every name above (what a test keeps out of the other modules).
+    LAYOUT_NAMES = (CHECKPOINTS_DIR, INDEX_FILE, RESULT_FILE, HISTORY_FILE, HYDRA_DIR, *HYDRA_FILES)
+
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory).expanduser().absolute()
         self.unreadable: list[str] = []  # why each checkpoint file that could not be read was skipped
@@ -119,29 +111,71 @@ class RunFolder:
     def __repr__(self) -> str:
         return f"RunFolder({str(self.directory)!r})"
 
+    # -- where things are --------------------------------------------------------------------
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.directory / self.CHECKPOINTS_DIR
+
+    @property
+    def index_file(self) -> Path:
+        return self.directory / self.INDEX_FILE
+
+    @property
+    def result_file(self) -> Path:
+        return self.directory / self.RESULT_FILE
+
+    @property
+    def history_file(self) -> Path:
+        return self.directory / self.HISTORY_FILE
+
+    @classmethod
+    def index_of(cls, checkpoint: str | Path) -> Path | None:
+        """The index of the run a checkpoint file is written into (`<run>/checkpoints.json`
+        beside `<run>/checkpoints/<file>`), None when it is not in a run's checkpoints folder."""
+        folder = Path(checkpoint).parent
+        return folder.parent / cls.INDEX_FILE if folder.name == cls.CHECKPOINTS_DIR else None
+
     # -- what the folder is ------------------------------------------------------------------
-    @staticmethod
-    def holds_a_run(directory: str | Path) -> bool:
+    @classmethod
+    def holds_a_run(cls, directory: str | Path) -> bool:
         """True when `directory` is a run that trained (or tried to): it has checkpoints or a record."""
         directory = Path(directory)
-        return (directory / CHECKPOINTS_DIR).is_dir() or (directory / RESULT_FILE).is_file()
+        return (directory / cls.CHECKPOINTS_DIR).is_dir() or (directory / cls.RESULT_FILE).is_file()
 
     @classmethod
     def around(cls, checkpoint: str | Path) -> RunFolder | None:
         """The run a checkpoint lies in (`<run>/checkpoints/<file>`), or None for a loose file."""
         parent = Path(checkpoint).expanduser().absolute().parent
-        if parent.name == CHECKPOINTS_DIR:
+        if parent.name == cls.CHECKPOINTS_DIR:
             return cls(parent.parent)
         return None
+
+    # -- records -----------------------------------------------------------------------------
+    def result(self) -> dict[str, Any] | None:
+        """The record of the run's latest attempt; None when it has none or it is not JSON (a
+        partial copy). RecordFormatError for a record of another format."""
+        return read_record(self.result_file)
+
+    def write_result(self, record: dict[str, Any]) -> Path:
+        """Make `record` (status, command, overrides, metrics, error) the run's result record."""
+        return write_record_file(self.result_file, record)
+
+    def write_record(self, record: dict[str, Any], *, keep_result: bool = False) -> None:
+        """Append the attempt to the run's history and make it the run's result, unless
+        `keep_result`: an attempt refused before it started leaves an earlier run's result alone."""
+        if not (keep_result and self.result_file.is_file()):
+            self.write_result(record)
+        append_record(self.history_file, record)
 
     @property
     def status(self) -> str | None:
         """The status of the run's latest attempt (result.json), None when it has no record;
         CheckpointError when the record is of another format."""
         try:
-            return run_status(self.directory)
+            record = self.result()
         except RecordFormatError as error:
             raise CheckpointError(str(error)) from None
+        return record.get("status") if record is not None else None
 
     # -- checkpoints -------------------------------------------------------------------------
     @cached_property
@@ -150,8 +184,8 @@ class RunFolder:
         the run's index says (a file it does not describe is read). An unreadable file is skipped
         with a log line: it cannot be the run's newest weights."""
         found = []
-        index = read_index(self.directory / CHECKPOINTS_DIR)
-        for path in checkpoint_candidates(self.directory / CHECKPOINTS_DIR):
+        index = read_index(self.index_file)
+        for path in checkpoint_candidates(self.checkpoints_dir):
             try:
                 found.append(saved_checkpoint(path, index))
             except (CheckpointError, OSError) as error:
@@ -175,7 +209,7 @@ class RunFolder:
                     f"`ckpt_path` is the directory {str(self.directory)!r}, an export folder ({MANIFEST_NAME}), "
                     f"not a run: it holds no checkpoint; generate with it through model={self.directory}"
                 )
-            where = self.directory / CHECKPOINTS_DIR
+            where = self.checkpoints_dir
             why = f" ({self.unreadable[0]})" if self.unreadable else ""
             raise CheckpointError(
                 f"`ckpt_path` is the directory {str(self.directory)!r}, which holds no readable checkpoint "
@@ -203,7 +237,7 @@ class RunFolder:
         if latest is not None and latest.owner is not None:
             return dict(latest.owner)
         try:
-            record = read_result(self.directory)
+            record = self.result()
         except RecordFormatError as error:
             raise CheckpointError(str(error)) from None
         owner = record.get("owner") if record is not None else None
@@ -240,73 +274,13 @@ def section(config, key: str) -> dict | None:
         return None
 
 
-# --------------------------------------------------------------------------------------------
-# finding a run to continue
 def runs_under(root: Path) -> Iterator[RunFolder]:
     """Every run directory below `root` (a folder holding `checkpoints/`)."""
     if not root.is_dir():
         return
-    for checkpoints in sorted(root.rglob(CHECKPOINTS_DIR)):
+    for checkpoints in sorted(root.rglob(RunFolder.CHECKPOINTS_DIR)):
         if checkpoints.is_dir():
             yield RunFolder(checkpoints.parent)
-
-
-def latest_continuable(
-    root: Path, accept: Callable[[RunFolder], str | None] | None = None, exclude: Path | None = None
-) -> Path | None:
-    """The latest checkpoint of the most recently written run under `root` that may be continued
-    (`why_not_continued`) and that `accept` takes (it returns None, or why not). Runs are
-    ordered by when their latest checkpoint was written; within a run, by recorded step."""
-    candidates = []
-    for run in runs_under(root):
-        if exclude is not None and run.directory == Path(exclude).absolute():
-            continue
-        latest = run.latest
-        if latest is not None:
-            candidates.append((latest.written, run))
-    for _, run in sorted(candidates, key=lambda item: item[0], reverse=True):
-        reason = run.why_not_continued() or (accept(run) if accept is not None else None)
-        if reason is None:
-            return run.latest.path
-        log.info("ckpt_path=last: skipping %s: %s", run.directory, reason)
-    return None
-
-
-# --------------------------------------------------------------------------------------------
-# what every checkpoint of a run carries
-class SaveRunConfig(Callback):
-    """Writes the format version, the run's configuration, its identity (:mod:`.identity`) and its
-    owner into every checkpoint it saves (see the module docstring).
-
-    The configuration is stored unresolved, as plain values, so the checkpoint stays loadable
-    with `weights_only=True` and a moved run's paths are not baked in.
-    """
-
-    def __init__(
-        self, config: Mapping[str, Any], owner: Mapping[str, str] | None = None, run_id: str | None = None
-    ) -> None:
-        super().__init__()
-        self.config = dict(config)
-        self.owner = dict(owner or {})
-        self.run_id = run_id
-
-    def on_save_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
-        stamp_format(checkpoint)
-        checkpoint[RUN_CONFIG_KEY] = self.config
-        if self.run_id:
-            checkpoint[RUN_ID_KEY] = self.run_id
-        if self.owner:
-            checkpoint[RUN_OWNER_KEY] = self.owner
-
-
-def plain_config(cfg) -> dict[str, Any]:
-    """The run's config without Hydra's own node and the command settings, as plain values."""
-    from omegaconf import OmegaConf
-
-    container = OmegaConf.to_container(cfg, resolve=False)
-    for key in ("hydra", *COMMAND_SETTINGS):
-        container.pop(key, None)
-    return container
 
 
 def _is_export_folder(directory: Path) -> bool:
@@ -320,150 +294,3 @@ def _is_export_folder(directory: Path) -> bool:
     except (OSError, ValueError):
         return False
     return isinstance(manifest, dict) and manifest.get("format_name") == FORMAT_NAME
-
-
-# --------------------------------------------------------------------------------------------
-# the `ckpt_path` setting -> a checkpoint
-def named_checkpoint(setting: str, choices: str = "a checkpoint file, a run directory or 'last'") -> Path:
-    """A `ckpt_path` other than `last` as an absolute checkpoint path: the file itself, a
-    DeepSpeed checkpoint folder, or a run directory's latest checkpoint (by recorded step).
-    `choices`: what the command's `ckpt_path` may be, for the error."""
-    path = Path(setting).expanduser()
-    if is_deepspeed_folder(path):
-        return path.absolute()
-    if path.is_dir():
-        if path.name == CHECKPOINTS_DIR and not (path / CHECKPOINTS_DIR).is_dir():
-            path = path.parent  # the run's checkpoints folder names the run
-        return RunFolder(path).latest_named()
-    if not path.is_file():
-        raise CheckpointError(f"`ckpt_path` must be {choices}, got {setting!r}, which does not exist")
-    return path.absolute()
-
-
-def resolve_checkpoint(
-    cfg, command: str, output_dir: Path, evaluated_run: Path | None = None, owner: Mapping[str, str] | None = None
-) -> str | None:
-    """Turn the `ckpt_path` setting of `fit`/`validate`/`test` into a checkpoint (or None for a
-    fresh fit). `evaluated_run` is the run an evaluation was pointed at by `hydra.run.dir`;
-    `owner` the job this attempt belongs to (:func:`.jobs.attempt_owner`).
-
-    `auto` is this run directory's own newest checkpoint, else a fresh start; it is what an
-    unset `ckpt_path` means inside a SLURM job, and what `last` means inside any job (a SLURM
-    job or a sweep job): a job continues its own run, never another's."""
-    setting = cfg.get("ckpt_path")
-    unset = setting is None or str(setting).strip() == ""
-    if unset and command == "fit" and owner and owner.get("slurm_job"):
-        log.info(
-            "ckpt_path: SLURM job %s continues its own run in %s, if it has one (ckpt_path=auto)",
-            owner["slurm_job"],
-            output_dir,
-        )
-        setting, unset = "auto", False
-    if unset:
-        if command == "fit":
-            return None
-        if evaluated_run is not None:
-            return str(RunFolder(evaluated_run).latest_named())
-        raise CheckpointError(
-            f"`{command}` needs the weights to evaluate: pass ckpt_path=<run directory | .ckpt file | last>, "
-            "got no ckpt_path (an untrained model's number means nothing)"
-        )
-    setting = str(setting)
-    if setting == "last" and owner:
-        log.info("ckpt_path=last in a job continues only the job's own run (%s)", output_dir)
-        setting = "auto"
-    if setting not in ("last", "auto"):
-        return str(named_checkpoint(setting, "a checkpoint file, a run directory, 'auto' or 'last'"))
-
-    own = RunFolder(evaluated_run or output_dir)
-    if own.latest is not None:
-        reason = own.why_not_continued()
-        if reason is None:
-            return str(own.latest.path)
-        if own.status == "failed":
-            raise CheckpointError(
-                f"`ckpt_path={setting}`: {reason}, so its checkpoints are not resumed automatically; pass "
-                f"ckpt_path=<one of its .ckpt files> to continue from it anyway, or choose another hydra.run.dir"
-            )
-        log.info("ckpt_path=%s: not resuming %s: %s", setting, own.directory, reason)
-    if setting == "auto":
-        if command != "fit":
-            raise CheckpointError(
-                f"`ckpt_path=auto`: {str(own.directory)!r} holds no checkpoint to evaluate; "
-                "pass ckpt_path=<run or file>"
-            )
-        log.info("ckpt_path=auto: %s holds no checkpoint to continue; starting the run", own.directory)
-        return None
-
-    resume_dir = Path(str(cfg.get("resume_dir") or "outputs")).expanduser()
-    if cfg.get("resume_dir") is not None and str(cfg.get("resume_dir")) != "outputs" and not resume_dir.is_dir():
-        # A mistyped folder would otherwise mean a silent fresh start.
-        raise CheckpointError(
-            f"`resume_dir` must be a folder of earlier runs for ckpt_path=last, got {str(resume_dir)!r}, "
-            "which does not exist"
-        )
-    found = latest_continuable(resume_dir, _same_run_settings(cfg, command), exclude=output_dir)
-    if found is not None:
-        log.info("ckpt_path=last: resuming from %s", found)
-        return str(found)
-    if command != "fit":
-        raise CheckpointError(
-            f"`ckpt_path=last` found no checkpoint of a run with this model and data config "
-            f"under resume_dir={cfg.get('resume_dir')!r}; pass ckpt_path=/path/to/file.ckpt"
-        )
-    log.warning("ckpt_path=last: no earlier checkpoint for this model/data config; starting from scratch")
-    return None
-
-
-#: Model settings that say how the model runs, not what it is: a run trained with another value
-#: is the same model (`model.compile`).
-HOW_THE_MODEL_RUNS = ("compile",)
-
-
-def _trained_model(model: Any) -> Any:
-    if not isinstance(model, dict):
-        return model
-    return {key: value for key, value in model.items() if key not in HOW_THE_MODEL_RUNS}
-
-
-def _same_run_settings(cfg, command: str) -> Callable[[RunFolder], str | None]:
-    """For `ckpt_path=last`: a run qualifies when it trained this model on this data and the
-    configured engine can read its latest checkpoint."""
-    from omegaconf import OmegaConf
-
-    from .checkpoints import check_engine_reads
-
-    model = _trained_model(OmegaConf.to_container(cfg.model, resolve=True))
-    data = OmegaConf.to_container(cfg.data, resolve=True)
-
-    def accept(run: RunFolder) -> str | None:
-        from .jobs import owned_elsewhere
-
-        elsewhere = owned_elsewhere(run.owner(), run.directory)
-        if elsewhere is not None:
-            return elsewhere
-        config = run.config()
-        if _trained_model(section(config, "model")) != model or section(config, "data") != data:
-            return "another model or data config"
-        try:
-            check_engine_reads(cfg, command, run.latest.path)
-        except CheckpointError as error:
-            return str(error)
-        return None
-
-    return accept
-
-
-def model_checkpoint(setting: str, resume_dir: str) -> Path:
-    """The checkpoint a command that reads a trained model (generate, export) is pointed at:
-    `ckpt_path` as for a run, except that `last` is the latest checkpoint of the most recently
-    written run under `resume_dir` that trained and did not fail, whatever its model or data."""
-    if setting != "last":
-        return named_checkpoint(setting)
-    found = latest_continuable(Path(resume_dir).expanduser())
-    if found is None:
-        raise CheckpointError(
-            f"`ckpt_path=last` found no checkpoint of a trained run under "
-            f"resume_dir={resume_dir!r}; pass ckpt_path=<run directory or .ckpt file>"
-        )
-    return found

@@ -1,7 +1,7 @@
 """Which run a checkpoint belongs to: one run per run directory.
 
 A run is born with an identity, a random id that every checkpoint it writes carries (under
-:data:`~.folder.RUN_ID_KEY`, written by :class:`~.folder.SaveRunConfig`) and that a resume
+:data:`~.checkpoints.RUN_ID_KEY`, written by :class:`~.save_run_config.SaveRunConfig`) and that a resume
 takes over from the checkpoint it starts from. A moved or copied run directory, and a
 checkpoint copied out of one, keep it; two runs never share it.
 
@@ -17,7 +17,7 @@ import uuid
 from pathlib import Path
 
 from .checkpoints import LoadedCheckpoint
-from .folder import CHECKPOINTS_DIR, RunFolder, checkpoint_candidates
+from .folder import RunFolder, checkpoint_candidates
 
 
 def new_run_id() -> str:
@@ -33,7 +33,7 @@ def run_id_to_continue(checkpoint: LoadedCheckpoint | None) -> str:
 def why_another_run(checkpoint: LoadedCheckpoint, directory: str | Path) -> str | None:
     """None when a fit resuming `checkpoint` may write into the run directory `directory` (it holds
     no checkpoint, or those of the checkpoint's own run, moved or copied); else what it holds."""
-    checkpoints = Path(directory).absolute() / CHECKPOINTS_DIR
+    checkpoints = Path(directory).absolute() / RunFolder.CHECKPOINTS_DIR
     held = list(checkpoint_candidates(checkpoints))
     if not held:
         return None

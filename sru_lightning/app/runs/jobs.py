@@ -20,6 +20,8 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from .folder import RunFolder
+
 #: Resolver name used by conf/hydra/default.yaml for the default run directory.
 RUN_DIR_RESOLVER = "sru_run_dir"
 
@@ -89,7 +91,8 @@ def _hydra_job_number(job_dir: Path) -> int | None:
 
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # a sweep of many jobs reads many
     try:
-        number = yaml.load((job_dir / ".hydra" / "hydra.yaml").read_text(), Loader=loader)["hydra"]["job"]["num"]
+        hydra_file = job_dir / RunFolder.HYDRA_DIR / RunFolder.HYDRA_FILE
+        number = yaml.load(hydra_file.read_text(), Loader=loader)["hydra"]["job"]["num"]
     except (OSError, ValueError, yaml.YAMLError, KeyError, TypeError):
         return None
     return number if isinstance(number, int) and not isinstance(number, bool) else None

@@ -20,7 +20,7 @@ from sru_lightning.app.signal_watch import WARNING_SIGNALS
 from sru_lightning.app.usage import UsageError
 
 from .console import RunFailed, describe, interruption_message, log_traceback_to_file, say
-from .records import write_record, write_result
+from .folder import RunFolder
 
 log = logging.getLogger("sru_lightning")
 
@@ -83,7 +83,7 @@ def record_a_watchdog_exit(attempt: Attempt) -> None:
         if not attempt.writes_records:
             return
         attempt.finish("interrupted", error=f"ended by the stop watchdog: {message}")
-        write_record(attempt.output_dir, attempt.record)
+        RunFolder(attempt.output_dir).write_record(attempt.record)
         for handler in list(logging.getLogger().handlers):  # no logging call: its locks may be held
             if isinstance(handler, logging.FileHandler):
                 with open(handler.baseFilename, "a", encoding="utf-8") as log_file:
@@ -125,7 +125,7 @@ def completed(attempt: Attempt, metrics: dict[str, float]) -> dict[str, Any]:
     if throughput is not None and throughput.tokens:
         record.update(throughput_record(throughput))
     if trainer.is_global_zero:
-        write_record(attempt.output_dir, record)
+        RunFolder(attempt.output_dir).write_record(record)
         say(f"run directory: {attempt.output_dir}")
     return record
 
@@ -144,7 +144,7 @@ def ended_early(error: BaseException, attempt: Attempt) -> dict[str, Any]:
     if requeue:
         attempt.record["requeue"] = "asked"  # written before asking: a requeue ends this process
     if attempt.writes_records or _rank0_is_gone(attempt, error):
-        write_record(attempt.output_dir, attempt.record, keep_result=isinstance(error, UsageError))
+        RunFolder(attempt.output_dir).write_record(attempt.record, keep_result=isinstance(error, UsageError))
     if cause is not None:
         return _interrupted(error, attempt, requeue)
     return _failed(error, attempt)
@@ -236,7 +236,7 @@ def _rank0_is_gone(attempt: Attempt, error: BaseException) -> bool:
         if os.getppid() != attempt.parent_pid:
             attempt.rank0_gone = True
         else:
-            result = attempt.output_dir / "result.json"
+            result = attempt.output_dir / RunFolder.RESULT_FILE
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline and not _written_since(result, attempt.started_at):
                 time.sleep(0.2)
@@ -279,7 +279,7 @@ def _requeue(attempt: Attempt) -> None:
     say(outcome)
     if not outcome.startswith("requeued"):
         attempt.record["requeue"] = outcome
-        write_result(attempt.output_dir, attempt.record)
+        RunFolder(attempt.output_dir).write_result(attempt.record)
 
 
 def _refused(error: UsageError, attempt: Attempt) -> NoReturn:

@@ -1,6 +1,7 @@
 """The records a run leaves in its directory: `result.json` (the outcome of the latest attempt)
-and `history.jsonl` (one line per attempt). The run writes them; the sweep summary and
-`ckpt_path=last` read them. Every record carries `format_version` (:data:`RECORD_VERSION`); a
+and `history.jsonl` (one line per attempt), where :class:`~.folder.RunFolder` says. The run
+writes them (:meth:`~.folder.RunFolder.write_record`); the sweep summary and `ckpt_path=last`
+read them. Every record carries `format_version` (:data:`RECORD_VERSION`); a
 record of another version is refused in one line (:func:`check_record_format`)."""
 
 from __future__ import annotations
@@ -9,8 +10,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-RESULT_FILE = "result.json"
-HISTORY_FILE = "history.jsonl"
 #: The format of the records this sru_lightning writes and reads.
 RECORD_VERSION = 1
 
@@ -30,10 +29,10 @@ def check_record_format(record: dict[str, Any], path: str | Path) -> None:
         )
 
 
-def read_result(run_dir: Path) -> dict[str, Any] | None:
-    """The run directory's result.json; None when it has none or it is not JSON (a partial copy).
+def read_record(path: str | Path) -> dict[str, Any] | None:
+    """The record in the file `path`; None when there is none or it is not JSON (a partial copy).
     RecordFormatError for a record of another format."""
-    path = Path(run_dir) / RESULT_FILE
+    path = Path(path)
     try:
         record = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -44,9 +43,9 @@ def read_result(run_dir: Path) -> dict[str, Any] | None:
     return record
 
 
-def write_result(output_dir: str | Path, record: dict[str, Any]) -> Path:
-    """Write one run's result record (status, command, overrides, metrics, error) as JSON."""
-    path = Path(output_dir) / RESULT_FILE
+def write_record_file(path: str | Path, record: dict[str, Any]) -> Path:
+    """Write one run's result record (status, command, overrides, metrics, error) as JSON into `path`."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(_versioned(record), indent=2, sort_keys=True, default=str))
@@ -54,21 +53,11 @@ def write_result(output_dir: str | Path, record: dict[str, Any]) -> Path:
     return path
 
 
-def write_record(output_dir: Path, record: dict[str, Any], *, keep_result: bool = False) -> None:
-    """Append the attempt to history.jsonl and make it the run's result.json, unless
-    `keep_result`: an attempt refused before it started leaves an earlier run's result alone."""
-    if not (keep_result and (output_dir / RESULT_FILE).is_file()):
-        write_result(output_dir, record)
-    with open(output_dir / HISTORY_FILE, "a") as history:
+def append_record(path: str | Path, record: dict[str, Any]) -> None:
+    """Append one attempt's record to the history file `path`, one line."""
+    with open(path, "a") as history:
         history.write(json.dumps(_versioned(record), sort_keys=True, default=str) + "\n")
 
 
 def _versioned(record: dict[str, Any]) -> dict[str, Any]:
     return {**record, "format_version": RECORD_VERSION}
-
-
-def run_status(run_dir: Path) -> str | None:
-    """The status in the run directory's result.json (None when it has none or it is unreadable);
-    RecordFormatError for a record of another format."""
-    record = read_result(run_dir)
-    return record.get("status") if record is not None else None

@@ -26,7 +26,7 @@ from .building import bits_name, build, optimized_metric_name
 from .checkpoints import CHECKPOINT_NAME
 from .console import visible_logging
 from .executing import check_final_metric, evaluation_settings, execute
-from .folder import CHECKPOINTS_DIR
+from .folder import RunFolder
 from .outcomes import Attempt, completed, ended_early, record_a_watchdog_exit
 
 __all__ = ["run"]
@@ -69,7 +69,7 @@ def _build_and_execute(cfg, attempt: Attempt, signals: SignalWatch) -> dict[str,
         attempt.record["changes"] = start.changes_record()
     final_checkpoint = None
     if attempt.command == "fit" and any(isinstance(cb, ModelCheckpoint) for cb in trainer.callbacks):
-        final_checkpoint = attempt.output_dir / CHECKPOINTS_DIR / CHECKPOINT_NAME
+        final_checkpoint = attempt.output_dir / RunFolder.CHECKPOINTS_DIR / CHECKPOINT_NAME
     evaluated_with = None
     if attempt.command != "fit":
         evaluated_with = evaluation_settings(start, trainer, attempt.command)

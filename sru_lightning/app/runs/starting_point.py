@@ -17,7 +17,8 @@ from typing import Any
 
 from .changes import Change, judge, merged_config, refuse_unfollowable, resume_callback
 from .checkpoints import LoadedCheckpoint, check_engine_reads, load_checkpoint
-from .folder import CHECKPOINTS_DIR, checkpoint_candidates, checkpoint_run_config, resolve_checkpoint
+from .ckpt_path import resolve_checkpoint
+from .folder import RunFolder, checkpoint_candidates, checkpoint_run_config
 from .identity import new_run_id, run_id_to_continue, why_another_run
 
 log = logging.getLogger("sru_lightning")
@@ -59,7 +60,7 @@ def starting_point(
 
     checkpoint = resolve_checkpoint(cfg, command, output_dir, evaluated_run, owner)
     if command == "fit" and checkpoint is None:
-        earlier = list(checkpoint_candidates(Path(output_dir) / CHECKPOINTS_DIR))
+        earlier = list(checkpoint_candidates(Path(output_dir) / RunFolder.CHECKPOINTS_DIR))
         if earlier:
             # A fresh fit would write over them; continuing must be asked for.
             raise UsageError(
