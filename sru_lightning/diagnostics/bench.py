@@ -6,7 +6,8 @@ only the options it reads (``bench <subcommand> --help``); ``bench`` alone runs 
 package (``op_bench``); ``bench decode`` text generation (``decode_bench``), ``bench export`` the
 exported models (``export_bench``), ``bench compile`` the default language model eagerly and
 compiled (``compile_bench``), ``bench documents`` what document boundaries in packed rows cost
-(``documents_bench``). Each measures in one process, interleaved, so the ratios hold on a shared,
+(``documents_bench``), ``bench serve`` the completions server under 1, 8 and 64 streaming
+clients (``serve_bench``). Each measures in one process, interleaved, so the ratios hold on a shared,
 noisy machine.
 """
 
@@ -28,6 +29,8 @@ MODES = {
     "(model.compile=true)",
     "documents": "training on padded against packed documents, and the recurrence op with and without "
     "document boundaries (reset flags)",
+    "serve": "the completions server (`serve`) under 1, 8 and 64 streaming clients: tokens/s, failed "
+    "requests and the server's memory",
 }
 DEFAULT_MODE = "op"
 
@@ -45,6 +48,7 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
     "export": {"tokens": "steps", "length": "length", "batch": "batch", **_COMMON},
     "compile": {"length": "length", "batch": "batch", **_COMMON},
     "documents": {"length": "length", "batch": "batch", "hidden": "hidden", **_COMMON},
+    "serve": {"model": "model", "seconds": "seconds", "tokens": "tokens", "threads": "threads"},
 }
 #: Option (its dest) -> its flag and what it sets.
 OPTIONS = {
@@ -60,16 +64,18 @@ OPTIONS = {
     "include_peer": ("--no-peer", "leave out the `sru` package"),
     "plot": ("--plot", "also draw the times as a bar chart into FILE"),
     "tokens": ("--tokens", "tokens generated per run"),
+    "model": ("--model", "an export folder, a run directory, a .ckpt file or 'last'"),
+    "seconds": ("--seconds", "seconds per level"),
 }
 #: What --tokens sets where it is not the number of tokens generated.
-_TOKENS_IN = {"export": "chained decoding steps per run"}
+_TOKENS_IN = {"export": "chained decoding steps per run", "serve": "max_tokens of each request"}
 #: Options that count something: at least 1 (--warmup: at least 0).
-_COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens")
+_COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds")
 
 
 def _mode_config(mode: str):
     """The config dataclass of `mode`: its fields' defaults are the subcommand's defaults."""
-    from sru_lightning.diagnostics import compile_bench, decode_bench, documents_bench, export_bench
+    from sru_lightning.diagnostics import compile_bench, decode_bench, documents_bench, export_bench, serve_bench
 
     return {
         "op": op_bench.BenchConfig,
@@ -77,6 +83,7 @@ def _mode_config(mode: str):
         "export": export_bench.ExportBenchConfig,
         "compile": compile_bench.CompileBenchConfig,
         "documents": documents_bench.DocumentsBenchConfig,
+        "serve": serve_bench.ServeBenchConfig,
     }[mode]
 
 
@@ -92,7 +99,7 @@ def _add_options(parser: CommandParser, mode: str) -> None:
             parser.add_argument(flag, metavar="FILE", default=default, help=meaning)
         else:
             choices = {"dtype": sorted(op_bench.DTYPES), "statistic": sorted(STATISTIC_NAMES)}.get(option)
-            kind = str if choices else int
+            kind = str if choices or option == "model" else int
             parser.add_argument(flag, type=kind, choices=choices, default=default, help=f"{meaning}; default {default}")
 
 
@@ -144,12 +151,13 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     mode, reads = args.mode, MODE_OPTIONS[args.mode]
     refuse = parser.modes[mode].error
+    warmup = getattr(args, "warmup", 0)
     for option in _COUNTS:
         value = getattr(args, option, None)
         if option in reads and value < 1:
             refuse(f"--{option} must be >= 1, got {value}")
-    if args.warmup < 0:
-        refuse(f"--warmup must be >= 0, got {args.warmup}")
+    if warmup < 0:
+        refuse(f"--warmup must be >= 0, got {warmup}")
     problem = op_bench.plot_problem(args.plot) if getattr(args, "plot", None) else None
     if problem:
         refuse(problem)
@@ -166,6 +174,10 @@ def main(argv=None) -> int:
         from sru_lightning.diagnostics import compile_bench
 
         print(compile_bench.format_table(compile_bench.run_compile_benchmark(config)))
+    elif mode == "serve":
+        from sru_lightning.diagnostics import serve_bench
+
+        print(serve_bench.format_table(config, serve_bench.run_serve_benchmark(config)))
     elif mode == "documents":
         from sru_lightning.diagnostics import documents_bench
 
