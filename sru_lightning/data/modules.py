@@ -47,9 +47,11 @@ def check_tokenizer(owner: str, tokenizer: str | None, vocab_size: int | None) -
 
 
 def encode_ids(codec: TokenCodec, text: str) -> torch.Tensor:
-    """The token ids of `text` as a compact tensor (int16 when the vocabulary allows)."""
+    """The BPE token ids of `text` as a compact tensor (int16 when the vocabulary allows), built
+    part by part: a long text's ids never sit in one Python list."""
     dtype = torch.int16 if codec.vocab_size < 2**15 else torch.int32
-    return torch.tensor(codec.encode(text), dtype=dtype)
+    parts = [torch.tensor(ids, dtype=dtype) for ids in codec.encode_in_parts(text)]
+    return torch.cat(parts) if parts else torch.zeros(0, dtype=dtype)
 
 
 @dataclass(frozen=True)

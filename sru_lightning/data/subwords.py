@@ -10,12 +10,14 @@ unknown token and decoded back to itself.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 
 #: The smallest `data.vocab_size` of a BPE vocabulary: the 256 single bytes and one merge.
 MIN_BPE_VOCAB_SIZE = 257
 #: Texts are encoded in pieces of about this many characters (see `text_pieces`).
 _PIECE_CHARS = 1 << 20
+#: Pieces encoded together (in parallel) at a time.
+_PIECES_PER_BATCH = 8
 
 
 def _tokenizers():
@@ -90,16 +92,22 @@ class BytePairs:
         self.token_bytes: list[bytes] = table  # type: ignore[assignment]  (ids are 0..size-1, each once)
 
     def encode(self, text: str) -> list[int]:
-        if len(text) <= _PIECE_CHARS:
-            return self.tokenizer.encode(text, add_special_tokens=False).ids
-        encodings = self.tokenizer.encode_batch(list(text_pieces(text)), add_special_tokens=False)
-        return [index for encoding in encodings for index in encoding.ids]
+        return [index for ids in self.encode_in_parts(text) for index in ids]
+
+    def encode_in_parts(self, text: str) -> Iterator[list[int]]:
+        """The ids of `text` in consecutive parts of a few pieces each (encoded in parallel), so a
+        long text never has all its encodings in memory at once."""
+        pieces = list(text_pieces(text))
+        for start in range(0, len(pieces), _PIECES_PER_BATCH):
+            encodings = self.tokenizer.encode_batch(pieces[start : start + _PIECES_PER_BATCH], add_special_tokens=False)
+            yield [index for encoding in encodings for index in encoding.ids]
 
 
-def text_pieces(text: str, piece_chars: int = _PIECE_CHARS) -> Iterable[str]:
+def text_pieces(text: str, piece_chars: int | None = None) -> Iterator[str]:
     """`text` cut into pieces of about `piece_chars` characters that encode to the same ids as the
     whole: each cut is before a newline that follows a non-space character, where the byte-level
     pre-tokenizer always starts a new word (no word runs from a non-space character into a space)."""
+    piece_chars = piece_chars or _PIECE_CHARS
     start = 0
     while start < len(text):
         cut = len(text)

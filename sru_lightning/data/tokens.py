@@ -133,6 +133,14 @@ class TokenCodec:
             raise ValueError(f"words {missing[:5]!r} are not in the model's vocabulary of {self.vocab_size} words")
         return [self.stoi.get(token, unknown_id) for token in tokens]
 
+    def encode_in_parts(self, text: str) -> Iterable[list[int]]:
+        """`encode(text)` in consecutive parts (the same ids, in order); a long BPE text is encoded
+        a few pieces at a time."""
+        if self._pairs is not None:
+            yield from self._pairs.encode_in_parts(text)
+        else:
+            yield self.encode(text)
+
     # -- ids -> text ------------------------------------------------------------------------
     def decode(self, ids: Iterable[int]) -> str:
         write = self.decoder()

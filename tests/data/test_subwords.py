@@ -13,11 +13,14 @@ import textwrap
 import pytest
 import torch
 
-from sru_lightning.data import DocumentsDataModule, PydocDataModule, TextDataModule, TokenCodec
-from sru_lightning.data.modules import check_tokenizer
+from sru_lightning.data import DocumentsDataModule, PydocDataModule, TextDataModule, TokenCodec, subwords
+from sru_lightning.data.modules import check_tokenizer, encode_ids
 from sru_lightning.data.streams import Vocabulary
 from sru_lightning.data.subwords import BytePairs, byte_symbols, text_pieces, train_bpe
 from sru_lightning.data.tokens import END_OF_LINE, UNKNOWN_WORD, token_unit
+
+tokenizers = pytest.importorskip("tokenizers", reason="needs the extra: pip install sru_lightning[tokenizers]")
+Tokenizer = tokenizers.Tokenizer
 
 TRAIN = "the quick brown fox jumps over the lazy dog; the dog sleeps.\n" * 40 + "héllo wörld, naïve café\n" * 20
 # Only the validation text holds this word: no merge of it may be learned.
@@ -58,11 +61,16 @@ def test_bpe_learns_merges_so_common_words_are_single_tokens(bpe):
     assert len(bpe.encode(TRAIN)) < len(TRAIN.encode("utf-8")) / 2
 
 
-def test_long_texts_are_encoded_in_pieces_that_give_the_same_ids(bpe):
+def test_long_texts_are_encoded_in_pieces_that_give_the_same_ids(bpe, monkeypatch):
     text = (NON_ASCII + "word  \n\nnext line\n x\n") * 50
+    whole = Tokenizer.from_str(bpe.tokenizer).encode(text, add_special_tokens=False).ids
     pieces = list(text_pieces(text, piece_chars=37))
     assert "".join(pieces) == text and len(pieces) > 10
-    assert [index for piece in pieces for index in bpe.encode(piece)] == bpe.encode(text)
+    assert [index for piece in pieces for index in bpe.encode(piece)] == whole
+    monkeypatch.setattr(subwords, "_PIECE_CHARS", 37)
+    monkeypatch.setattr(subwords, "_PIECES_PER_BATCH", 3)
+    assert len(list(bpe.encode_in_parts(text))) > 3 and bpe.encode(text) == whole
+    assert torch.equal(encode_ids(bpe, text), torch.tensor(whole, dtype=torch.int16))
 
 
 def test_training_is_deterministic_across_processes():
@@ -235,3 +243,20 @@ def test_word_level_text_is_refused_with_bpe(tmp_path):
     folder = _named_split_folder(tmp_path, TRAIN)
     with pytest.raises(ValueError, match="`data.level` must stay char .*got 'word'"):
         TextDataModule(path=str(folder), level="word", tokenizer="bpe", vocab_size=300)
+
+
+def test_enwik8_reads_bpe_from_utf8_splits_and_names_a_cut_character(tmp_path):
+    from sru_lightning.data import Enwik8DataModule
+
+    data = (TRAIN * 3).encode("utf-8")
+    path = tmp_path / "enwik8"
+    path.write_bytes(data)
+    sizes = dict(train_bytes=len(data) - 600, val_bytes=300, test_bytes=300)
+    module = Enwik8DataModule(path=str(path), tokenizer="bpe", vocab_size=300, **sizes)
+    assert module.codec.decode(module.corpus.train.tolist()).encode("utf-8") == data[: sizes["train_bytes"]]
+    cut = data.index("é".encode()) + 1  # inside the two bytes of é
+    module = Enwik8DataModule(
+        path=str(path), tokenizer="bpe", vocab_size=300, train_bytes=cut, val_bytes=300, test_bytes=300
+    )
+    with pytest.raises(ValueError, match=r"the train split .* is not UTF-8 at its byte \d+ .*data.train_bytes"):
+        module.corpus  # noqa: B018
