@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from sru_lightning.app.usage import CommandParser, command_prog
-from sru_lightning.ops import build, build_cache, cpu_levels, cuda_toolkit
+from sru_lightning.ops import build, build_cache, build_cuda, cpu_levels, cuda_toolkit
 
 
 def _origin(compiled: bool) -> str:
@@ -64,8 +64,8 @@ def main(argv=None) -> int:
         print(f"  CUDA : not built: torch {torch.__version__} has no CUDA")
         return 0
     try:
-        cuda_path, archs, compiled = build.build_cuda_extension(args.cuda_arch, verbose=args.verbose)
-    except build.NoCudaArchitectures as error:
+        cuda_path, archs, compiled = build_cuda.build_cuda_extension(args.cuda_arch, verbose=args.verbose)
+    except build_cuda.NoCudaArchitectures as error:
         print(f"  CUDA : NOT built: {error}")
         return 0
     except build.ExtensionBuildError as error:

@@ -4,7 +4,8 @@ from . import (
     flops,  # noqa: F401  (FlopCounterMode formulas of the projection and attention ops)
     functional,
 )
-from .build import cuda_extension_available, extension_available, load_cuda_extension, load_extension
+from .build import extension_available, load_extension
+from .build_cuda import cuda_extension_available, load_cuda_extension
 from .functional import sru_recurrence, sru_recurrence_inference
 from .reference import sru_recurrence_reference
 from .storage_dtype import POLICIES, accumulation_dtype, resolve_storage_dtype, validate_policy

@@ -5,19 +5,18 @@ Two libraries, both registering into the ``torch.ops.sru_lightning`` namespace:
 * the CPU extension (csrc/sru_ops.cpp, sru_checks.cpp, sru_workspace.cpp, sru_cpu.cpp and one
   sru_cpu_<level>.cpp per vector level it holds, see :mod:`.cpu_levels`) holds the op schemas,
   their argument checks, the scratch-buffer cache and the CPU kernels, and needs only the C++
-  compiler;
-* the CUDA extension (csrc/sru_cuda.cpp + csrc/sru_cuda_kernels.cu) registers the CUDA
-  kernels of the same ops. It is built on the first CUDA call (or by ``python -m sru_lightning
-  build``) and needs an nvcc whose CUDA major equals torch's (see :mod:`.cuda_toolkit`).
+  compiler; it is built here;
+* the CUDA extension registers the CUDA kernels of the same ops; :mod:`.build_cuda` builds it
+  from the same description (:class:`ExtensionVariant`) with nvcc.
 
 A third variant, the CUDA kernels' source compiled as C++ for the CPU (ops
 ``torch.ops.sru_lightning_cuda_emulated``, see :mod:`sru_lightning.diagnostics.cuda_emulation`),
 is built from the same description by :func:`load_emulation`.
 
-A failed CUDA build keeps the CPU kernels: CUDA tensors then run the pure-PyTorch reference
-after one warning naming the cause and the fix. ``SRU_LIGHTNING_REQUIRE_KERNELS=1`` turns
-every such fallback, CPU or CUDA, into an error. Both libraries live in the content-keyed cache
-of :mod:`.build_cache`.
+A failed build runs the pure-PyTorch reference after one warning naming the cause and the fix
+(a failed CUDA build keeps the CPU kernels). ``SRU_LIGHTNING_REQUIRE_KERNELS=1`` turns every
+such fallback, CPU or CUDA, into an error (:func:`check_fallback_allowed`). Both libraries
+live in the content-keyed cache of :mod:`.build_cache`.
 """
 
 from __future__ import annotations
@@ -29,29 +28,24 @@ import sys
 import sysconfig
 import threading
 import warnings
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from .._resources import csrc_dir
-from . import build_cache, cpu_levels, cuda_toolkit
+from . import build_cache, cpu_levels
 from .build_cache import BuildSpec
 
 # Prefix of every cached library's folder and module name.
 EXTENSION_NAME = "sru_lightning"
-# The sources of each variant, in csrc/ (every csrc/*.h is part of each variant's key). The CPU
-# library adds the files of its vector levels (cpu_levels.sources).
+# The sources of the CPU library, in csrc/ (every csrc/*.h is part of each variant's key); it adds
+# the files of its vector levels (cpu_levels.sources). The CUDA library's are in build_cuda.
 CPU_SOURCES = (
     "sru_ops.cpp",
     "sru_checks.cpp",
     "sru_workspace.cpp",
     "sru_cpu.cpp",
-)
-CUDA_SOURCES = (
-    "sru_cuda.cpp",
-    "sru_cuda_kernels.cu",
 )
 # The emulation: the plumbing and the binding (always from csrc/), then the kernels' C++
 # wrapper, which includes the .cu. The two kernel files may come from another folder.
@@ -76,7 +70,6 @@ REQUIRE_ENV = "SRU_LIGHTNING_REQUIRE_KERNELS"
 # No loop-to-memcpy rewriting: the short per-block copies of the CPU kernels are faster as
 # vector loops than as library calls.
 CXX_FLAGS = ("-O3", "-fno-math-errno", "-fno-trapping-math", "-fno-tree-loop-distribute-patterns")
-CUDA_FLAGS = ("-O3",)
 # at::parallel_for is OpenMP code inlined from the ATen headers: without -fopenmp it runs on
 # one thread. At run time the libgomp torch already loaded is the one used.
 OPENMP_FLAGS = ("-fopenmp",) if sys.platform.startswith("linux") else ()
@@ -91,8 +84,9 @@ SANITIZE_LDFLAGS = ("-fsanitize=address,alignment",)
 class ExtensionVariant:
     """One library built from csrc/: its files, its flags, and what names its cache folder.
 
-    `variant` is "cpu", "cuda" or "cuda_emulation"; `included` are the files the sources
-    include (headers, and the .cu for the emulation): they key the cache like the sources.
+    `variant` is "cpu", "cuda" (:class:`.build_cuda.CudaExtensionVariant`) or "cuda_emulation";
+    `included` are the files the sources include (headers, and the .cu for the emulation): they
+    key the cache like the sources.
     """
 
     variant: str
@@ -101,31 +95,29 @@ class ExtensionVariant:
     included: tuple[Path, ...]
     cxx_flags: tuple[str, ...]
     ldflags: tuple[str, ...] = ()
-    cuda_flags: tuple[str, ...] = ()
-    archs: tuple[str, ...] = ()
     levels: tuple[str, ...] = ()
     expected_duration: str = "about a minute"
 
-    def build_spec(self) -> BuildSpec:
-        """The cache entry of this library: its key hashes the toolchain, the flags and the
-        contents of every source and included file."""
+    def key(self) -> dict:
+        """What changes the binary: the toolchain, the flags and the contents of every source and
+        included file (and the CPU library's vector levels)."""
         files = sorted({*self.sources, *self.included}, key=lambda path: path.name)
         key = {
             **_toolchain_key(),
             "cxx_flags": list(self.cxx_flags),
             "sources": build_cache.digest_files(files),
         }
-        if self.variant == "cuda":
-            key.update(cuda_flags=list(self.cuda_flags), archs=list(self.archs))
         if self.variant == "cpu":
             key.update(levels=list(self.levels))
-        return BuildSpec(self.variant, self.description, key, self.expected_duration, units=len(self.sources))
+        return key
 
-    def compile_into(self, folder: Path, name: str, verbose: bool, nvcc: cuda_toolkit.Nvcc | None = None) -> None:
-        """Compile this library into `folder` as `name` (with `nvcc` for the CUDA variant)."""
-        from torch.utils import cpp_extension
+    def build_spec(self) -> BuildSpec:
+        """The cache entry of this library: its key (:meth:`key`) names its folder."""
+        return BuildSpec(self.variant, self.description, self.key(), self.expected_duration, units=len(self.sources))
 
-        options = dict(
+    def extension_options(self, folder: Path, name: str, verbose: bool) -> dict:
+        """The arguments of torch's `cpp_extension.load` that compile this library into `folder` as `name`."""
+        return dict(
             name=name,
             sources=[str(path) for path in self.sources],
             extra_cflags=[*self.cxx_flags, *cpu_levels.defines(self.levels)],
@@ -136,27 +128,16 @@ class ExtensionVariant:
             build_directory=str(folder),
             verbose=verbose,
         )
-        if self.variant != "cuda":
-            cpp_extension.load(**options)
-            return
-        if nvcc is None:
-            raise ValueError("compile_into: the CUDA variant needs `nvcc` (a cuda_toolkit.Nvcc), got None")
-        options.update(
-            with_cuda=True,
-            extra_cuda_cflags=list(self.cuda_flags) + cuda_toolkit.gencode_flags(self.archs),
-            extra_ldflags=[*self.ldflags, *_cudart_link_flags(folder, nvcc)],
-            extra_include_paths=[str(csrc_dir()), *map(str, nvcc.include_dirs)],
-        )
-        with _torch_cuda_home(nvcc.root):
-            cpp_extension.load(**options)
+
+    def compile_into(self, folder: Path, name: str, verbose: bool) -> None:
+        """Compile this library into `folder` as `name`."""
+        from torch.utils import cpp_extension
+
+        cpp_extension.load(**self.extension_options(folder, name, verbose))
 
 
 class ExtensionBuildError(RuntimeError):
     """The recurrence extension could not be compiled or loaded."""
-
-
-class NoCudaArchitectures(ExtensionBuildError):
-    """No GPU is visible and no architectures were named: nothing to build the CUDA kernels for."""
 
 
 _lock = threading.RLock()
@@ -164,9 +145,6 @@ _library_path: str | None = None
 _library_levels: tuple[str, ...] = ()
 _failure: BaseException | None = None
 _warned = False
-_cuda_library_path: str | None = None
-_cuda_failure: BaseException | None = None
-_cuda_warned = False
 
 
 def kernels_required() -> bool:
@@ -179,13 +157,13 @@ def _find_cxx_compiler() -> str | None:
     return shutil.which(candidate)
 
 
-def extension_sources(with_cuda: bool = False) -> list[str]:
-    """The CPU extension's sources, or the CUDA extension's when `with_cuda`."""
+def extension_sources() -> list[str]:
+    """The CPU extension's sources (the CUDA extension's: :func:`.build_cuda.cuda_sources`)."""
     folder = csrc_dir()
-    return [str(folder / name) for name in (CUDA_SOURCES if with_cuda else CPU_SOURCES)]
+    return [str(folder / name) for name in CPU_SOURCES]
 
 
-def _headers(kernels_dir: Path | None = None) -> tuple[Path, ...]:
+def csrc_headers(kernels_dir: Path | None = None) -> tuple[Path, ...]:
     """Every csrc/*.h, each taken from `kernels_dir` instead where that folder has it."""
     found = []
     for header in sorted(csrc_dir().glob("*.h")):
@@ -218,27 +196,12 @@ def cpu_variant(levels: tuple[str, ...] | None = None) -> ExtensionVariant:
         "cpu",
         f"CPU recurrence kernels ({', '.join(levels)})",
         # The level files first: they take longest, and ninja starts its jobs in this order.
-        (*level_files, *map(Path, extension_sources(with_cuda=False))),
-        _headers() + other_level_files,
+        (*level_files, *map(Path, extension_sources())),
+        csrc_headers() + other_level_files,
         CXX_FLAGS + OPENMP_FLAGS,
         ldflags=OPENMP_FLAGS,
         levels=levels,
         expected_duration=cpu_levels.expected_duration(levels),
-    )
-
-
-def cuda_variant(archs: tuple[str, ...]) -> ExtensionVariant:
-    """The CUDA extension for `archs`. The nvcc used is not part of the key (only its major,
-    which must equal torch's): compute nodes without a toolkit find the build made on a login node."""
-    return ExtensionVariant(
-        "cuda",
-        f"CUDA recurrence kernels for {', '.join(archs)}",
-        tuple(map(Path, extension_sources(with_cuda=True))),
-        _headers(),
-        CXX_FLAGS,
-        cuda_flags=CUDA_FLAGS,
-        archs=tuple(archs),
-        expected_duration="a few minutes",
     )
 
 
@@ -257,7 +220,7 @@ def emulation_variant(kernels_dir: str | os.PathLike | None = None, sanitize: bo
         "cuda_emulation",
         description,
         sources,
-        included + _headers(folder),
+        included + csrc_headers(folder),
         EMULATION_FLAGS + (SANITIZE_FLAGS if sanitize else ()),
         ldflags=SANITIZE_LDFLAGS if sanitize else (),
     )
@@ -269,15 +232,10 @@ def cpu_build_spec(levels: tuple[str, ...] | None = None) -> BuildSpec:
     return cpu_variant(levels).build_spec()
 
 
-def cuda_build_spec(archs: tuple[str, ...]) -> BuildSpec:
-    """What the CUDA extension for `archs` is built from (see :func:`cuda_variant`)."""
-    return cuda_variant(archs).build_spec()
-
-
 # --- CPU ------------------------------------------------------------------------------------
 
 
-def _load_library(path: Path, share_symbols: bool = True) -> None:
+def load_library(path: Path, share_symbols: bool = True) -> None:
     # Global symbols: the CUDA extension uses the tensor plumbing (argument checks, output
     # allocation) defined once in the CPU library instead of carrying a second copy.
     if share_symbols:
@@ -314,7 +272,7 @@ def build_extension(verbose: bool = False, all_levels: bool = False) -> str:
     if not library.is_file():
         found = find_cpu_build(needed)
         if found is not None:
-            _load_library(found[0])
+            load_library(found[0])
             _library_levels = found[1]
             return str(found[0])
     if not library.is_file() and _find_cxx_compiler() is None:
@@ -325,7 +283,7 @@ def build_extension(verbose: bool = False, all_levels: bool = False) -> str:
         )
     try:
         library, _ = build_cache.ensure_built(spec, lambda folder, name: variant.compile_into(folder, name, verbose))
-        _load_library(library)
+        load_library(library)
         _library_levels = needed
     except Exception as error:  # compiler errors arrive as RuntimeError/CalledProcessError
         raise ExtensionBuildError(f"sru_lightning: building the CPU recurrence extension failed: {error}") from error
@@ -362,7 +320,7 @@ def load_extension(verbose: bool = False, all_levels: bool = False) -> str:
         return _library_path
 
 
-def _fallback(error: BaseException, device: str, fix: str) -> None:
+def check_fallback_allowed(error: BaseException, device: str, fix: str) -> None:
     """Raise under SRU_LIGHTNING_REQUIRE_KERNELS=1; otherwise the caller warns (once)."""
     if kernels_required():
         raise ExtensionBuildError(
@@ -381,171 +339,11 @@ def extension_available() -> bool:
         return True
     except ExtensionBuildError as error:
         fix = "Run `python -m sru_lightning build --verbose` to see the compiler output."
-        _fallback(error, "CPU", fix)
+        check_fallback_allowed(error, "CPU", fix)
         if not _warned:
             _warned = True
             warnings.warn(
                 f"{error}. Falling back to the pure-PyTorch SRU recurrence (correct, but slower). {fix}",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return False
-
-
-# --- CUDA -----------------------------------------------------------------------------------
-
-
-@contextmanager
-def _torch_cuda_home(root: Path):
-    # torch's cpp_extension reads its module-level CUDA_HOME for nvcc, headers and libcudart;
-    # point it at the toolkit picked here for the length of one build.
-    from torch.utils import cpp_extension
-
-    saved = cpp_extension.CUDA_HOME
-    cpp_extension.CUDA_HOME = str(root)
-    try:
-        yield
-    finally:
-        cpp_extension.CUDA_HOME = saved
-
-
-def _cudart_link_flags(folder: Path, nvcc: cuda_toolkit.Nvcc) -> list[str]:
-    """Linker flags finding libcudart: the runtime wheel ships libcudart.so.<major> only, and the
-    linker's -lcudart wants libcudart.so, so a link named that way goes into the build folder."""
-    if nvcc.cudart_dir is None:
-        return []
-    link_dir = folder / "cudart"
-    link_dir.mkdir()
-    target = next(iter(sorted(nvcc.cudart_dir.glob("libcudart.so*"))))
-    (link_dir / "libcudart.so").symlink_to(target)
-    return [f"-L{link_dir}"]
-
-
-# Enough of the compiler's output to show the first error; --verbose shows all of it.
-_OUTPUT_TAIL_CHARS = 2000
-
-
-def _compiler_output_tail(text: str) -> str:
-    return text if len(text) <= _OUTPUT_TAIL_CHARS else "...\n" + text[-_OUTPUT_TAIL_CHARS:]
-
-
-def _host_compiler_hint(text: str) -> str:
-    """The fix for nvcc refusing the host C++ compiler (one newer than it supports)."""
-    if "unsupported GNU version" in text or "unsupported clang version" in text:
-        return (
-            "\nnvcc does not support this host C++ compiler: install one it supports and point nvcc at "
-            "it, e.g. `NVCC_CCBIN=/usr/bin/g++-12`"
-        )
-    return ""
-
-
-def find_cuda_build(archs_needed: tuple[str, ...]) -> Path | None:
-    """A finished CUDA build of these sources, flags and torch whose archs cover `archs_needed`
-    (e.g. one built on a login node with ``--cuda-arch``)."""
-    wanted = {k: v for k, v in cuda_build_spec(()).key.items() if k != "archs"}
-    for directory, manifest in build_cache.finished_builds(build_cache.cache_root(), f"{EXTENSION_NAME}_cuda_"):
-        same_inputs = all(manifest.get(k) == v for k, v in wanted.items())
-        library = build_cache.library_file(directory, manifest.get("name", ""))
-        if (
-            same_inputs
-            and library.is_file()
-            and cuda_toolkit.archs_cover(tuple(manifest.get("archs", ())), archs_needed)
-        ):
-            return library
-    return None
-
-
-def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) -> tuple[str, tuple[str, ...], bool]:
-    """Compile the CUDA extension (or find it in the cache) and load it.
-
-    `cuda_arch` ("8.0;9.0") overrides ``TORCH_CUDA_ARCH_LIST`` and the visible GPUs. Returns
-    (library path, archs built for, compiled now?). The CPU extension must be loaded first.
-    Raises :class:`ExtensionBuildError` naming the cause and the fix.
-    """
-    if torch.version.cuda is None:
-        raise ExtensionBuildError(
-            f"sru_lightning: torch {torch.__version__} has no CUDA, so there are no CUDA kernels to "
-            "build; install a CUDA build of torch (https://pytorch.org/get-started)"
-        )
-    try:
-        archs, archs_from = cuda_toolkit.resolve_archs(cuda_arch)
-    except ValueError as error:
-        raise ExtensionBuildError(f"sru_lightning: {error}") from error
-    if not archs:
-        raise NoCudaArchitectures(
-            "sru_lightning: no GPU is visible and no CUDA architectures were given, so the CUDA kernels "
-            'were not built; pass --cuda-arch "8.0;9.0" (the compute capabilities of your GPUs) or set '
-            f"{cuda_toolkit.ARCH_ENV}"
-        )
-    if cuda_arch is None:
-        existing = find_cuda_build(archs)
-        if existing is not None:
-            _load_library(existing)
-            return str(existing), tuple(build_cache.read_manifest(existing.parent)["archs"]), False
-    variant = cuda_variant(archs)
-    spec = variant.build_spec()
-    library = build_cache.library_file(spec.directory(), spec.name)
-    nvcc = None
-    if build_cache.read_manifest(spec.directory()) is None or not library.is_file():
-        try:
-            nvcc = cuda_toolkit.select_nvcc(torch.version.cuda)
-        except cuda_toolkit.CudaToolkitError as error:
-            raise ExtensionBuildError(str(error)) from error
-        spec.notes["nvcc"] = nvcc.describe()
-    try:
-        library, compiled = build_cache.ensure_built(
-            spec, lambda folder, name: variant.compile_into(folder, name, verbose, nvcc)
-        )
-        _load_library(library)
-    except Exception as error:
-        where = f" with {nvcc.describe()}" if nvcc else ""
-        raise ExtensionBuildError(
-            f"sru_lightning: building the CUDA recurrence extension{where} for {';'.join(archs)} "
-            f"({archs_from}) failed: {_compiler_output_tail(str(error))}{_host_compiler_hint(str(error))}"
-        ) from error
-    return str(library), archs, compiled
-
-
-def load_cuda_extension(verbose: bool = False) -> str:
-    """Build/load the CUDA extension once per process (after the CPU one); raise
-    :class:`ExtensionBuildError` on failure."""
-    global _cuda_library_path, _cuda_failure
-    with _lock:
-        if _cuda_library_path is not None:
-            return _cuda_library_path
-        if _cuda_failure is not None:
-            raise ExtensionBuildError(str(_cuda_failure)) from _cuda_failure
-        load_extension(verbose=verbose)
-        try:
-            _cuda_library_path, _, _ = build_cuda_extension(verbose=verbose)
-        except ExtensionBuildError as error:
-            _cuda_failure = error
-            raise
-        return _cuda_library_path
-
-
-def cuda_extension_available() -> bool:
-    """True when the CUDA kernels are loaded; otherwise one loud warning naming the cause and
-    the fix, and False (CUDA tensors then run the reference); an error under
-    ``SRU_LIGHTNING_REQUIRE_KERNELS=1``."""
-    global _cuda_warned
-    if _cuda_library_path is not None:
-        return True
-    try:
-        load_cuda_extension()
-        return True
-    except ExtensionBuildError as error:
-        fix = (
-            "After fixing it, `python -m sru_lightning build --verbose` rebuilds and shows the compiler "
-            'output (add --cuda-arch "8.0;9.0" to build for GPUs this machine does not have).'
-        )
-        _fallback(error, "CUDA", fix)
-        if not _cuda_warned:
-            _cuda_warned = True
-            warnings.warn(
-                f"\n*** sru_lightning: the CUDA recurrence kernels are NOT available; CUDA tensors run the "
-                f"pure-PyTorch reference recurrence (correct, but many times slower). ***\nCause: {error}\n"
-                f"{fix} Set {REQUIRE_ENV}=1 to make this an error instead.",
                 RuntimeWarning,
                 stacklevel=3,
             )
@@ -576,7 +374,7 @@ def load_emulation(kernels_dir: str | os.PathLike | None = None, sanitize: bool 
             )
         library, _ = build_cache.ensure_built(spec, lambda folder, name: variant.compile_into(folder, name, verbose))
         # Local symbols: the emulation carries its own copy of the plumbing.
-        _load_library(library, share_symbols=False)
+        load_library(library, share_symbols=False)
         _emulation_loaded[spec.name] = str(library)
         return str(library)
 

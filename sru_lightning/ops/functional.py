@@ -16,7 +16,8 @@ import contextlib
 
 import torch
 
-from .build import cuda_extension_available, extension_available
+from .build import extension_available
+from .build_cuda import cuda_extension_available
 from .compile_marks import assume_constant_result
 from .reference import reference_recurrence
 from .shapes import RecurrenceShape, check_recurrence_inputs

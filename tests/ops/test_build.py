@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sru_lightning.app import build_command
-from sru_lightning.ops import build, cpu_levels, cuda_toolkit, functional
+from sru_lightning.ops import build, build_cuda, cpu_levels, cuda_toolkit, functional
 from sru_lightning.ops.testing import make_case
 
 
@@ -31,19 +31,20 @@ def test_prebuild_command_prints_what_it_built_and_where(capsys):
 
 
 def test_cpu_and_cuda_extensions_have_separate_sources():
-    cpu_only = build.extension_sources(with_cuda=False)
+    cpu_only = build.extension_sources()
     assert [path.rsplit("/", 1)[-1] for path in cpu_only] == list(build.CPU_SOURCES)
-    cuda = build.extension_sources(with_cuda=True)
-    assert [path.rsplit("/", 1)[-1] for path in cuda] == list(build.CUDA_SOURCES)
+    cuda = build_cuda.cuda_sources()
+    assert [path.rsplit("/", 1)[-1] for path in cuda] == list(build_cuda.CUDA_SOURCES)
     for source in cpu_only + cuda:
         assert open(source).read(1)
 
 
 def test_cache_folder_is_keyed_by_variant_and_architectures():
-    cpu, sm80, sm80_90 = build.cpu_build_spec(), build.cuda_build_spec(("8.0",)), build.cuda_build_spec(("8.0", "9.0"))
+    cpu, sm80 = build.cpu_build_spec(), build_cuda.cuda_build_spec(("8.0",))
+    sm80_90 = build_cuda.cuda_build_spec(("8.0", "9.0"))
     assert len({cpu.name, sm80.name, sm80_90.name}) == 3
     assert cpu.name.startswith("sru_lightning_cpu_") and sm80.name.startswith("sru_lightning_cuda_")
-    assert build.cuda_build_spec(("8.0",)).name == sm80.name
+    assert build_cuda.cuda_build_spec(("8.0",)).name == sm80.name
 
 
 def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
@@ -131,9 +132,9 @@ def cuda_torch_with_mismatched_nvcc(monkeypatch, tmp_path):
     monkeypatch.setattr(torch.version, "cuda", "12.8")
     monkeypatch.setattr(cuda_toolkit, "_wheel_candidates", lambda: [])
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(build, "_cuda_library_path", None)
-    monkeypatch.setattr(build, "_cuda_failure", None)
-    monkeypatch.setattr(build, "_cuda_warned", False)
+    monkeypatch.setattr(build_cuda, "_cuda_library_path", None)
+    monkeypatch.setattr(build_cuda, "_cuda_failure", None)
+    monkeypatch.setattr(build_cuda, "_cuda_warned", False)
     monkeypatch.delenv(build.REQUIRE_ENV, raising=False)
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "8.0")
 
@@ -186,7 +187,7 @@ def test_cuda_torch_without_gpu_or_archs_says_what_to_pass(cuda_torch_with_misma
 
 def test_cuda_compiler_failure_keeps_the_tail_and_names_the_host_compiler_fix():
     output = "x" * 5000 + "error -- unsupported GNU version! gcc versions later than 13 are not supported!"
-    assert build._compiler_output_tail(output).endswith("are not supported!")
-    assert len(build._compiler_output_tail(output)) < 2100
-    assert "NVCC_CCBIN" in build._host_compiler_hint(output)
-    assert build._host_compiler_hint("sru_cuda.cpp:3: error: expected ';'") == ""
+    assert build_cuda._compiler_output_tail(output).endswith("are not supported!")
+    assert len(build_cuda._compiler_output_tail(output)) < 2100
+    assert "NVCC_CCBIN" in build_cuda._host_compiler_hint(output)
+    assert build_cuda._host_compiler_hint("sru_cuda.cpp:3: error: expected ';'") == ""
