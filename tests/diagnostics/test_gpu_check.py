@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sru_lightning.diagnostics import gpu_check, gpu_fits, kernel_parity
+from sru_lightning.diagnostics import gpu_check, gpu_fits, gpu_kernel_checks, kernel_parity
 from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 from sru_lightning.diagnostics.gpu_fits import FitSpec
 
@@ -73,7 +73,7 @@ def test_variants_cover_every_way_of_calling_the_recurrence():
 def test_kernel_comparison_runs_every_small_variant_on_cpu(dtype_name):
     # The same code path the GPU check runs, with the CPU kernel in the CUDA kernel's seat.
     small = [v for v in kernel_parity.VARIANTS if v.name != "large"]
-    check = gpu_check.check_kernels(dtype_name, small, device="cpu")
+    check = gpu_kernel_checks.check_kernels(dtype_name, small, device="cpu")
     assert check.status == PASS, check.detail
     assert f"{len(small)} variants" in check.detail
 
@@ -89,20 +89,20 @@ def test_kernel_comparison_fails_when_the_kernel_is_wrong(monkeypatch):
 
     monkeypatch.setattr(kernel_parity, "run_recurrence", off_by_a_bit)
     variants = [v for v in kernel_parity.VARIANTS if v.name in ("basic", "mask_pad")]
-    check = gpu_check.check_kernels("fp32", variants, device="cpu")
+    check = gpu_kernel_checks.check_kernels("fp32", variants, device="cpu")
     assert check.status == FAIL and "mask_pad vs reference: h 1.0e-02" in check.detail
 
 
 def test_device_mismatch_check_judges_the_error():
     # On CPU "cuda" cannot be reached, so the meta device plays the GPU: whatever the op does
     # with it, the check must report PASS only for a ValueError naming `c0`.
-    check = gpu_check.check_device_mismatch(device="meta")
+    check = gpu_kernel_checks.check_device_mismatch(device="meta")
     assert check.name == "bad input: c0 on the CPU, U on the GPU"
     assert (check.status == PASS) == ("ValueError: " in check.detail and "`c0`" in check.detail)
 
 
 def test_nonfinite_check_runs_and_catches_a_kernel_that_drops_nan(monkeypatch):
-    assert gpu_check.check_nonfinite(device="cpu").status == PASS
+    assert gpu_kernel_checks.check_nonfinite(device="cpu").status == PASS
     real = kernel_parity.run_recurrence
 
     def kernel_that_zeroes_nan(inputs, variant, device, grad_seed=1, reference=False):
@@ -112,7 +112,7 @@ def test_nonfinite_check_runs_and_catches_a_kernel_that_drops_nan(monkeypatch):
         return {name: torch.nan_to_num(value) for name, value in outputs.items()}
 
     monkeypatch.setattr(kernel_parity, "run_recurrence", kernel_that_zeroes_nan)
-    check = gpu_check.check_nonfinite(device="stand-in for cuda")
+    check = gpu_kernel_checks.check_nonfinite(device="stand-in for cuda")
     assert check.status == FAIL and "fp32 h" in check.detail
 
 
@@ -229,22 +229,22 @@ def test_speed_lines_name_sizes_and_ratios():
 
 
 def test_a_second_gpu_is_covered_only_when_present():
-    assert gpu_check.extra_devices(1) == []
-    assert gpu_check.extra_devices(4) == ["cuda:1"]
+    assert gpu_kernel_checks.extra_devices(1) == []
+    assert gpu_kernel_checks.extra_devices(4) == ["cuda:1"]
 
 
 def test_compute_sanitizer_is_skipped_when_missing_and_its_summary_judged(monkeypatch):
-    monkeypatch.setattr(gpu_check.shutil, "which", lambda name: None)
-    assert gpu_check.check_sanitizer(60).status == SKIP
-    command = gpu_check.sanitizer_command("/opt/cuda/bin/compute-sanitizer")
+    monkeypatch.setattr(gpu_kernel_checks.shutil, "which", lambda name: None)
+    assert gpu_kernel_checks.check_sanitizer(60).status == SKIP
+    command = gpu_kernel_checks.sanitizer_command("/opt/cuda/bin/compute-sanitizer")
     assert command[:3] == ["/opt/cuda/bin/compute-sanitizer", "--tool", "memcheck"]
-    assert command[-1] == gpu_check.SANITIZER_WORKER and sys.executable in command
+    assert command[-1] == gpu_kernel_checks.SANITIZER_WORKER and sys.executable in command
     clean = "kernels fp32: PASS ...\n========= ERROR SUMMARY: 0 errors\n"
-    assert gpu_check.judge_sanitizer(0, clean).status == PASS
+    assert gpu_kernel_checks.judge_sanitizer(0, clean).status == PASS
     dirty = "========= Invalid __global__ read of size 4 bytes\n========= ERROR SUMMARY: 2 errors\n"
-    check = gpu_check.judge_sanitizer(99, dirty)
+    check = gpu_kernel_checks.judge_sanitizer(99, dirty)
     assert check.status == FAIL and "2 errors" in check.detail
-    assert gpu_check.judge_sanitizer(0, "no summary at all").status == FAIL
+    assert gpu_kernel_checks.judge_sanitizer(0, "no summary at all").status == FAIL
 
 
 def test_fits_run_one_at_a_time(monkeypatch):
@@ -290,3 +290,13 @@ def test_parts_past_the_time_budget_are_skipped_in_order(monkeypatch):
     ]
     assert [c.detail for c in checks][-3:] == ["time budget spent"] * 3
     assert all(c.detail == "this GPU has no bf16 support" for c in checks[: len(bf16_fits)])
+
+
+def test_the_sanitizer_runs_the_worker_that_gpu_check_dispatches(monkeypatch):
+    """compute-sanitizer starts `python -m <module> --sanitizer-worker`: that module's main runs the
+    worker of the kernel checks."""
+    command = gpu_kernel_checks.sanitizer_command("/opt/cuda/bin/compute-sanitizer")
+    assert command[-3:] == ["-m", gpu_check.__name__, gpu_kernel_checks.SANITIZER_WORKER]
+    ran = []
+    monkeypatch.setattr(gpu_check, "sanitizer_worker", lambda: ran.append(True) or 0)
+    assert gpu_check.main([gpu_kernel_checks.SANITIZER_WORKER]) == 0 and ran == [True]
