@@ -6,7 +6,8 @@ supervisor protocol of :mod:`.stop_signals`) and its checkpoint (:mod:`.interrup
 Lightning's ``ModelCheckpoint`` with a record that follows a moved run folder (:mod:`.folder_checkpoint`),
 an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a stop on a non-finite
 loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` fit
-(:mod:`.validate_before_stop`) and training throughput (:mod:`.throughput`)."""
+(:mod:`.validate_before_stop`), a `max_time` budget that the learning-rate schedule and a final
+validation fit in (:mod:`.time_budget`) and training throughput (:mod:`.throughput`)."""
 
 from .folder_checkpoint import FolderModelCheckpoint
 from .graceful_interrupt import GracefulInterrupt
@@ -17,6 +18,7 @@ from .restore_data_position import RestoreDataPosition
 from .seed_every_batch import SeedEveryBatch
 from .tensor_cores import ShapeAdvice, TensorCoreShapeWarning, tensor_core_advice
 from .throughput import TrainingThroughput
+from .time_budget import TimeBudget
 from .validate_before_stop import ValidateBeforeStop
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "ShapeAdvice",
     "StopOnNonFiniteLoss",
     "TensorCoreShapeWarning",
+    "TimeBudget",
     "TrainingThroughput",
     "ValidateBeforeStop",
     "apply_precision",

@@ -2,7 +2,9 @@
 
 A run that ends on `max_steps` in the middle of an epoch validates on its last step, inside the
 fit, so `ModelCheckpoint` keeps its best and last checkpoints and the final metrics describe
-the final weights.
+the final weights. A fit bounded by `max_time` gets the same from
+:class:`sru_lightning.callbacks.TimeBudget`, which stops it early enough to validate within the
+budget.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.utilities.types import STEP_OUTPUT
 from typing_extensions import override
 
-__all__ = ["ValidateBeforeStop"]
+__all__ = ["ValidateBeforeStop", "record_epoch_as_running"]
 
 
 class ValidateBeforeStop(Callback):
@@ -51,12 +53,20 @@ class ValidateBeforeStop(Callback):
     def on_save_checkpoint(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict[str, Any]
     ) -> None:
-        if not self._cut_by_max_steps(trainer):
-            return
-        progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
-        if not progress:
-            return
-        for counts in (progress["total"], progress["current"]):
-            # "started but not processed": the state of a checkpoint taken mid-epoch.
-            if counts["processed"] == counts["started"] and counts["completed"] == counts["processed"] - 1:
-                counts["processed"] -= 1
+        if self._cut_by_max_steps(trainer):
+            record_epoch_as_running(checkpoint)
+
+
+def record_epoch_as_running(checkpoint: dict[str, Any]) -> None:
+    """Make a checkpoint written after a stop inside an epoch record that epoch as still running.
+
+    Lightning counts the cut epoch as processed; a fit resumed from the checkpoint would then
+    start the next epoch and skip the rest of this one.
+    """
+    progress = checkpoint.get("loops", {}).get("fit_loop", {}).get("epoch_progress")
+    if not progress:
+        return
+    for counts in (progress["total"], progress["current"]):
+        # "started but not processed": the state of a checkpoint taken mid-epoch.
+        if counts["processed"] == counts["started"] and counts["completed"] == counts["processed"] - 1:
+            counts["processed"] -= 1

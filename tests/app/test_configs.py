@@ -110,6 +110,8 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
         "SeedEveryBatch",
         # honest runs: a NaN loss stops the run
         "StopOnNonFiniteLoss",
+        # a max_time fit: the schedule decays over the budget, the last validation fits in it
+        "TimeBudget",
     }
     checkpoint = next(c for c in callbacks if type(c).__name__ == "FolderModelCheckpoint")
     assert checkpoint.save_last and Path(checkpoint.dirpath) == tmp_path / "checkpoints"
