@@ -427,6 +427,7 @@ def serve(path: str, proxy: str, preload: list[str]) -> None:
                 _become(request, fds, threads, blas, server_path, proxy)  # never returns
             for fd in fds:
                 os.close(fd)
+            _note_fork(request)
             connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
             waiting[pid] = connection
         while waiting:
@@ -440,6 +441,19 @@ def serve(path: str, proxy: str, preload: list[str]) -> None:
                 except OSError:  # the test that started it is gone
                     pass
                 connection.close()
+
+
+#: A file each server appends one line to per forked process (its command line), so what the
+#: server saves can be measured: `SRU_LIGHTNING_TEST_FORK_LOG=/tmp/forks.txt make test`, then
+#: the line count times what a fresh interpreter spends on the preloaded imports.
+FORK_LOG = "SRU_LIGHTNING_TEST_FORK_LOG"
+
+
+def _note_fork(request: dict) -> None:
+    path = os.environ.get(FORK_LOG)
+    if path:
+        with open(path, "a", encoding="utf-8") as log:
+            log.write(json.dumps(request.get("argv", [])[:3]) + "\n")
 
 
 def _fork_refusal() -> str | None:
