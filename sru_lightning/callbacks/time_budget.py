@@ -3,11 +3,11 @@ validation fits in it.
 
 Lightning's Timer (which `trainer.max_time` adds) stops a fit once its time is up, wherever that
 lands: the learning-rate schedule never learns how long the run is, and the last validation
-may be long before the last step. :class:`TimeBudget` reads the Timer's clock after every
-training batch and
+comes long before the last step, or after the budget. :class:`TimeBudget` reads the Timer's
+clock after every training batch and
 - tells the schedule (every scheduler with a `set_progress(fraction)` method, such as
   :class:`sru_lightning.models.schedules.WarmupCosineLR` with no step count) which fraction of
-  the time left for training is used, so its warm-up and decay span the budget;
+  the training time is used, so its warm-up and decay span the budget;
 - stops the fit early enough for one more validation (and its checkpoint) within the budget.
 
 Rank 0 measures and decides; every rank uses its numbers (the strategy's broadcast).
@@ -105,7 +105,13 @@ class TimeBudget(Callback):
             self._sanity_seconds_per_batch = sanity_seconds / sanity_batches
         # The first step's rate follows the time used so far (0, or the restored elapsed time).
         fraction, _ = self._measure(trainer, step_seconds=0.0, ahead=0.0)
-        self._give_progress(trainer, fraction)
+        following = self._give_progress(trainer, fraction)
+        if following:
+            budget = self._clock() + self._timer.time_remaining()
+            rank_zero_info(
+                f"TimeBudget: the learning rate of {', '.join(following)} follows the {budget:g} s time budget "
+                f"({fraction:.0%} used so far)"
+            )
 
     @override
     def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -206,12 +212,17 @@ class TimeBudget(Callback):
             return self._sanity_seconds_per_batch * batches
         return step_seconds * batches
 
-    def _give_progress(self, trainer: pl.Trainer, fraction: float) -> None:
+    def _give_progress(self, trainer: pl.Trainer, fraction: float) -> list[str]:
+        """Give the schedules the fraction used; the names of those that follow it."""
         self._fraction = max(self._fraction, fraction)
+        following = []
         for config in trainer.lr_scheduler_configs:
             set_progress = getattr(config.scheduler, "set_progress", None)
             if callable(set_progress):
                 set_progress(self._fraction)
+                if getattr(config.scheduler, "follows_progress", True):
+                    following.append(type(config.scheduler).__name__)
+        return following
 
     @override
     def on_save_checkpoint(

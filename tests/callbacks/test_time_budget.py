@@ -95,9 +95,12 @@ def assert_decays_to_the_floor_and_validates_last_in_budget(trace: BudgetTrace, 
     assert last_step_end <= last_validation_end <= budget, "and ended within the budget"
 
 
-def test_a_time_budgeted_fit_decays_its_rate_and_validates_last_within_the_budget(tmp_path):
+def test_a_time_budgeted_fit_decays_its_rate_and_validates_last_within_the_budget(tmp_path, caplog):
     trace = BudgetTrace()
-    trainer = fit(tmp_path, [TimeBudget(), trace], max_time={"seconds": 3})
+    with caplog.at_level("INFO"):
+        trainer = fit(tmp_path, [TimeBudget(), trace], max_time={"seconds": 3})
+    assert "TimeBudget: the learning rate of WarmupCosineLR follows the 3 s time budget (0% used so far)" in caplog.text
+    assert f"TimeBudget: stopping at step {trainer.global_step} to validate once more" in caplog.text
     assert trace.budget == 3.0 and len(trace.lrs) > 50
     assert trace.lrs[0][1] == 0.0, "the warm-up starts at 0% of the budget"
     assert_decays_to_the_floor_and_validates_last_in_budget(trace, budget=3.0)
