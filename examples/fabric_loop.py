@@ -29,6 +29,7 @@ from lightning.fabric import Fabric
 from sru_lightning.callbacks import SRUFabricPrecision
 from sru_lightning.data import ContiguousStreams, PydocDataModule
 from sru_lightning.models import SRULanguageModel
+from sru_lightning.nn import LanguageNet
 
 PRECISIONS = ("32-true", "64-true", "16-mixed", "bf16-mixed", "16-true", "bf16-true")
 #: The settings a checkpoint is saved with and a resumed run must repeat: the model's shape and
@@ -154,15 +155,15 @@ def main(argv: list[str] | None = None) -> list[float]:
     # Built in the precision's dtype (16-true: float16), so the optimizer that
     # configure_optimizers builds sees the weights it will update.
     with fabric.init_module():
-        model = SRULanguageModel(
+        net = LanguageNet(
             vocab_size=corpus.vocab_size,
             embedding_dim=args.embedding_dim,
             hidden_size=args.hidden_size,
             num_layers=args.num_layers,
             dropout=args.dropout,
-            optimizer={"_target_": "torch.optim.Adam", "lr": args.lr},
         )
-    optimizer = model.configure_optimizers()
+        model = SRULanguageModel(net, optimizer={"_target_": "torch.optim.Adam", "lr": args.lr})
+    optimizer = model.configure_optimizers()["optimizer"]
     model, optimizer = fabric.setup(model, optimizer)  # SRUFabricPrecision applies the policy here
 
     step, carried = 0, None

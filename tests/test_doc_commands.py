@@ -76,7 +76,7 @@ SLOW_RUNS = ("fit -m model=sru,srupp,lstm", "model.compile=true")
 # The LightningCLI example (examples/lightning_cli.py) and what its documented runs get appended.
 LIGHTNING_CLI = ["python", "examples/lightning_cli.py"]
 LIGHTNING_CLI_TINY = [
-    *("--model.hidden_size", "16", "--model.embedding_dim", "8", "--model.num_layers", "1"),
+    *("--model.net.hidden_size", "16", "--model.net.embedding_dim", "8", "--model.net.num_layers", "1"),
     *("--data.batch_size", "4", "--data.seq_len", "16"),
     *("--trainer.max_steps", "3", "--trainer.limit_val_batches", "1", "--trainer.logger", "false"),
     *("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"),

@@ -79,7 +79,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     seconds = time.perf_counter() - started
     print(
-        f"{PROG}: {model.rnn_type} model of {path} (step {checkpoint.get('global_step', '?')}) -> "
+        f"{PROG}: {model.net.rnn_type} model of {path} (step {checkpoint.get('global_step', '?')}) -> "
         f"{folder} (format={settings.format}, {seconds:.1f} s)",
         file=sys.stderr,
     )

@@ -93,10 +93,10 @@ def load_trained(setting: str, resume_dir: str, command: str = "generate"):
     path, checkpoint = load_checkpoint(setting, resume_dir, command)
     model = build_model(checkpoint, path)
     codec = load_codec(checkpoint, path)
-    if codec.vocab_size != model.hparams.vocab_size:
+    if codec.vocab_size != model.net.vocab_size:
         raise UsageError(
             f"the vocabulary of {str(path)!r} has {codec.vocab_size} tokens but the model "
-            f"{model.hparams.vocab_size}; the checkpoint does not match its run's data config"
+            f"{model.net.vocab_size}; the checkpoint does not match its run's data config"
         )
     return path, checkpoint, model, codec
 
@@ -172,7 +172,7 @@ class GenerationStats:
 def generate_text(model, codec, settings: GenerateSettings, out: TextIO) -> GenerationStats:
     """Write the prompt, then `settings.length` generated tokens, to `out` (flushed per token).
 
-    The prompt is read in one pass; each further token costs one `model.step` from the
+    The prompt is read in one pass; each further token costs one `step` of the network from the
     carried recurrent state. The random draws come from a generator seeded with `settings.seed`.
     """
     try:
@@ -181,21 +181,23 @@ def generate_text(model, codec, settings: GenerateSettings, out: TextIO) -> Gene
         raise UsageError(f"`prompt` cannot be read by this model: {error}") from None
     if not prompt_ids:
         raise UsageError(f"`prompt` must hold at least one token, got {settings.prompt!r}")
-    device = model.device
+    # A language model's network, a network, or an exported model: each steps and has a device.
+    network = getattr(model, "net", model)
+    device = model.device if hasattr(model, "device") else next(network.parameters()).device
     generator = torch.Generator(device=device).manual_seed(settings.seed)
     write = codec.decoder(after=settings.prompt)
     out.write(settings.prompt)
     out.flush()
     length, temperature, top_k = settings.length, settings.temperature, settings.top_k
     with torch.inference_mode():
-        logits, state = model.step(torch.tensor([prompt_ids], device=device))
+        logits, state = network.step(torch.tensor([prompt_ids], device=device))
         started = time.perf_counter()
         for index in range(length):
             token = sample(logits, temperature, top_k, generator)
             out.write(write(int(token)))
             out.flush()
             if index + 1 < length:
-                logits, state = model.step(token, state)
+                logits, state = network.step(token, state)
     out.write(write.flush())
     return GenerationStats(len(prompt_ids), length, time.perf_counter() - started)
 

@@ -55,7 +55,8 @@ def default_model(compile_setting: bool):
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=[f"model.compile={str(compile_setting).lower()}"])
     datamodule = instantiate(cfg.data)
-    model = instantiate(cfg.model, vocab_size=datamodule.vocab_size, token_unit=datamodule.token_unit)
+    net = instantiate(cfg.model.net, vocab_size=datamodule.vocab_size)
+    model = instantiate(cfg.model, net=net, token_unit=datamodule.token_unit)
     return model, datamodule
 
 
@@ -89,10 +90,10 @@ def _run(config: CompileBenchConfig) -> CompileBenchResult:
     eager, datamodule = default_model(False)
     compiled_model, _ = default_model(True)
     compiled_model.load_state_dict(eager.state_dict())
-    hparams = eager.hparams
+    sizes = eager.net.config
     result = CompileBenchResult(
         config,
-        f"default model: embedding {hparams.embedding_dim}, hidden {hparams.hidden_size}, {hparams.num_layers} "
+        f"default model: embedding {sizes['embedding_dim']}, hidden {sizes['hidden_size']}, {sizes['num_layers']} "
         f"layers, vocabulary {datamodule.vocab_size}; batch {config.batch} x {config.length} tokens",
     )
     tokens = torch.randint(0, datamodule.vocab_size, (config.batch, config.length))

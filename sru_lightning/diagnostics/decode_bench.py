@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass, field
+from types import SimpleNamespace
 
 import torch
 
@@ -47,7 +48,8 @@ class DecodeBenchResult:
 
 
 def default_models():
-    """The data module and the two language models `fit` builds by default (model=sru / model=lstm)."""
+    """The data module and the networks of the language models `fit` builds by default (model=sru /
+    model=lstm), built from `model.net` as `fit` builds them."""
     from hydra import compose, initialize_config_dir
     from hydra.utils import instantiate
 
@@ -60,8 +62,7 @@ def default_models():
             cfg = compose("config", overrides=[f"model={option}"])
             if datamodule is None:
                 datamodule = instantiate(cfg.data)
-            model = instantiate(cfg.model, vocab_size=datamodule.vocab_size, token_unit=datamodule.token_unit)
-            models[name] = model.eval()
+            models[name] = instantiate(cfg.model.net, vocab_size=datamodule.vocab_size).eval()
     return datamodule, models
 
 
@@ -75,7 +76,7 @@ def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
 
     torch.manual_seed(0)
     datamodule, models = default_models()
-    sru = models["SRU (model=sru)"].hparams
+    sru = SimpleNamespace(**models["SRU (model=sru)"].config)
     result = DecodeBenchResult(
         config,
         f"default model: embedding {sru.embedding_dim}, hidden {sru.hidden_size}, {sru.num_layers} layers, "
@@ -102,16 +103,15 @@ def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
     return result
 
 
-def _time_layer_steps(model, steps: int) -> float:
+def _time_layer_steps(net, steps: int) -> float:
     """Seconds for `steps` single steps of the recurrent layers alone, carrying the state."""
-    # SRU++ carries its attention memory next to c; the model's own SRU++ pass keeps it.
-    rnn = model._srupp_forward if model.rnn_type == "srupp" else model.rnn
-    x = torch.randn(1, 1, model.hparams.embedding_dim)
+    # The network's backbone pass carries what its layers need (SRU++: the attention memory next to c).
+    x = torch.randn(1, 1, net.embedding_dim)
     with torch.inference_mode():
-        output, state = rnn(x, None)
+        output, state = net.backbone_forward(x, None)
         started = time.perf_counter()
         for _ in range(steps):
-            output, state = rnn(x, state)
+            output, state = net.backbone_forward(x, state)
         return time.perf_counter() - started
 
 

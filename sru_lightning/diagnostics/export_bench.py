@@ -94,12 +94,12 @@ def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
             name: _runners(name, model, Path(folder), config.backends, result.export_seconds)
             for name, model in models.items()
         }
-        tokens = torch.randint(0, next(iter(models.values())).hparams.vocab_size, (config.batch, config.length))
+        tokens = torch.randint(0, next(iter(models.values())).vocab_size, (config.batch, config.length))
         steps: dict = {key: [] for key in ((m, b) for m in runners for b in runners[m])}
         sequences: dict = {key: [] for key in steps}
         for round_index in range(config.warmup + config.repeats):
             for name, backends in runners.items():
-                vocab = models[name].hparams.vocab_size
+                vocab = models[name].vocab_size
                 for backend, (run, specs) in backends.items():
                     step = _time_steps(run, specs, config.steps, vocab)
                     sequence = _time_sequence(run, specs, tokens)

@@ -65,6 +65,7 @@ def fit_worker(spec: FitSpec) -> dict:
     from sru_lightning.callbacks import SRUPrecisionCallback
     from sru_lightning.data import PydocDataModule
     from sru_lightning.models import SRULanguageModel
+    from sru_lightning.nn import LanguageNet
     from sru_lightning.ops import trace_storage_dtypes
 
     class RecordLoss(pl.Callback):
@@ -76,12 +77,15 @@ def fit_worker(spec: FitSpec) -> dict:
 
     pl.seed_everything(0, verbose=False)
     data = PydocDataModule(batch_size=spec.batch, seq_len=spec.seq_len)
-    model = SRULanguageModel(
+    net = LanguageNet(
         vocab_size=data.vocab_size,
         embedding_dim=min(spec.hidden, 256),
         hidden_size=spec.hidden,
         num_layers=spec.layers,
         dropout=0.0,
+    )
+    model = SRULanguageModel(
+        net,
         optimizer={"_target_": "torch.optim.AdamW", "lr": 3e-3, "eps": spec.adam_eps},
     )
     recorder = RecordLoss()

@@ -38,10 +38,10 @@ def _sequence_seconds(model, tokens) -> float:
 def _step_seconds(model, steps: int = 100) -> float:
     token = torch.tensor([3])
     with torch.inference_mode():
-        _, state = model.step(token)
+        _, state = model.net.step(token)
         started = time.perf_counter()
         for _ in range(steps):
-            _, state = model.step(token, state)
+            _, state = model.net.step(token, state)
         return (time.perf_counter() - started) / steps
 
 
@@ -65,14 +65,15 @@ def main(argv=None) -> int:
     datamodule = instantiate(OmegaConf.load(Path(path).resolve().parent.parent / ".hydra" / "config.yaml").data)
     datamodule.setup("validate")
     bits = {name: validation_bits(model, datamodule.val_dataloader()) for name, model in models.items()}
-    tokens = torch.randint(0, models["float32"].hparams.vocab_size, (32, 128))
+    tokens = torch.randint(0, models["float32"].net.vocab_size, (32, 128))
     times = {name: ([], []) for name in models}
     for _ in range(repeats):
         for name, model in models.items():
             times[name][0].append(_sequence_seconds(model, tokens))
             times[name][1].append(_step_seconds(model))
     base_sequence, base_step = min(times["float32"][0]), min(times["float32"][1])
-    print(f"int8 dynamic quantisation of {path} ({models['float32'].rnn_type}), threads={threads}, best of {repeats}")
+    kind = models["float32"].net.rnn_type
+    print(f"int8 dynamic quantisation of {path} ({kind}), threads={threads}, best of {repeats}")
     print(f"{'model':<30}{'val bits':>10}{'seq ms':>9}{'x fp32':>8}{'step us':>9}{'x fp32':>8}")
     for name in models:
         sequence, step = min(times[name][0]), min(times[name][1])

@@ -168,13 +168,13 @@ def manifest(
 ) -> dict[str, Any]:
     """What an export folder holds: enough to feed the graph without reading the model file, and
     the name of every file the export owns, which overwrite=true checks before deleting any."""
-    hparams = wrapped.model.hparams
-    options = dict(hparams.get("sru_options") or {})
+    config = wrapped.net.config
+    options = dict(config.get("sru_options") or {})
     sizes = {
-        "vocab_size": hparams.vocab_size,
-        "embedding_dim": hparams.embedding_dim,
-        "hidden_size": hparams.hidden_size,
-        "num_layers": hparams.num_layers,
+        "vocab_size": config["vocab_size"],
+        "embedding_dim": config["embedding_dim"],
+        "hidden_size": config["hidden_size"],
+        "num_layers": config["num_layers"],
         "memory_length": wrapped.memory_length,
         "bidirectional": bool(options.get("bidirectional", False)),
         "parameters": sum(p.numel() for p in wrapped.parameters()),

@@ -70,20 +70,23 @@ def _refuse_training_options(model) -> None:
 
 class ExportableLanguageModel(nn.Module):
     """``forward(tokens (B, L) int64, *state) -> (logits (B, L, V), *new_state)`` of a trained
-    :class:`~sru_lightning.models.SRULanguageModel` in eval mode, for export."""
+    language network (:class:`~sru_lightning.nn.LanguageNet`, or the
+    :class:`~sru_lightning.models.SRULanguageModel` that trained it) in eval mode, for export."""
 
     def __init__(self, model) -> None:
         super().__init__()
-        from sru_lightning.models.language_model import RNN_TYPES
+        from sru_lightning.nn.language_net import RNN_TYPES
 
-        if model.rnn_type not in RNN_TYPES:
-            raise ExportError(f"`model.rnn` must be one of {RNN_TYPES}, got {model.rnn_type!r}")
+        net = getattr(model, "net", model)
+        rnn_type = getattr(net, "rnn_type", None)
+        if rnn_type not in RNN_TYPES:
+            raise ExportError(f"`model.net.rnn` must be one of {RNN_TYPES}, got {rnn_type!r}")
         _refuse_training_options(model)
-        self.model = model
-        self.rnn_type = model.rnn_type
-        rnn = model.rnn
+        self.net = net
+        self.rnn_type = rnn_type
+        rnn = net.rnn
         if self.rnn_type == "srupp":
-            self.memory_length = int(model.memory_length)
+            self.memory_length = int(net.memory_length)
             self.attention_layers = [i for i in range(rnn.num_layers) if rnn.layer_has_attention(i)]
             widths = rnn.layer_input_sizes()
             self.memory_widths = [widths[i] for i in self.attention_layers]
@@ -93,7 +96,7 @@ class ExportableLanguageModel(nn.Module):
 
     # -- the graph's signature ----------------------------------------------------------
     def state_specs(self) -> list[TensorSpec]:
-        rnn, dtype = self.model.rnn, "float32"
+        rnn, dtype = self.net.rnn, "float32"
         if self.rnn_type == "lstm":
             shape = (rnn.num_layers, BATCH, rnn.hidden_size)
             return [TensorSpec("h", shape, dtype, 0.0), TensorSpec("c", shape, dtype, 0.0)]
@@ -108,11 +111,11 @@ class ExportableLanguageModel(nn.Module):
         return [TensorSpec("tokens", (BATCH, LENGTH), "int64"), *self.state_specs()]
 
     def output_specs(self) -> list[TensorSpec]:
-        logits = TensorSpec("logits", (BATCH, LENGTH, self.model.hparams.vocab_size), "float32")
+        logits = TensorSpec("logits", (BATCH, LENGTH, self.net.vocab_size), "float32")
         return [logits, *(TensorSpec(f"{spec.name}_out", spec.shape, spec.dtype) for spec in self.state_specs())]
 
     def example_inputs(self, batch: int = 2, length: int = 5) -> tuple[Tensor, ...]:
-        tokens = torch.randint(0, self.model.hparams.vocab_size, (batch, length))
+        tokens = torch.randint(0, self.net.vocab_size, (batch, length))
         return (tokens, *(spec.initial_tensor(batch) for spec in self.state_specs()))
 
     def dynamic_shapes(self) -> tuple:
@@ -126,7 +129,7 @@ class ExportableLanguageModel(nn.Module):
 
     # -- the computation ----------------------------------------------------------------
     def forward(self, tokens: Tensor, *state: Tensor) -> tuple[Tensor, ...]:
-        model = self.model
+        model = self.net
         embedded = model.embedding(tokens.t())  # (L, B, E); dropout is the identity in eval mode
         if self.rnn_type == "lstm":
             output, (h, c) = model.rnn(embedded, (state[0], state[1]))
@@ -141,7 +144,7 @@ class ExportableLanguageModel(nn.Module):
         return (model.decoder(output).transpose(0, 1), *new_state)
 
     def _srupp(self, embedded: Tensor, state: tuple[Tensor, ...]) -> tuple[Tensor, tuple[Tensor, ...]]:
-        rnn, c0, length = self.model.rnn, state[0], embedded.shape[0]
+        rnn, c0, length = self.net.rnn, state[0], embedded.shape[0]
         steps = self.memory_length
         memory = memory_pad = None
         if steps:

@@ -115,7 +115,7 @@ class ExportedLanguageModel:
         return logits, list(new_state)
 
     def step(self, tokens: torch.Tensor, state: Any = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        """As :meth:`SRULanguageModel.step`: tokens (B,) or (B, L) -> logits of the next token (B, vocab)."""
+        """As :meth:`sru_lightning.nn.LanguageNet.step`: tokens (B,) or (B, L) -> the next token's logits (B, vocab)."""
         from sru_lightning.nn.streaming import stream_step
 
         if tokens.dim() == 1:

@@ -1,9 +1,11 @@
 """The format of the checkpoints sru_lightning writes: one version number, and one refusal.
 
 Every checkpoint of the language model (and of a command-line run) carries
-:data:`FORMAT_KEY` = :data:`FORMAT_VERSION`. A checkpoint with another version, or none, is
-refused in one line when it is read: it was written by an earlier sru_lightning or by another
-program, and nothing here reads those formats.
+:data:`FORMAT_KEY` = :data:`FORMAT_VERSION`. Version 2 keeps the network's weights under
+``net.`` and its constructor arguments under the hyperparameters' ``net``;
+version 1 had both at the top level. A checkpoint with another version, or none, is refused in
+one line when it is read: it was written by an earlier sru_lightning or by another program, and
+nothing here reads those formats.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ __all__ = ["FORMAT_KEY", "FORMAT_VERSION", "CheckpointFormatError", "check_forma
 #: The key of a checkpoint that holds its format version.
 FORMAT_KEY = "sru_lightning_format"
 #: The version this sru_lightning writes and reads.
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 class CheckpointFormatError(ValueError):

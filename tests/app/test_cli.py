@@ -97,7 +97,7 @@ def test_a_missing_tool_module_gets_a_clear_message(monkeypatch, capsys):
         ("model=transformer", "Could not find 'model/transformer'"),
         ("trainer.no_such_option=1", "Could not override 'trainer.no_such_option'"),
         ("trainer.precision=17-bits", "17-bits"),
-        ("model.hidden_size=0", "`model.hidden_size` must be a positive integer, got 0"),
+        ("model.net.hidden_size=0", "`hidden_size` must be a positive integer, got 0"),
         ("data=text", "`data.path` is not set"),
         ("seed=abc", "`seed` must be an integer"),
         ("ckpt_path=/no/such.ckpt", "`ckpt_path` must be a checkpoint file"),
@@ -168,7 +168,7 @@ def test_fit_validate_test_and_resume(tmp_path, monkeypatch, capsys):
 
     # a different model config is never resumed from: a fresh start instead
     third = tmp_path / "outputs" / "third"
-    assert run_cli("fit", *TINY, "model.hidden_size=24", "ckpt_path=last", f"hydra.run.dir={third}") == 0
+    assert run_cli("fit", *TINY, "model.net.hidden_size=24", "ckpt_path=last", f"hydra.run.dir={third}") == 0
     assert "ckpt_path" not in result_of(third)
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers import preloaded
+from helpers.language_models import language_model
 from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
@@ -41,7 +42,7 @@ def test_compile_is_applied_on_resume_and_evaluation():
 
 @pytest.mark.parametrize("value", [True, False, "max-autotune"])
 def test_the_model_accepts_a_compile_setting(value):
-    model = SRULanguageModel(vocab_size=7, embedding_dim=4, hidden_size=4, num_layers=1, compile=value)
+    model = language_model(vocab_size=7, embedding_dim=4, hidden_size=4, num_layers=1, compile=value)
     handed = model.for_trainer()
     assert (handed is model) == (value is False)
     if value is not False:
@@ -57,10 +58,10 @@ def test_a_bad_compile_setting_is_a_usage_error(tmp_path, monkeypatch, capsys):
 
 
 def test_compile_under_a_strategy_lightning_does_not_compile_with_is_refused():
-    model = SRULanguageModel(vocab_size=7, embedding_dim=4, hidden_size=4, num_layers=1, compile=True)
+    model = language_model(vocab_size=7, embedding_dim=4, hidden_size=4, num_layers=1, compile=True)
     with pytest.raises(UsageError, match=r"`model.compile` must be false with trainer.strategy=object"):
         _check_compile_fits_strategy(model, types.SimpleNamespace(strategy=object()))
-    eager = SRULanguageModel(vocab_size=7, embedding_dim=4, hidden_size=4, num_layers=1)
+    eager = language_model(vocab_size=7, embedding_dim=4, hidden_size=4, num_layers=1)
     _check_compile_fits_strategy(eager, types.SimpleNamespace(strategy=object()))  # nothing to refuse
 
 

@@ -94,8 +94,8 @@ def test_each_option_composes_and_names_an_importable_class(group, option, tmp_p
 def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp_path):
     cfg = compose_with(["trainer.max_epochs=1"], tmp_path)
     data = instantiate(cfg.data)
-    model = instantiate(cfg.model, vocab_size=data.vocab_size)
-    assert type(model).__name__ == "SRULanguageModel" and model.rnn_type == "sru"
+    model = instantiate(cfg.model, net=instantiate(cfg.model.net, vocab_size=data.vocab_size))
+    assert type(model).__name__ == "SRULanguageModel" and model.net.rnn_type == "sru"
     callbacks = [instantiate(node) for node in cfg.callbacks.values()]
     names = {type(c).__name__ for c in callbacks}
     assert names == {
@@ -140,7 +140,7 @@ def test_enwik8_experiment_follows_the_paper_setup(tmp_path):
     assert cfg.data._target_.endswith("Enwik8DataModule")
     assert (cfg.data.train_bytes, cfg.data.val_bytes, cfg.data.test_bytes) == (90_000_000, 5_000_000, 5_000_000)
     assert (cfg.data.batch_size, cfg.data.seq_len) == (128, 100)
-    assert cfg.model.rnn == "sru" and cfg.model.num_layers == 10
+    assert cfg.model.net.rnn == "sru" and cfg.model.net.num_layers == 10
     assert cfg.model.carry_hidden is True
 
 
@@ -169,14 +169,14 @@ def test_a_slurm_job_owns_its_run_directory(monkeypatch):
 def test_every_model_config_builds_and_runs_when_shrunk(choice, tmp_path):
     import torch
 
-    shrink = ["model.hidden_size=16", "model.embedding_dim=8", "model.num_layers=2"]
+    shrink = ["model.net.hidden_size=16", "model.net.embedding_dim=8", "model.net.num_layers=2"]
     if choice in ("model=sru_large", "experiment=enwik8"):
-        shrink.append("model.sru_options.projection_size=4")
+        shrink.append("model.net.sru_options.projection_size=4")
     if choice == "model=srupp":
-        shrink.append("model.sru_options.proj_size=4")
+        shrink.append("model.net.sru_options.proj_size=4")
     cfg = compose_with([choice, *shrink], tmp_path)
-    model = instantiate(cfg.model, vocab_size=7)
+    model = instantiate(cfg.model, net=instantiate(cfg.model.net, vocab_size=7))
     logits, _ = model(torch.randint(0, 7, (2, 5)))
     assert logits.shape == (2, 5, 7)
-    optimizer = model.configure_optimizers() if cfg.model.lr_scheduler is None else None
+    optimizer = model.configure_optimizers()["optimizer"] if cfg.model.lr_scheduler is None else None
     assert optimizer is None or isinstance(optimizer, torch.optim.Optimizer)

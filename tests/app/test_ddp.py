@@ -31,10 +31,10 @@ WEIGHT_TOLERANCE = 1e-5
 
 TINY_FIT = [
     "data.seq_len=16",
-    "model.embedding_dim=16",
-    "model.hidden_size=32",
-    "model.num_layers=2",
-    "model.dropout=0",
+    "model.net.embedding_dim=16",
+    "model.net.hidden_size=32",
+    "model.net.num_layers=2",
+    "model.net.dropout=0",
     f"trainer.max_steps={MAX_STEPS}",
     f"trainer.val_check_interval={VALIDATE_EVERY}",
     "trainer.limit_val_batches=2",

@@ -18,11 +18,11 @@ import torch
 pytest.importorskip("onnxruntime", reason="needs the `export` extra: pip install 'sru_lightning[export]'")
 
 from helpers import preloaded
+from helpers.language_models import language_model
 
 from sru_lightning.app import cli, generate  # noqa: E402
 from sru_lightning.app import export_command as command  # noqa: E402
 from sru_lightning.data import TokenCodec  # noqa: E402
-from sru_lightning.models import SRULanguageModel  # noqa: E402
 from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION  # noqa: E402
 
 ALPHABET = list("abcdefghij .,\nT")
@@ -41,7 +41,7 @@ def checkpoints(tmp_path_factory) -> dict[str, Path]:
     paths = {}
     for kind, options in SIZES.items():
         torch.manual_seed(0)
-        model = SRULanguageModel(
+        model = language_model(
             vocab_size=len(ALPHABET), rnn=kind, embedding_dim=8, hidden_size=16, num_layers=2, **options
         )
         path = folder / f"{kind}.ckpt"

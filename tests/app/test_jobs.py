@@ -66,7 +66,7 @@ def test_a_sweep_job_with_ckpt_path_last_continues_only_its_own_folder(tmp_path)
                 "-m",
                 *STEPS,
                 "trainer.max_steps=2",
-                "model.dropout=0.1",
+                "model.net.dropout=0.1",
                 "ckpt_path=last",
                 f"hydra.sweep.dir={sweep}",
             ]
@@ -84,7 +84,7 @@ def test_a_sweep_job_with_ckpt_path_last_continues_only_its_own_folder(tmp_path)
                 "-m",
                 *STEPS,
                 "trainer.max_steps=3",
-                "model.dropout=0.1",
+                "model.net.dropout=0.1",
                 "ckpt_path=last",
                 f"hydra.sweep.dir={sweep}",
             ]

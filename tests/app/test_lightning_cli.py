@@ -19,7 +19,7 @@ from helpers import preloaded
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "examples" / "lightning_cli.py"
 TINY = [
-    *("--model.hidden_size", "16", "--model.embedding_dim", "8", "--model.num_layers", "1"),
+    *("--model.net.hidden_size", "16", "--model.net.embedding_dim", "8", "--model.net.num_layers", "1"),
     *("--data.batch_size", "4", "--data.seq_len", "16"),
     *("--trainer.max_steps", "3", "--trainer.limit_val_batches", "1"),
     *("--trainer.enable_progress_bar", "false", "--trainer.enable_model_summary", "false"),
@@ -61,7 +61,7 @@ def test_the_parser_links_the_models_vocabulary_to_the_data(monkeypatch, capsys)
 def test_fit_with_the_precision_callback_ends_with_a_finite_loss(tmp_path):
     result = lightning_cli(
         "fit",
-        *("--model.hidden_size", "256", "--trainer.precision", "bf16-mixed"),
+        *("--model.net.hidden_size", "256", "--trainer.precision", "bf16-mixed"),
         "--trainer.callbacks+=sru_lightning.callbacks.SRUPrecisionCallback",
         *TINY,
         *("--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path)),
@@ -132,11 +132,11 @@ def documents_folder(root: Path) -> Path:
 
 
 REFUSED = [
-    (["--model.rnn", "gru"], "SRULanguageModel: `model.rnn` must be one of ('sru', 'srupp', 'lstm'), got 'gru'"),
+    (["--model.net.rnn", "gru"], "LanguageNet: `rnn` must be one of ('sru', 'srupp', 'lstm'), got 'gru'"),
     (
-        ["--model.rnn", "lstm", "--data", "sru_lightning.data.DocumentsDataModule", "--data.path", "{documents}"],
-        "--data DocumentsDataModule packs documents with their boundaries, which --model.rnn lstm cannot keep "
-        "apart: use --model.rnn sru or srupp",
+        ["--model.net.rnn", "lstm", "--data", "sru_lightning.data.DocumentsDataModule", "--data.path", "{documents}"],
+        "--data DocumentsDataModule packs documents with their boundaries, which --model.net.rnn lstm cannot keep "
+        "apart: use --model.net.rnn sru or srupp",
     ),
     (["--model.optimizer", "{lr: 0.1}"], "SRULanguageModel: `model.optimizer` must be a mapping whose `_target_`"),
     (["--model.lr_scheduler.step_size", "3"], "SRULanguageModel: `model.lr_scheduler` must be a mapping whose"),

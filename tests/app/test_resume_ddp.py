@@ -15,9 +15,9 @@ import sys
 import pytest
 import torch
 from helpers.distributed_fits import finish, result, run_fit, send_signal_callback, start, step_losses
+from helpers.language_models import language_model
 
 from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION
-from sru_lightning.models.language_model import SRULanguageModel
 
 MAX_STEPS, SIGNAL_AT_STEP = 30, 6
 
@@ -84,10 +84,10 @@ class _Trainer:
 
 
 def carried_state_after_load(saved: dict, world_size: int, global_rank: int, fn: str = "fit"):
-    model = SRULanguageModel(vocab_size=5, embedding_dim=4, hidden_size=6, num_layers=1)
+    model = language_model(vocab_size=5, embedding_dim=4, hidden_size=6, num_layers=1)
     model._trainer = _Trainer(world_size, global_rank, fn)
     model.on_load_checkpoint({"carried_train_state": saved, FORMAT_KEY: FORMAT_VERSION})
-    return model._carried.get("train")
+    return model.carried.get("train")
 
 
 def test_each_rank_restores_its_own_carried_state():

@@ -172,7 +172,7 @@ def test_a_runs_checkpoints_are_ordered_from_its_index_without_reading_one(tmp_p
 
 # --------------------------------------------------------------------------------------------
 # one format: checkpoints and run records of another version are refused in one line
-@pytest.mark.parametrize("version", [None, 0, 2])
+@pytest.mark.parametrize("version", [None, 1, 3])
 def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path, capsys, version):
     run = tmp_path / "run"
     (run / "checkpoints").mkdir(parents=True)
@@ -190,21 +190,24 @@ def test_a_checkpoint_of_another_format_is_refused_in_one_line(tmp_path, capsys,
         assert cli.main(command) == 2, command[0]
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1, (command[0], err)
-        assert str(path) in err[0] and f"format version is {found}, expected 1" in err[0], (command[0], err)
+        assert str(path) in err[0] and f"format version is {found}, expected 2" in err[0], (command[0], err)
 
 
 def test_the_model_writes_its_format_and_refuses_another():
-    from sru_lightning.models import SRULanguageModel
+    from helpers.language_models import language_model
+
     from sru_lightning.models.checkpoint_format import CheckpointFormatError
 
-    model = SRULanguageModel(vocab_size=5, embedding_dim=4, hidden_size=6, num_layers=1)
+    model = language_model(vocab_size=5, embedding_dim=4, hidden_size=6, num_layers=1)
     model._trainer = SimpleNamespace(world_size=1, ckpt_path="x.ckpt", state=SimpleNamespace(fn="fit"))
     written: dict = {}
     model.on_save_checkpoint(written)
     assert written[FORMAT_KEY] == FORMAT_VERSION
     model.on_load_checkpoint(written)
-    with pytest.raises(CheckpointFormatError, match="'x.ckpt': its format version is none, expected 1"):
+    with pytest.raises(CheckpointFormatError, match="'x.ckpt': its format version is none, expected 2"):
         model.on_load_checkpoint({"carried_train_state": torch.zeros(2, 6)})  # the per-rank layout's predecessor
+    with pytest.raises(CheckpointFormatError, match="'x.ckpt': its format version is 1, expected 2"):
+        model.on_load_checkpoint({**written, FORMAT_KEY: 1})  # the network's weights at the top level
 
 
 def test_a_run_record_of_another_format_is_refused_in_one_line(tmp_path, capsys):
@@ -325,8 +328,9 @@ def test_a_changed_setting_on_resume_is_applied_and_recorded_or_refused_in_one_l
     assert "`trainer.max_steps` must be at least the step" in capsys.readouterr().err
     assert digest(run / "result.json") == before
     # evaluation follows the same rule: a training-only setting is harmless, the architecture is not
-    assert cli.main(["validate", f"ckpt_path={run}", "model.dropout=0.3", f"hydra.run.dir={tmp_path / 'v'}"]) == 0
-    assert cli.main(["validate", f"ckpt_path={run}", "model.hidden_size=32", f"hydra.run.dir={tmp_path / 'w'}"]) == 2
+    assert cli.main(["validate", f"ckpt_path={run}", "model.net.dropout=0.3", f"hydra.run.dir={tmp_path / 'v'}"]) == 0
+    wider = ["validate", f"ckpt_path={run}", "model.net.hidden_size=32", f"hydra.run.dir={tmp_path / 'w'}"]
+    assert cli.main(wider) == 2
 
 
 def test_validate_without_weights_is_refused_in_one_line(tmp_path, capsys):
@@ -392,7 +396,7 @@ def test_moved_copied_and_renamed_runs_always_continue_from_their_newest_weights
     assert model_checkpoint(str(run), "outputs") == RunFolder(run).latest.path
 
 
-@pytest.mark.parametrize("setting", ["model.hidden_size=-4", "trainer.val_check_interval=10000"])
+@pytest.mark.parametrize("setting", ["model.net.hidden_size=-4", "trainer.val_check_interval=10000"])
 def test_a_usage_error_speaks_of_the_setting_not_of_python_classes(tmp_path, capsys, setting):
     assert cli.main(["fit", *STEPS, "trainer.max_steps=2", setting, f"hydra.run.dir={tmp_path / 'r'}"]) == 2
     err = capsys.readouterr().err.strip()
@@ -506,7 +510,7 @@ def test_a_resume_of_another_run_into_a_runs_folder_is_refused_and_leaves_it_unt
         assert len(err) == 1 and "already holds checkpoints of an earlier run" in err[0], err
         assert folder_state(run) == before, f"a refused resume of {setting} changed {run}"
     # a refused evaluation of the run leaves no evaluations/ folder in it
-    assert cli.main(["validate", f"hydra.run.dir={run}", "model.hidden_size=32"]) == 2
+    assert cli.main(["validate", f"hydra.run.dir={run}", "model.net.hidden_size=32"]) == 2
     assert folder_state(run) == before
     # the same run copied (or moved) elsewhere is recognised, and continues there
     copy = tmp_path / "runs" / "B copy"

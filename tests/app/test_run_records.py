@@ -53,10 +53,10 @@ def test_a_refused_or_mismatched_attempt_leaves_the_run_directory_byte_for_byte(
     assert ".hydra/config.yaml" in before and "sru_lightning.log" in before
     # a fresh fit into it, and a continuation with another model size: both refused
     assert fit(f"hydra.run.dir={run}", "trainer.max_steps=3", "data.seq_len=8") == 2
-    assert fit(f"hydra.run.dir={run}", "ckpt_path=last", "model.hidden_size=24") == 2
+    assert fit(f"hydra.run.dir={run}", "ckpt_path=last", "model.net.hidden_size=24") == 2
     assert digests(run) == before
     err = capsys.readouterr().err
-    assert "already holds checkpoints of an earlier run" in err and "model.hidden_size=16" in err
+    assert "already holds checkpoints of an earlier run" in err and "model.net.hidden_size=16" in err
     assert "pass ckpt_path=auto to continue that run" in err
     # the run's own record still describes it: evaluating it needs no overrides
     assert (
@@ -75,10 +75,10 @@ def test_a_usage_error_in_a_new_directory_leaves_no_directory(tmp_path):
 @pytest.mark.slow
 def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_it_writes(tmp_path, capsys):
     sweep_dir = tmp_path / "sweep"
-    assert cli.main(["fit", "-m", "model.dropout=0.0", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
+    assert cli.main(["fit", "-m", "model.net.dropout=0.0", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
     before = digests(sweep_dir)
     capsys.readouterr()
-    assert cli.main(["fit", "-m", "model.dropout=0.0,0.1", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 2
+    assert cli.main(["fit", "-m", "model.net.dropout=0.0,0.1", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 2
     out, err = capsys.readouterr()
     assert "holds the jobs of an earlier sweep (0)" in err and "Traceback" not in out + err
     assert digests(sweep_dir) == before  # summary.md still describes the sweep that ran
@@ -89,7 +89,7 @@ def test_a_sweep_into_an_earlier_sweeps_folder_is_refused_before_it_writes(tmp_p
             [
                 "fit",
                 "-m",
-                "model.dropout=0.0",
+                "model.net.dropout=0.0",
                 *TINY,
                 "trainer.max_epochs=2",
                 "ckpt_path=auto",
@@ -197,9 +197,9 @@ def test_summaries_keep_small_and_large_numbers_meaningful(tmp_path):
 
 
 def test_sweep_jobs_keep_the_overrides_as_the_user_typed_them():
-    typed = ["model.rnn=sru,lstm", "~callbacks.rich_progress_bar", "+trainer.enable_progress_bar=false"]
-    job = ["model.rnn=lstm", "~callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=False"]
-    assert sweep.as_typed(job, typed) == ["model.rnn=lstm", *typed[1:]]
+    typed = ["model.net.rnn=sru,lstm", "~callbacks.rich_progress_bar", "+trainer.enable_progress_bar=false"]
+    job = ["model.net.rnn=lstm", "~callbacks.rich_progress_bar=null", "+trainer.enable_progress_bar=False"]
+    assert sweep.as_typed(job, typed) == ["model.net.rnn=lstm", *typed[1:]]
 
 
 # --------------------------------------------------------------------------------------------

@@ -228,12 +228,12 @@ def test_16_true_trains_finite(tmp_path):
 
 
 def test_float16_parameters_get_an_eps_float16_can_hold():
-    from sru_lightning.models.language_model import FLOAT16_SAFE_EPS, _make_eps_safe_for_float16
+    from sru_lightning.models.optimization import FLOAT16_SAFE_EPS, make_eps_safe_for_float16
 
     half = torch.nn.Parameter(torch.zeros(3, dtype=torch.float16))
     full = torch.nn.Parameter(torch.zeros(3))
     optimizer = torch.optim.AdamW([{"params": [half]}, {"params": [full]}], eps=1e-8)
-    _make_eps_safe_for_float16(optimizer)
+    make_eps_safe_for_float16(optimizer)
     assert optimizer.param_groups[0]["eps"] == FLOAT16_SAFE_EPS and optimizer.param_groups[1]["eps"] == 1e-8
     assert float(torch.tensor(FLOAT16_SAFE_EPS, dtype=torch.float16)) > 0
 
@@ -322,8 +322,8 @@ def test_validate_and_test_rebuild_the_model_of_the_checkpoint(tmp_path, capsys)
     # an override that contradicts the checkpoint: one sentence
     assert cli.main(["validate", *TINY, "model=sru", f"ckpt_path={lstm_run}", f"hydra.run.dir={tmp_path / 'x'}"]) == 2
     err = capsys.readouterr().err
-    assert "`model.rnn` cannot change when a run is evaluated" in err
-    assert "was trained with model.rnn='lstm'" in err and "asks for model.rnn='sru'" in err
+    assert "`model.net.rnn` cannot change when a run is evaluated" in err
+    assert "was trained with model.net.rnn='lstm'" in err and "asks for model.net.rnn='sru'" in err
     assert "Traceback" not in err
 
 
@@ -369,7 +369,7 @@ def test_sru_large_does_not_warn_about_its_own_config(tmp_path, capsys):
     assert (
         fit(
             "model=sru_large",
-            "model.sru_options.projection_size=8",
+            "model.net.sru_options.projection_size=8",
             "trainer.max_steps=1",
             f"hydra.run.dir={tmp_path / 'run'}",
         )
@@ -444,18 +444,18 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         ("data", "enwik8"): enwik8_data,
         ("data", "text"): [f"data.path={text}"],
         ("data", "documents"): [f"data.path={documents}"],
-        ("model", "sru_large"): ["model.sru_options.projection_size=8"],
+        ("model", "sru_large"): ["model.net.sru_options.projection_size=8"],
         ("experiment", "enwik8"): [
             *enwik8_data,
             "trainer=cpu",
             "trainer.precision=32-true",
-            "model.sru_options.projection_size=8",
+            "model.net.sru_options.projection_size=8",
         ],
         # one trial of the search, at the tiny sizes, written to the sweep folder's job 0
         ("hparams_search", "lm_optuna"): [
             "hydra.sweeper.n_trials=1",
-            "model.hidden_size=16",
-            "model.num_layers=1",
+            "model.net.hidden_size=16",
+            "model.net.num_layers=1",
             f"hydra.sweep.dir={tmp_path / 'run'}",
         ],
     }

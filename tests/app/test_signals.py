@@ -40,9 +40,9 @@ def callbacks_override() -> str:
 TINY_FIT = [
     "data.batch_size=4",
     "data.seq_len=16",
-    "model.embedding_dim=16",
-    "model.hidden_size=32",
-    "model.num_layers=2",
+    "model.net.embedding_dim=16",
+    "model.net.hidden_size=32",
+    "model.net.num_layers=2",
     "trainer.limit_val_batches=2",
     f"trainer.max_steps={MAX_STEPS}",
     "trainer.log_every_n_steps=1",

@@ -48,10 +48,10 @@ def test_precision_sweep_runs_both_jobs_and_writes_a_summary(tmp_path, monkeypat
 def test_a_failing_job_does_not_stop_the_others(tmp_path, monkeypatch, capsys):
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sweep"
-    status = cli.main(["fit", "--multirun", "model.rnn=gru,sru", *TINY, f"hydra.sweep.dir={sweep_dir}"])
+    status = cli.main(["fit", "--multirun", "model.net.rnn=gru,sru", *TINY, f"hydra.sweep.dir={sweep_dir}"])
     assert status == 1  # the sweep reports its failure...
     rows = {row["job"]: row for row in read_csv(sweep_dir / "summary.csv")}
-    assert rows["0"]["status"] == "failed" and "model.rnn" in rows["0"]["error"]
+    assert rows["0"]["status"] == "failed" and "model.net.rnn" in rows["0"]["error"]
     assert rows["1"]["status"] == "completed" and float(rows["1"]["val_bpc"]) > 0  # ...after running the rest
     assert "1 of 2 runs did not complete" in capsys.readouterr().err
 
@@ -211,7 +211,7 @@ def test_a_sweep_run_by_a_plugin_is_told_from_its_config(tmp_path, sweeper, laun
 def test_a_continued_sweep_job_refused_shows_its_own_attempt_in_the_summary(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     sweep_dir = tmp_path / "sweep"
-    assert cli.main(["fit", "-m", "model.dropout=0.0", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
+    assert cli.main(["fit", "-m", "model.net.dropout=0.0", *TINY, f"hydra.sweep.dir={sweep_dir}"]) == 0
     first = json.loads((sweep_dir / "0" / "result.json").read_text())
     # continuing the job with a data change its checkpoint cannot follow: refused
     assert (
@@ -219,7 +219,7 @@ def test_a_continued_sweep_job_refused_shows_its_own_attempt_in_the_summary(tmp_
             [
                 "fit",
                 "-m",
-                "model.dropout=0.0",
+                "model.net.dropout=0.0",
                 *TINY,
                 "data.seq_len=8",
                 "ckpt_path=last",

@@ -52,8 +52,8 @@ def test_optuna_tpe_search_over_the_shipped_space(tmp_path, capsys):
             "hydra.sweeper.n_trials=3",
             "hydra.sweeper.sampler.n_startup_trials=2",
             *TINY,
-            "model.hidden_size=choice(8,16)",
-            "model.num_layers=1",
+            "model.net.hidden_size=choice(8,16)",
+            "model.net.num_layers=1",
             f"hydra.sweep.dir={sweep_dir}",
         ]
     )
@@ -79,7 +79,7 @@ def test_optuna_with_a_failing_trial_lists_it_and_goes_on(tmp_path, capsys):
             "hydra.sweeper.n_trials=3",
             "hydra.sweeper.sampler.seed=1",
             "hydra.sweeper.max_failure_rate=1.0",
-            "model.rnn=choice(sru,gru)",
+            "model.net.rnn=choice(sru,gru)",
             *TINY,
             f"hydra.sweep.dir={sweep_dir}",
         ]
@@ -87,9 +87,9 @@ def test_optuna_with_a_failing_trial_lists_it_and_goes_on(tmp_path, capsys):
     rows = summary_rows(sweep_dir)
     assert len(rows) == 3
     tried = {row["overrides"].split()[0] for row in rows}
-    assert tried == {"model.rnn=sru", "model.rnn=gru"}, "the seeded sampler tries both"
-    for row in rows:  # gru is not a model.rnn: that trial fails, is listed, and the search goes on
-        assert row["status"] == ("failed" if "model.rnn=gru" in row["overrides"] else "completed")
+    assert tried == {"model.net.rnn=sru", "model.net.rnn=gru"}, "the seeded sampler tries both"
+    for row in rows:  # gru is not a model.net.rnn: that trial fails, is listed, and the search goes on
+        assert row["status"] == ("failed" if "model.net.rnn=gru" in row["overrides"] else "completed")
     assert status == 1
     assert "runs did not complete" in capsys.readouterr().err
 
@@ -105,7 +105,7 @@ def test_optuna_stopped_by_a_failed_trial_still_writes_the_summary(tmp_path, cap
             "hydra/sweeper=optuna",
             "hydra.sweeper.n_trials=2",
             "hydra.sweeper.sampler.seed=0",
-            "model.rnn=choice(sru,gru)",
+            "model.net.rnn=choice(sru,gru)",
             *TINY,
             f"hydra.sweep.dir={sweep_dir}",
         ]
@@ -113,8 +113,8 @@ def test_optuna_stopped_by_a_failed_trial_still_writes_the_summary(tmp_path, cap
     assert status == 1 and "the sweep stopped" in capsys.readouterr().err
     rows = summary_rows(sweep_dir)
     assert sorted((row["overrides"].split()[0], row["status"]) for row in rows) == [
-        ("model.rnn=gru", "failed"),
-        ("model.rnn=sru", "completed"),
+        ("model.net.rnn=gru", "failed"),
+        ("model.net.rnn=sru", "completed"),
     ]
 
 
@@ -129,7 +129,7 @@ def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path):
                 "-m",
                 "hydra/launcher=joblib",
                 "hydra.launcher.n_jobs=2",
-                "model.dropout=0.0,0.1",
+                "model.net.dropout=0.0,0.1",
                 *TINY,
                 f"hydra.sweep.dir={sweep_dir}",
             ]
@@ -137,7 +137,7 @@ def test_joblib_launcher_runs_the_jobs_in_parallel_processes(tmp_path):
         == 0
     )
     rows = summary_rows(sweep_dir)
-    assert [row["overrides"].split()[0] for row in rows] == ["model.dropout=0.0", "model.dropout=0.1"]
+    assert [row["overrides"].split()[0] for row in rows] == ["model.net.dropout=0.0", "model.net.dropout=0.1"]
     assert all(row["status"] == "completed" and float(row["val_bpc"]) > 0 for row in rows)
 
 
@@ -151,7 +151,7 @@ def test_submitit_local_launcher_runs_the_jobs(tmp_path):
                 "fit",
                 "-m",
                 "hydra/launcher=submitit_local",
-                "model.dropout=0.0,0.1",
+                "model.net.dropout=0.0,0.1",
                 *TINY,
                 "~callbacks.lr_monitor",
                 f"hydra.sweep.dir={sweep_dir}",

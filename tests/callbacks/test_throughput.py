@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from helpers.language_models import language_model as build_language_model
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch import Trainer, seed_everything
 
@@ -19,7 +20,7 @@ VOCAB, BATCH, SEQ_LEN = 12, 4, 8
 
 def language_model() -> SRULanguageModel:
     seed_everything(3, verbose=False)
-    return SRULanguageModel(
+    return build_language_model(
         vocab_size=VOCAB,
         embedding_dim=8,
         hidden_size=16,

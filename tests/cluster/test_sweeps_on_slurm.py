@@ -102,13 +102,13 @@ def array_tasks(sweep_dir: Path) -> dict[int, str]:
 
 def test_a_two_job_sweep_completes_with_a_true_summary(slurm_cluster, tmp_path):
     started = time.monotonic()
-    returncode, out, err = finish(start_sweep(slurm_cluster, tmp_path, ["model.dropout=0.0,0.1"]))
+    returncode, out, err = finish(start_sweep(slurm_cluster, tmp_path, ["model.net.dropout=0.0,0.1"]))
     assert returncode == 0, (out + err)[-4000:]
     rows = summary(tmp_path / "sweep")
     assert [row["job"] for row in rows] == ["0", "1"]
     assert [row["status"] for row in rows] == ["completed", "completed"], rows
-    assert "model.dropout=0.0" in shlex.split(rows[0]["overrides"]), rows[0]
-    assert "model.dropout=0.1" in shlex.split(rows[1]["overrides"]), rows[1]
+    assert "model.net.dropout=0.0" in shlex.split(rows[0]["overrides"]), rows[0]
+    assert "model.net.dropout=0.1" in shlex.split(rows[1]["overrides"]), rows[1]
     assert all(math.isfinite(float(row["val_bpc"])) for row in rows), rows
     assert "2 of 2 jobs completed." in (tmp_path / "sweep" / "summary.md").read_text()
     # Both ran as tasks of one SLURM array and returned their results through submitit.
@@ -183,7 +183,7 @@ def test_c_a_job_preempted_by_submitit_usr2_is_requeued_and_continues_its_own_fo
     sweep_dir, marker = tmp_path / "sweep", tmp_path / "paused"
     # Long enough to hold at step PAUSE_AT: the sizes of the requeue tests (helpers/requeue_jobs.py).
     fit = [
-        "model.dropout=0.0",
+        "model.net.dropout=0.0",
         "trainer.limit_train_batches=null",
         "trainer.max_epochs=null",
         *(override for override in FIT if not override.startswith("~")),

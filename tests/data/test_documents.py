@@ -9,11 +9,11 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.language_models import language_model
 from lightning.pytorch import Trainer, seed_everything
 
 from sru_lightning.data import DocumentsDataModule
 from sru_lightning.data.documents import IGNORED, WholeDocumentRows
-from sru_lightning.models import SRULanguageModel
 
 TEXTS = [
     "The quick brown fox jumps over the lazy dog. " * 3,
@@ -178,7 +178,7 @@ SRUPP = dict(rnn="srupp", sru_options={"proj_size": 8, "attention_last_n_layers"
 def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder, options):
     data = DocumentsDataModule(path=str(folder), batch_size=2, seq_len=5, val_fraction=0.3, test_fraction=0.1)
     seed_everything(0, verbose=False)
-    model = SRULanguageModel(
+    model = language_model(
         vocab_size=data.vocab_size, embedding_dim=8, hidden_size=16, num_layers=2, dropout=0.0, **options
     ).double()
     trainer = Trainer(
@@ -214,6 +214,6 @@ def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder,
 
 def test_the_lstm_model_refuses_document_boundaries():
     tokens, reset = torch.zeros(2, 4, dtype=torch.long), torch.zeros(2, 4, dtype=torch.bool)
-    lstm = SRULanguageModel(vocab_size=5, rnn="lstm", embedding_dim=4, hidden_size=4, num_layers=1)
-    with pytest.raises(ValueError, match=r"need model.rnn='sru' or 'srupp', got model.rnn='lstm'"):
+    lstm = language_model(vocab_size=5, rnn="lstm", embedding_dim=4, hidden_size=4, num_layers=1)
+    with pytest.raises(ValueError, match=r"need rnn='sru' or 'srupp', got rnn='lstm'"):
         lstm(tokens, None, reset)

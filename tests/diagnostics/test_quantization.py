@@ -6,14 +6,14 @@ import math
 
 import torch
 import torch.nn.functional as F
+from helpers.language_models import language_model
 
 from sru_lightning.diagnostics.quantization import validation_bits
-from sru_lightning.models import SRULanguageModel
 
 
 def test_validation_bits_carry_the_state_and_restart_it_when_the_batch_changes():
     torch.manual_seed(0)
-    model = SRULanguageModel(vocab_size=11, embedding_dim=6, hidden_size=8, num_layers=1).eval()
+    model = language_model(vocab_size=11, embedding_dim=6, hidden_size=8, num_layers=1).eval()
     batches = [torch.randint(0, 11, (2, 6)) for _ in range(3)] + [torch.randint(0, 11, (3, 6))]
     loader = [(tokens[:, :-1], tokens[:, 1:]) for tokens in batches]
     nats, count, state = 0.0, 0, None

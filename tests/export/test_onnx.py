@@ -174,13 +174,13 @@ def test_the_translation_takes_the_op_arguments_by_their_names():
 
 
 def test_training_only_inputs_are_refused_with_a_clear_error():
-    from sru_lightning.models import SRULanguageModel
+    from helpers.language_models import language_model
 
-    model = SRULanguageModel(vocab_size=11, embedding_dim=8, hidden_size=8, num_layers=1)
+    model = language_model(vocab_size=11, embedding_dim=8, hidden_size=8, num_layers=1)
     with pytest.raises(ExportError, match=r"training mode .*call model\.eval\(\)"):
         ExportableLanguageModel(model.train())
-    model.rnn.rnn_lst[0] = SRUCell(8, 8, custom_m=nn.Linear(8, 24))
-    with pytest.raises(ExportError, match=r"layer 'rnn\.rnn_lst\.0' has custom_m \(per-step weight_c"):
+    model.net.rnn.rnn_lst[0] = SRUCell(8, 8, custom_m=nn.Linear(8, 24))
+    with pytest.raises(ExportError, match=r"layer 'net\.rnn\.rnn_lst\.0' has custom_m \(per-step weight_c"):
         ExportableLanguageModel(model.eval())
 
 
@@ -204,10 +204,11 @@ print(json.dumps({"error": error, "foreign": foreign}))
 
 @pytest.mark.slow  # starts a process
 def test_onnxruntime_runs_an_exported_language_model_with_only_numpy(tmp_path):
-    from sru_lightning.export import export_language_model
-    from sru_lightning.models import SRULanguageModel
+    from helpers.language_models import language_model
 
-    model = SRULanguageModel(
+    from sru_lightning.export import export_language_model
+
+    model = language_model(
         vocab_size=13,
         embedding_dim=8,
         hidden_size=16,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import torch
+from helpers.language_models import language_model
 from torch import nn
 
 from sru_lightning.export.quantize import projection_as_linear, quantize_input_projections
-from sru_lightning.models import SRULanguageModel
 
 
 def test_the_projection_moves_into_a_linear_without_changing_outputs_and_quantises():
-    model = SRULanguageModel(
+    model = language_model(
         vocab_size=17,
         embedding_dim=8,
         hidden_size=16,
@@ -21,15 +21,15 @@ def test_the_projection_moves_into_a_linear_without_changing_outputs_and_quantis
     with torch.no_grad():
         expected, expected_c = model(tokens)
     quantized = quantize_input_projections(model)
-    assert projection_as_linear(model) == ["rnn.rnn_lst.0", "rnn.rnn_lst.1"]
-    assert all(isinstance(cell.custom_m, nn.Linear) and cell.weight is None for cell in model.rnn.rnn_lst)
+    assert projection_as_linear(model) == ["net.rnn.rnn_lst.0", "net.rnn.rnn_lst.1"]
+    assert all(isinstance(cell.custom_m, nn.Linear) and cell.weight is None for cell in model.net.rnn.rnn_lst)
     with torch.no_grad():
         moved, moved_c = model(tokens)
         int8, _ = quantized(tokens)
     torch.testing.assert_close(moved, expected, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(moved_c, expected_c, rtol=1e-5, atol=1e-6)
     int8_linear = torch.ao.nn.quantized.dynamic.Linear
-    assert all(isinstance(cell.custom_m, int8_linear) for cell in quantized.rnn.rnn_lst)
-    assert isinstance(quantized.decoder, int8_linear)
+    assert all(isinstance(cell.custom_m, int8_linear) for cell in quantized.net.rnn.rnn_lst)
+    assert isinstance(quantized.net.decoder, int8_linear)
     # int8 weights: close to, not equal to, the float32 logits
     assert 0 < (int8 - expected).abs().max() < 0.1 * expected.abs().max()

@@ -12,6 +12,8 @@ import torch
 
 pytest.importorskip("onnxruntime", reason="needs the `export` extra: pip install 'sru_lightning[export]'")
 
+from helpers.language_models import language_model as build_language_model
+
 from sru_lightning.export import export_language_model, load_exported  # noqa: E402
 from sru_lightning.models import SRULanguageModel  # noqa: E402
 from sru_lightning.nn import stream_chunks, streaming  # noqa: E402
@@ -33,7 +35,9 @@ def random_split(length: int, seed: int, pieces: int = 4) -> list[int]:
 
 def language_model(kind: str) -> SRULanguageModel:
     torch.manual_seed(0)
-    return SRULanguageModel(VOCAB, kind, embedding_dim=6, hidden_size=8, num_layers=2, **OPTIONS[kind]).eval()
+    return build_language_model(
+        vocab_size=VOCAB, rnn=kind, embedding_dim=6, hidden_size=8, num_layers=2, **OPTIONS[kind]
+    ).eval()
 
 
 @pytest.fixture(scope="module")

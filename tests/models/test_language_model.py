@@ -9,15 +9,15 @@ from types import SimpleNamespace
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.language_models import language_model
 
 from sru_lightning.data import PydocDataModule
-from sru_lightning.models import SRULanguageModel
 
 
 def tiny(rnn="sru", **kwargs):
     options = dict(embedding_dim=8, hidden_size=12, num_layers=2, dropout=0.0)
     options.update(kwargs)
-    return SRULanguageModel(vocab_size=11, rnn=rnn, **options)
+    return language_model(vocab_size=11, rnn=rnn, **options)
 
 
 @pytest.mark.parametrize("rnn", ["sru", "lstm"])
@@ -32,30 +32,30 @@ def test_forward_shapes_and_state(rnn):
 def test_sru_stack_comes_from_sru_lightning_nn():
     from sru_lightning.nn import SRU
 
-    assert isinstance(tiny().rnn, SRU)
-    assert isinstance(tiny("lstm").rnn, torch.nn.LSTM)
+    assert isinstance(tiny().net.rnn, SRU)
+    assert isinstance(tiny("lstm").net.rnn, torch.nn.LSTM)
 
 
 def test_tied_weights_share_the_embedding_with_a_projection_when_sizes_differ():
     model = tiny(tie_weights=True)
-    assert model.decoder.weight is model.embedding.weight
-    assert model.projection is not None and model.projection.in_features == 12
-    assert tiny(tie_weights=True, hidden_size=8).projection is None
+    assert model.net.decoder.weight is model.net.embedding.weight
+    assert model.net.projection is not None and model.net.projection.in_features == 12
+    assert tiny(tie_weights=True, hidden_size=8).net.projection is None
 
 
 def test_state_is_carried_detached_and_reset_on_shape_change_and_epoch_start():
     model = tiny()
     batch = (torch.randint(0, 11, (3, 5)), torch.randint(0, 11, (3, 5)))
     model.training_step(batch, 0)
-    carried = model._carried["train"]
+    carried = model.carried.get("train")
     assert not carried.requires_grad
-    assert model._initial_state("train", 3) is carried
-    assert model._initial_state("train", 4) is None  # different batch size: new streams
+    assert model.carried.initial("train", 3) is carried
+    assert model.carried.initial("train", 4) is None  # different batch size: new streams
     model.on_train_epoch_start()
-    assert model._initial_state("train", 3) is None
+    assert model.carried.initial("train", 3) is None
     stateless = tiny(carry_hidden=False)
     stateless.training_step(batch, 0)
-    assert stateless._initial_state("train", 3) is None
+    assert stateless.carried.initial("train", 3) is None
 
 
 def test_carried_state_changes_the_next_prediction():
@@ -67,12 +67,12 @@ def test_carried_state_changes_the_next_prediction():
 
 
 def test_bad_arguments_name_the_config_key():
-    with pytest.raises(ValueError, match=r"`model.rnn` must be one of \('sru', 'srupp', 'lstm'\), got 'gru'"):
+    with pytest.raises(ValueError, match=r"`rnn` must be one of \('sru', 'srupp', 'lstm'\), got 'gru'"):
         tiny("gru")
-    with pytest.raises(ValueError, match="`model.hidden_size` must be a positive integer, got 0"):
+    with pytest.raises(ValueError, match="`hidden_size` must be a positive integer, got 0"):
         tiny(hidden_size=0)
     with pytest.raises(ValueError, match="vocab_size"):
-        SRULanguageModel(vocab_size=1)
+        language_model(vocab_size=1)
 
 
 def test_optimizer_and_schedule_from_config_fill_total_steps():
@@ -90,13 +90,14 @@ def test_optimizer_and_schedule_from_config_fill_total_steps():
     assert isinstance(config["optimizer"], torch.optim.SGD)
     scheduler = config["lr_scheduler"]["scheduler"]
     assert scheduler.total_steps == 7 and config["lr_scheduler"]["interval"] == "step"
-    assert isinstance(tiny(optimizer=partial(torch.optim.Adam, lr=0.1)).configure_optimizers(), torch.optim.Adam)
+    config = tiny(optimizer=partial(torch.optim.Adam, lr=0.1)).configure_optimizers()
+    assert isinstance(config["optimizer"], torch.optim.Adam) and "lr_scheduler" not in config
 
 
 def test_validation_metrics_are_bits_and_perplexity_of_the_token_mean_loss(tmp_path):
     model = tiny()
     data = PydocDataModule(batch_size=2, seq_len=8)
-    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
+    model = language_model(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
     trainer = pl.Trainer(
         logger=False,
         enable_checkpointing=False,
@@ -114,7 +115,7 @@ def test_validation_metrics_are_bits_and_perplexity_of_the_token_mean_loss(tmp_p
 
 def test_metric_states_stay_float32_when_the_model_is_cast_to_bf16(tmp_path):
     data = PydocDataModule(batch_size=2, seq_len=8)
-    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
+    model = language_model(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
     trainer = pl.Trainer(
         precision="bf16-true",
         logger=False,
@@ -125,7 +126,7 @@ def test_metric_states_stay_float32_when_the_model_is_cast_to_bf16(tmp_path):
         default_root_dir=tmp_path,
     )
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
-    assert model.embedding.weight.dtype == torch.bfloat16
+    assert model.net.embedding.weight.dtype == torch.bfloat16
     assert model.mean_nats["val_nats"].mean_value.dtype == torch.float32
     # a float32 state keeps the derived perplexity off the coarse bf16 grid
     assert result["val_ppl"] == pytest.approx(2 ** result["val_bpc"], rel=1e-5)
@@ -134,7 +135,7 @@ def test_metric_states_stay_float32_when_the_model_is_cast_to_bf16(tmp_path):
 @pytest.mark.slow
 def test_a_short_fit_beats_the_unigram_baseline(tmp_path):
     data = PydocDataModule(batch_size=16, seq_len=32)
-    model = SRULanguageModel(
+    model = language_model(
         vocab_size=data.vocab_size,
         embedding_dim=32,
         hidden_size=64,
@@ -164,10 +165,10 @@ def test_step_by_step_decoding_with_the_carried_state_matches_one_pass(rnn, opti
     tokens = torch.randint(0, 11, (2, 7))
     with torch.no_grad():
         full, _ = model(tokens)
-        logits, state = model.step(tokens[:, :3])  # a prompt in one pass
+        logits, state = model.net.step(tokens[:, :3])  # a prompt in one pass
         stepped = [logits]
         for t in range(3, 7):
-            logits, state = model.step(tokens[:, t], state)
+            logits, state = model.net.step(tokens[:, t], state)
             stepped.append(logits)
     assert torch.allclose(torch.stack(stepped, dim=1), full[:, 2:], atol=1e-5)
 
@@ -201,7 +202,7 @@ def test_word_level_models_log_bits_per_word_and_word_perplexity(tmp_path):
     from sru_lightning.data import TextDataModule
 
     data = TextDataModule(path=str(corpus), level="word", batch_size=2, seq_len=8)
-    model = SRULanguageModel(
+    model = language_model(
         vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1, token_unit=data.token_unit
     )
     trainer = pl.Trainer(
@@ -233,7 +234,7 @@ def test_the_fit_summary_counts_the_flops_of_a_forward_of_one_batch(tmp_path):
             seen.update(kwargs, rows=dict(summary_data))
 
     data = PydocDataModule(batch_size=3, seq_len=10)
-    model = SRULanguageModel(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=2)
+    model = language_model(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=2)
     trainer = pl.Trainer(
         logger=False,
         enable_checkpointing=False,
@@ -250,5 +251,5 @@ def test_the_fit_summary_counts_the_flops_of_a_forward_of_one_batch(tmp_path):
         expected = measure_flops(model, lambda: model(model.example_input_array))
     decoder_only = 2 * 3 * 10 * 12 * data.vocab_size
     assert seen["total_flops"] == expected > decoder_only  # the SRU layers' FLOPs are counted too
-    rnn_row = seen["rows"]["Name"].index("rnn")
+    rnn_row = seen["rows"]["Name"].index("net.rnn")
     assert seen["rows"]["FLOPs"][rnn_row] not in ("0", 0)

@@ -5,10 +5,10 @@ from __future__ import annotations
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.language_models import language_model
 from torch.utils.data import DataLoader
 
 from sru_lightning.callbacks import SRUPrecisionCallback, tensor_core_advice
-from sru_lightning.models import SRULanguageModel
 from sru_lightning.nn import SRUpp, SRUppCell
 from sru_lightning.ops import trace_storage_dtypes
 
@@ -27,16 +27,16 @@ def tiny(**kwargs):
         sru_options={"proj_size": 4, "num_heads": 2},
     )
     options.update(kwargs)
-    model = SRULanguageModel(**options)
+    model = language_model(**options)
     with torch.no_grad():  # let the attention contribute from the start
-        for layer in model.rnn.rnn_lst:
+        for layer in model.net.rnn.rnn_lst:
             layer.transform_module.alpha.fill_(0.5)
     return model
 
 
 def test_state_holds_c_and_the_capped_memory():
     model = tiny()
-    assert isinstance(model.rnn, SRUpp)
+    assert isinstance(model.net.rnn, SRUpp)
     logits, state = model(torch.randint(0, VOCAB, (3, 4)))
     assert logits.shape == (3, 4, VOCAB)
     c, *memory = state
@@ -71,18 +71,18 @@ def test_carried_memory_is_attended_to_and_reset():
     model.train()
     batch = (tokens, tokens)
     model.training_step(batch, 0)
-    carried = model._carried["train"]
+    carried = model.carried.get("train")
     assert len(carried) == 3 and carried[1].shape == (5, 2, 8)
-    assert model._initial_state("train", 2) is carried
-    assert model._initial_state("train", 3) is None
+    assert model.carried.initial("train", 2) is carried
+    assert model.carried.initial("train", 3) is None
     model.on_train_epoch_start()
-    assert model._initial_state("train", 2) is None
+    assert model.carried.initial("train", 2) is None
 
 
 def test_bad_arguments_name_the_config_key():
-    with pytest.raises(ValueError, match=r"`model.sru_options.proj_size` .* required with model.rnn='srupp'"):
-        SRULanguageModel(vocab_size=VOCAB, rnn="srupp", sru_options={"num_heads": 2})
-    with pytest.raises(ValueError, match=r"`model.memory_length` must be an integer >= 0, got -1"):
+    with pytest.raises(ValueError, match=r"`sru_options.proj_size` .* required with rnn='srupp'"):
+        language_model(vocab_size=VOCAB, rnn="srupp", sru_options={"num_heads": 2})
+    with pytest.raises(ValueError, match=r"`memory_length` must be an integer >= 0, got -1"):
         tiny(memory_length=-1)
 
 
@@ -115,7 +115,7 @@ class LossRecorder(pl.Callback):
 @pytest.mark.parametrize("precision", ["32-true", "bf16-mixed", "bf16-true"])
 def test_a_tiny_srupp_lm_learns(precision, tmp_path):
     torch.manual_seed(0)
-    model = SRULanguageModel(
+    model = language_model(
         vocab_size=VOCAB,
         rnn="srupp",
         embedding_dim=16,
@@ -141,7 +141,7 @@ def test_a_tiny_srupp_lm_learns(precision, tmp_path):
     loader = DataLoader(PeriodicText(32 * 120), batch_size=32)
     with trace_storage_dtypes() as calls:
         trainer.fit(model, train_dataloaders=loader)
-    assert precision_callback.layers == ["rnn.rnn_lst.0", "rnn.rnn_lst.1"]
+    assert precision_callback.layers == ["net.rnn.rnn_lst.0", "net.rnn.rnn_lst.1"]
     storage = torch.float32 if precision == "32-true" else torch.bfloat16
     assert {call.storage_dtype for call in calls} == {storage}
     first, last = sum(recorder.losses[:5]) / 5, sum(recorder.losses[-5:]) / 5
@@ -209,7 +209,7 @@ def test_carried_memory_survives_a_weights_only_checkpoint(tmp_path):
     torch.save(checkpoint, tmp_path / "state.ckpt")
     restored = tiny()
     restored.on_load_checkpoint(torch.load(tmp_path / "state.ckpt", weights_only=True))
-    carried = restored._initial_state("train", 2)
+    carried = restored.carried.initial("train", 2)
     assert len(carried) == 3
-    for a, b in zip(carried, model._carried["train"]):
+    for a, b in zip(carried, model.carried.get("train")):
         torch.testing.assert_close(a, b)

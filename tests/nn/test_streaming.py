@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.language_models import language_model
 from torch import nn
 
-from sru_lightning.models import SRULanguageModel
 from sru_lightning.nn import SRU, SRUCell, SRUpp, stream_chunks, stream_step, streaming
 from sru_lightning.nn.streaming import causal_attention_mask
 from sru_lightning.ops.testing import relative_error
@@ -44,11 +44,17 @@ def build(kind: str, dtype: torch.dtype) -> nn.Module:
     elif kind == "srupp":
         module = SRUpp(INPUT, HIDDEN, 4, num_layers=2, num_heads=2)
     elif kind == "lm-sru":
-        module = SRULanguageModel(VOCAB, "sru", embedding_dim=INPUT, hidden_size=HIDDEN, num_layers=2)
+        module = language_model(vocab_size=VOCAB, rnn="sru", embedding_dim=INPUT, hidden_size=HIDDEN, num_layers=2)
     else:  # the memory holds every earlier token: chunks then see what one pass sees
         options = {"proj_size": 4, "num_heads": 2}
-        module = SRULanguageModel(
-            VOCAB, "srupp", embedding_dim=INPUT, hidden_size=HIDDEN, num_layers=2, sru_options=options, memory_length=64
+        module = language_model(
+            vocab_size=VOCAB,
+            rnn="srupp",
+            embedding_dim=INPUT,
+            hidden_size=HIDDEN,
+            num_layers=2,
+            sru_options=options,
+            memory_length=64,
         )
     return module.eval().to(dtype)
 
@@ -198,10 +204,10 @@ def test_language_model_step_and_generate_carry_state_through_stream_step(monkey
     model, tokens = build("lm-srupp", torch.float32), sequence("lm-srupp", torch.float32)
     with torch.no_grad():
         expected, _ = model(tokens)
-        logits, state = model.step(tokens[:, :5])
+        logits, state = model.net.step(tokens[:, :5])
         steps = [logits]
         for t in range(5, LENGTH):
-            logits, state = model.step(tokens[:, t], state)
+            logits, state = model.net.step(tokens[:, t], state)
             steps.append(logits)
     assert calls == [(BATCH, 5)] + [(BATCH, 1)] * (LENGTH - 5)
     assert relative_error(torch.stack(steps, 1), expected[:, 4:]) <= 1e-6
@@ -223,7 +229,7 @@ def test_stream_chunks_refuses_a_chunk_without_a_time_axis_naming_the_expected_s
     for layer in (SRU(4, 8, batch_first=batch_first), SRUCell(4, 8, batch_first=batch_first)):
         with pytest.raises(ValueError, match=rf"stream_chunks: chunk 0 of `chunks` must be 3-D {layout}, got shape"):
             stream_chunks(layer, [steps[:3], steps[3:]])
-    model = SRULanguageModel(vocab_size=5, embedding_dim=4, hidden_size=8, num_layers=1)
+    model = language_model(vocab_size=5, embedding_dim=4, hidden_size=8, num_layers=1)
     tokens = torch.randint(0, 5, (6,))
     with pytest.raises(ValueError, match=r"chunk 0 of `chunks` must be a tensor with a time axis at time_dim=1"):
         stream_chunks(model, [tokens[:3], tokens[3:]])

@@ -17,7 +17,7 @@ from lightning.pytorch.utilities.model_summary import ModelSummary
 from torch.utils.flop_counter import FlopCounterMode
 
 from sru_lightning.models import SRULanguageModel
-from sru_lightning.nn import SRU, SRUpp
+from sru_lightning.nn import SRU, LanguageNet, SRUpp
 from sru_lightning.ops import (
     functional,
     op,  # noqa: F401  (loads the ops, so their formulas are registered)
@@ -310,13 +310,15 @@ LM_CASES = {
 def language_model(rnn: str) -> SRULanguageModel:
     torch.manual_seed(0)
     return SRULanguageModel(
-        VOCAB,
-        rnn=rnn,
-        embedding_dim=EMBEDDING,
-        hidden_size=HIDDEN,
-        num_layers=LAYERS,
-        dropout=0.0,
-        sru_options=LM_CASES[rnn][0],
+        LanguageNet(
+            VOCAB,
+            rnn=rnn,
+            embedding_dim=EMBEDDING,
+            hidden_size=HIDDEN,
+            num_layers=LAYERS,
+            dropout=0.0,
+            sru_options=LM_CASES[rnn][0],
+        )
     )
 
 
@@ -349,9 +351,9 @@ def test_model_summary_reports_the_recurrent_layers_flops():
     model = language_model("sru")
     batch, length = 2, 8
     model.example_input_array = torch.randint(0, VOCAB, (batch, length))
-    summary = ModelSummary(model, max_depth=1)
+    summary = ModelSummary(model, max_depth=2)
     stack = LM_CASES["sru"][1].expected(length, batch, length * batch, backward=False)
-    assert_matches(of(summary.flop_counts["rnn"]), stack)
+    assert_matches(of(summary.flop_counts["net.rnn"]), stack)
     assert summary.total_flops == pytest.approx(
         expected_language_model("sru", batch, length, backward=False).total, rel=0.01
     )
@@ -362,15 +364,17 @@ import json, torch
 from lightning.fabric.utilities.throughput import measure_flops
 from lightning.pytorch.utilities.model_summary import ModelSummary
 from sru_lightning.models import SRULanguageModel
+from sru_lightning.nn import LanguageNet
 torch.manual_seed(0)
-model = SRULanguageModel({vocab}, embedding_dim={embedding}, hidden_size={hidden}, num_layers={layers}, dropout=0.0)
+net = LanguageNet({vocab}, embedding_dim={embedding}, hidden_size={hidden}, num_layers={layers}, dropout=0.0)
+model = SRULanguageModel(net)
 tokens = torch.randint(0, {vocab}, ({batch}, {length}))
 model.example_input_array = tokens
 # The recurrence op is not loaded yet: it loads during the first forward, inside the counter.
-summary = ModelSummary(model, max_depth=1)
+summary = ModelSummary(model, max_depth=2)
 print(json.dumps({{
     "summary_total": summary.total_flops,
-    "summary_rnn": {{str(op): flops for op, flops in summary.flop_counts["rnn"].items()}},
+    "summary_rnn": {{str(op): flops for op, flops in summary.flop_counts["net.rnn"].items()}},
     "measured": measure_flops(model, lambda: model(tokens)[0], lambda logits: logits.sum()),
 }}))
 """

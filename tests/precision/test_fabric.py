@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.language_models import language_model as build_language_model
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import (
     DeepSpeedPrecision,
@@ -65,7 +66,7 @@ def token_batches(rank: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def language_model() -> SRULanguageModel:
     seed_everything(3, verbose=False)
-    return SRULanguageModel(
+    return build_language_model(
         vocab_size=VOCAB,
         embedding_dim=8,
         hidden_size=16,
@@ -122,7 +123,7 @@ def fabric_run(precision: str, devices: int = 1, strategy=None):
     # The Trainer converts the module before configure_optimizers; so does this loop, so that
     # the optimizer (its float16 eps included) is built for the same weights.
     model = fabric.strategy.precision.convert_module(model)
-    model, optimizer = fabric.setup(model, model.configure_optimizers())
+    model, optimizer = fabric.setup(model, model.configure_optimizers()["optimizer"])
     losses, carried = [], None
     with trace_storage_dtypes() as calls:
         for inputs, targets in token_batches(fabric.global_rank):
@@ -177,7 +178,7 @@ def test_fabric_and_trainer_pick_the_same_storage_print_the_same_report_and_trai
     assert trainer_callback.regime.storage_dtype("auto") == fabric_callback.regime.storage_dtype("auto") == storage
     assert trainer_traced == fabric_traced == {storage}  # what was reported is what ran
     assert fabric_callback.report == trainer_callback.report
-    assert fabric_callback.layers == ["rnn.rnn_lst.0", "rnn.rnn_lst.1"]
+    assert fabric_callback.layers == ["net.rnn.rnn_lst.0", "net.rnn.rnn_lst.1"]
     assert len(fabric_losses) == len(trainer_losses) == STEPS
     # The same weights, batches, autocast and optimizer: the same arithmetic, the same losses.
     assert fabric_losses == trainer_losses
@@ -206,8 +207,8 @@ def test_setup_module_calls_no_hook_so_apply_precision_does_it():
     assert callback.regime is None  # Fabric called no hook in setup_module
     applied = apply_precision(fabric, model, policy="fp32", verbose=False)
     assert applied.regime.storage_dtype("fp32") == F32
-    assert applied.layers == ["rnn.rnn_lst.0", "rnn.rnn_lst.1"]
-    assert {cell.recurrence_policy for cell in model.module.rnn.rnn_lst} == {"fp32"}
+    assert applied.layers == ["net.rnn.rnn_lst.0", "net.rnn.rnn_lst.1"]
+    assert {cell.recurrence_policy for cell in model.module.net.rnn.rnn_lst} == {"fp32"}
     assert "policy 'fp32'" in applied.report and "storage float32" in applied.report
 
 

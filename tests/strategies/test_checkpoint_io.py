@@ -60,7 +60,7 @@ def test_a_fit_on_a_full_disk_fails_in_one_line_and_leaves_only_whole_checkpoint
             [
                 "fit",
                 *TINY_RUN,
-                "model.hidden_size=64",
+                "model.net.hidden_size=64",
                 "logger=none",
                 "+trainer.enable_progress_bar=false",
                 f"hydra.run.dir={run}",
@@ -96,7 +96,7 @@ def test_a_deepspeed_fit_on_a_full_disk_leaves_no_half_written_checkpoint_folder
                 f"trainer={trainer}",
                 "trainer.accelerator=cpu",
                 "trainer.devices=1",
-                "model.hidden_size=64",
+                "model.net.hidden_size=64",
                 "logger=none",
                 "threads=1",
                 f"hydra.run.dir={run}",

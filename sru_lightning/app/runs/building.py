@@ -69,21 +69,18 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
     with data_setting():  # the data module reads its text on first use
         vocab_size = datamodule.vocab_size
-    model_kwargs = {} if "vocab_size" in model_config and command != "fit" else {"vocab_size": vocab_size}
-    if hasattr(datamodule, "token_unit"):  # the data decides what a token is, and so the metric names
-        model_kwargs["token_unit"] = datamodule.token_unit
-    model = instantiate_setting(model_config, **model_kwargs)
+    model = _build_model(model_config, command, vocab_size, getattr(datamodule, "token_unit", None))
     if getattr(datamodule, "packs_documents", False) and not getattr(model, "accepts_document_boundaries", True):
         raise UsageError(
             f"data ({data_config.get('_target_')}) packs documents with their boundaries, which "
-            f"model.rnn={model_config.get('rnn')!r} cannot keep apart: use model=sru or model=srupp"
+            f"model.net.rnn={getattr(model.net, 'rnn_type', None)!r} cannot keep apart: use model=sru or model=srupp"
         )
     if command == "fit" and ckpt_path is not None:
         with checkpoint_setting():
             check_fits_model(start.loaded, model)
-    if getattr(model.hparams, "vocab_size", vocab_size) != vocab_size:
+    if getattr(model.net, "vocab_size", vocab_size) != vocab_size:
         raise UsageError(
-            f"the checkpoint {ckpt_path!r} was trained with a vocabulary of {model.hparams.vocab_size} tokens, but "
+            f"the checkpoint {ckpt_path!r} was trained with a vocabulary of {model.net.vocab_size} tokens, but "
             f"the data ({data_config.get('_target_')}) has {vocab_size}; evaluate it on the data it was "
             f"trained on (see data: in its run directory's {RunFolder.HYDRA_DIR}/{RunFolder.CONFIG_FILE})"
         )
@@ -135,6 +132,27 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         with data_setting():
             check_sizes(world_size=trainer.world_size)
     return trainer, model, datamodule, start
+
+
+def _build_model(model_config, command: str, vocab_size: int, token_unit: str | None):
+    """The network from `model.net` (its vocabulary the data's, unless an evaluated checkpoint's
+    config names the one it was trained with), then the LightningModule that trains it."""
+    from omegaconf import OmegaConf
+
+    net_config = model_config.get("net")
+    if not OmegaConf.is_dict(net_config):
+        raise UsageError(
+            f"`model.net` must be a mapping whose `_target_` names the network (e.g. sru_lightning.nn.LanguageNet), "
+            f"got {net_config!r}"
+        )
+    if "_target_" not in net_config:  # a checkpoint's saved arguments of the default network
+        net_config = OmegaConf.merge({"_target_": "sru_lightning.nn.LanguageNet"}, net_config)
+    net_kwargs = {} if "vocab_size" in net_config and command != "fit" else {"vocab_size": vocab_size}
+    net = instantiate_setting(net_config, **net_kwargs)
+    model_kwargs: dict[str, Any] = {"net": net}
+    if token_unit is not None:  # the data decides what a token is, and so the metric names
+        model_kwargs["token_unit"] = token_unit
+    return instantiate_setting(model_config, **model_kwargs)
 
 
 def _check_compile_fits_strategy(model, trainer) -> None:

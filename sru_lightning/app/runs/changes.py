@@ -67,9 +67,9 @@ RULES: tuple[Rule, ...] = (
     Rule(
         "model.lr_scheduler*", REFUSE, UNUSED, "the checkpoint's schedule state belongs to the schedule it trained with"
     ),
-    Rule("model.dropout", APPLY, UNUSED),
-    Rule("model.rnn_dropout", APPLY, UNUSED),
-    Rule("model.sru_options.attn_dropout", APPLY, UNUSED),
+    Rule("model.net.dropout", APPLY, UNUSED),
+    Rule("model.net.rnn_dropout", APPLY, UNUSED),
+    Rule("model.net.sru_options.attn_dropout", APPLY, UNUSED),
     # How the model runs, not what it computes: the same weights train and evaluate either way.
     Rule("model.compile", APPLY, APPLY),
     Rule("model*", REFUSE, REFUSE, "the weights belong to the model they were trained as"),

@@ -235,8 +235,8 @@ def check_fits_model(loaded: LoadedCheckpoint, model) -> None:
     contents, checkpoint = loaded.contents, loaded.path
     if loaded.deepspeed:
         # Its weights are in the engine's shards: compare the settings the model was built with.
-        saved = contents.get("hyper_parameters") or {}
-        current = dict(getattr(model, "hparams", {}) or {})
+        saved = _settings(contents.get("hyper_parameters"))
+        current = _settings(getattr(model, "hparams", None))
         settings = [
             key
             for key in sorted(saved)
@@ -263,8 +263,8 @@ def check_fits_model(loaded: LoadedCheckpoint, model) -> None:
     )
     if not differing:
         return
-    saved = contents.get("hyper_parameters") or {}
-    current = dict(getattr(model, "hparams", {}) or {})
+    saved = _settings(contents.get("hyper_parameters"))
+    current = _settings(getattr(model, "hparams", None))
     settings = [
         key for key in sorted(saved) if key in current and key not in _NOT_ARCHITECTURE and saved[key] != current[key]
     ]
@@ -278,6 +278,18 @@ def check_fits_model(loaded: LoadedCheckpoint, model) -> None:
         f"the checkpoint {str(checkpoint)!r} {detail}; continue it with the settings it was trained with, "
         "or leave ckpt_path out to start a fresh run"
     )
+
+
+def _settings(hyper_parameters: Any) -> dict[str, Any]:
+    """The model's constructor arguments by config key: the network's under `net.` (`net.hidden_size`),
+    so a difference is named as the setting a user writes (`model.net.hidden_size`)."""
+    found = dict(hyper_parameters or {})
+    net = found.pop("net", None)
+    if isinstance(net, Mapping):
+        found.update({f"net.{key}": value for key, value in net.items() if key != "_target_"})
+    elif net is not None:
+        found["net"] = net
+    return found
 
 
 def saved_codec(loaded: LoadedCheckpoint):
