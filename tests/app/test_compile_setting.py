@@ -70,7 +70,7 @@ def test_a_compiled_fit_saves_plain_weights_that_validate_the_same_uncompiled(tm
     run, evaluation = tmp_path / "run", tmp_path / "evaluation"
     fitted = python_m_sru_lightning("fit", *TINY_RUN, "model.compile=true", f"hydra.run.dir={run}", cwd=tmp_path)
     # the precision callback found the SRU layer of the compiled model
-    assert "SRU layers   1: rnn.rnn_lst.0" in fitted.stdout + fitted.stderr
+    assert "SRU layers   1: net.rnn.rnn_lst.0" in fitted.stdout + fitted.stderr
 
     checkpoint = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert checkpoint["state_dict"] and not [key for key in checkpoint["state_dict"] if "_orig_mod" in key]

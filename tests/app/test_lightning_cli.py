@@ -71,7 +71,7 @@ def test_fit_with_the_precision_callback_ends_with_a_finite_loss(tmp_path):
     output = result.stdout + result.stderr
     # the callback found the model's SRU layer and runs its recurrence in bf16
     assert "SRU recurrence precision" in output and "storage bfloat16" in output
-    assert "1: rnn.rnn_lst.0" in output
+    assert "1: net.rnn.rnn_lst.0" in output
     (metrics,) = tmp_path.glob("lightning_logs/*/metrics.csv")
     losses = [float(row["train_loss"]) for row in csv.DictReader(metrics.open()) if row.get("train_loss")]
     assert len(losses) == 3 and math.isfinite(losses[-1])
@@ -90,7 +90,7 @@ def test_print_config_writes_a_yaml_that_runs_again_and_validates(tmp_path):
     config_file = tmp_path / "config.yaml"
     config_file.write_text(printed.stdout)
     config = yaml.safe_load(printed.stdout)
-    assert config["model"]["hidden_size"] == 16 and config["trainer"]["max_steps"] == 3
+    assert config["model"]["net"]["init_args"]["hidden_size"] == 16 and config["trainer"]["max_steps"] == 3
     assert config["trainer"]["callbacks"][0]["class_path"] == "sru_lightning.callbacks.SRUPrecisionCallback"
 
     fitted = lightning_cli("fit", "--config", str(config_file), cwd=tmp_path)
