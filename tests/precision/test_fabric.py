@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers.language_models import language_model as build_language_model
 from lightning.fabric import Fabric
 from lightning.fabric.plugins.precision import (
     DeepSpeedPrecision,
@@ -33,6 +32,7 @@ from lightning.pytorch import Callback, Trainer, seed_everything
 
 from sru_lightning.callbacks import SRUFabricPrecision, SRUPrecisionCallback, apply_precision
 from sru_lightning.models import SRULanguageModel
+from sru_lightning.nn import LanguageNet
 from sru_lightning.ops import trace_storage_dtypes
 from sru_lightning.precision import detect_regime
 from sru_lightning.precision.lightning import lightning_classes
@@ -66,14 +66,9 @@ def token_batches(rank: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:
 
 def language_model() -> SRULanguageModel:
     seed_everything(3, verbose=False)
-    return build_language_model(
-        vocab_size=VOCAB,
-        embedding_dim=8,
-        hidden_size=16,
-        num_layers=2,
-        dropout=0.0,  # no random numbers drawn: the two loops cannot differ by their draws
-        optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2},
-    )
+    # dropout 0: no random numbers drawn, so the two loops cannot differ by their draws
+    net = LanguageNet(vocab_size=VOCAB, embedding_dim=8, hidden_size=16, num_layers=2, dropout=0.0)
+    return SRULanguageModel(net, optimizer={"_target_": "torch.optim.Adam", "lr": 1e-2})
 
 
 class RecordLosses(Callback):
