@@ -140,9 +140,10 @@ def total_optimizer_steps(estimate: float, settings: Mapping[str, Any], key: str
 
         warmup = settings.get("fallback_warmup_steps", FALLBACK_WARMUP_STEPS)
         rank_zero_info(
-            "The number of optimizer steps is unknown (max_time or max_epochs=-1): the learning "
-            f"rate warms up over {warmup} steps, then stays at its peak (set trainer.max_steps "
-            "or trainer.max_epochs for the warm-up + cosine schedule)"
+            "The number of optimizer steps is unknown (max_time or max_epochs=-1): with trainer.max_time "
+            "and the TimeBudget callback (callbacks.time_budget, on by default) the learning rate warms up "
+            f"and decays over the time budget; without them it warms up over {warmup} steps, then stays "
+            "at its peak (set trainer.max_steps or trainer.max_epochs for a schedule over steps)"
         )
         return None
     raise ValueError(

@@ -120,3 +120,13 @@ def test_bad_settings_are_named(settings, message):
 def test_a_progress_outside_zero_to_one_is_refused():
     with pytest.raises(ValueError, match=r"`fraction` must be in \[0, 1\], got 1.5"):
         WarmupCosineLR(optimizer()).set_progress(1.5)
+
+
+def test_an_unknown_step_count_says_the_schedule_follows_a_time_budget(caplog):
+    from sru_lightning.models.optimization import total_optimizer_steps
+
+    settings = {"_target_": "sru_lightning.models.schedules.WarmupCosineLR", "fallback_warmup_steps": 7}
+    with caplog.at_level("INFO"):
+        assert total_optimizer_steps(math.inf, settings, "total_steps") is None
+    assert "with trainer.max_time and the TimeBudget callback" in caplog.text
+    assert "warms up and decays over the time budget; without them it warms up over 7 steps" in caplog.text
