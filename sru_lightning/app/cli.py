@@ -43,13 +43,18 @@ TOOL_COMMANDS = {
 # --------------------------------------------------------------------------------------------
 # help
 def config_groups() -> dict[str, list[str]]:
-    """Config group -> its options, read from the installed conf/ tree."""
+    """Config group -> its options, read from the installed conf/ tree; a group inside a group's
+    folder is named by its path (`model/optimizer`), as its override spells it."""
     root = conf_dir()
-    return {
-        group.name: sorted(option.stem for option in group.glob("*.yaml"))
-        for group in sorted(root.iterdir())
-        if group.is_dir() and not group.name.startswith((".", "_")) and group.name != "hydra"
-    }
+    groups = {}
+    for group in sorted(root.iterdir()):
+        if not group.is_dir() or group.name.startswith((".", "_")) or group.name == "hydra":
+            continue
+        groups[group.name] = sorted(option.stem for option in group.glob("*.yaml"))
+        for inner in sorted(group.iterdir()):
+            if inner.is_dir() and not inner.name.startswith((".", "_")):
+                groups[f"{group.name}/{inner.name}"] = sorted(option.stem for option in inner.glob("*.yaml"))
+    return groups
 
 
 def usage() -> str:

@@ -366,6 +366,7 @@ class SRULanguageModel(pl.LightningModule):
             self.optimizer_config,
             self.lr_scheduler_config,
             step_estimate=lambda: trainer.estimated_stepping_batches if trainer is not None else math.inf,
+            strategy=getattr(trainer, "strategy", None),
         )
 
 

@@ -136,6 +136,12 @@ class MuonAdamW(Optimizer):
         # Optimizer.load_state_dict replaces the group dicts and the state mapping.
         self._share_state()
 
+    @staticmethod
+    def refuse_strategy(strategy: Any) -> None:
+        """Raise a one-line error under an engine that splits weight matrices (see
+        :func:`refuse_sharded_engine`)."""
+        refuse_sharded_engine(strategy)
+
 
 def refuse_sharded_engine(strategy: Any) -> None:
     """Raise a one-line error when `strategy` cannot run Muon's whole-matrix update.

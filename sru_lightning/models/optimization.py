@@ -77,12 +77,15 @@ def _accepts(factory: Callable | None, name: str) -> bool:
 
 
 def _build(config: Any, **bound) -> Any:
-    """Instantiate a `_target_` mapping (Hydra style) or call a factory such as a partial."""
+    """Instantiate a `_target_` mapping (Hydra style) or call a factory such as a partial.
+
+    The bound arguments are passed to the factory as they are (Hydra would turn a list of
+    ``(name, parameter)`` pairs into a config node of its own)."""
     if callable(config):
         return config(**bound)
     from hydra.utils import instantiate
 
-    return instantiate(config, **bound)
+    return instantiate(config, _partial_=True)(**bound)
 
 
 def build_optimizer(network: nn.Module, config: Any) -> torch.optim.Optimizer:
@@ -101,6 +104,7 @@ def configure_optimizers(
     optimizer: Any = None,
     lr_scheduler: Any = None,
     step_estimate: float | Callable[[], float] = math.inf,
+    strategy: Any = None,
 ) -> dict[str, Any]:
     """Lightning's ``configure_optimizers`` result: ``{"optimizer": ..., "lr_scheduler": {...}}``.
 
@@ -114,8 +118,14 @@ def configure_optimizers(
         step_estimate: the trainer's estimate of the run's optimizer steps
             (``trainer.estimated_stepping_batches``), or a callable giving it; infinite when the
             run has no step limit.
+        strategy: the trainer's strategy; an optimizer that runs only under some engines (it
+            has a ``refuse_strategy(strategy)`` method, like
+            :class:`~sru_lightning.models.muon.MuonAdamW`) refuses the others here.
     """
     built = build_optimizer(network, optimizer if optimizer is not None else dict(DEFAULT_OPTIMIZER))
+    refuse = getattr(built, "refuse_strategy", None)
+    if strategy is not None and callable(refuse):
+        refuse(strategy)
     if lr_scheduler is None:
         return {"optimizer": built}
     if callable(lr_scheduler):

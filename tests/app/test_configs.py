@@ -75,7 +75,8 @@ def test_each_launcher_config_composes_and_names_its_launcher(option, tmp_path):
 def test_each_option_composes_and_names_an_importable_class(group, option, tmp_path):
     override = f"{group}={option}"
     cfg = compose_with([override], tmp_path)
-    node = cfg if group in ("experiment", "hparams_search", "debug") else cfg[group]  # global packages
+    # global packages; a group inside a group (model/optimizer) sits at its dotted path
+    node = cfg if group in ("experiment", "hparams_search", "debug") else OmegaConf.select(cfg, group.replace("/", "."))
     # every interpolation of the job config resolves
     OmegaConf.to_container(OmegaConf.masked_copy(cfg, [k for k in cfg if k != "hydra"]), resolve=True)
     if group in ("callbacks", "logger"):

@@ -126,6 +126,8 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         cfg.trainer, cfg=cfg, callbacks=callbacks, logger=loggers or False, **_run_plugins(cfg)
     )
     _check_compile_fits_strategy(model, trainer)
+    if command == "fit":
+        _check_optimizer_fits_strategy(model_config.get("optimizer"), trainer)
     set_thread_count(cfg.get("threads"), trainer.num_devices)  # before Lightning launches the other ranks
     check_sizes = getattr(datamodule, "check_sizes", None)
     if check_sizes is not None:  # too little text for the batch layout: say so before training
@@ -153,6 +155,24 @@ def _build_model(model_config, command: str, vocab_size: int, token_unit: str | 
     if token_unit is not None:  # the data decides what a token is, and so the metric names
         model_kwargs["token_unit"] = token_unit
     return instantiate_setting(model_config, **model_kwargs)
+
+
+def _check_optimizer_fits_strategy(optimizer_config, trainer) -> None:
+    """An optimizer that runs under some engines only (its class has ``refuse_strategy``, like
+    MuonAdamW) refuses the others before the run starts, in the user's terms."""
+    if not hasattr(optimizer_config, "get") or not optimizer_config.get("_target_"):
+        return
+    from hydra.utils import get_object
+
+    try:
+        refuse = getattr(get_object(str(optimizer_config["_target_"])), "refuse_strategy", None)
+    except Exception:  # an unknown target: the model's instantiation reports it in its own words
+        return
+    if callable(refuse):
+        try:
+            refuse(trainer.strategy)
+        except ValueError as error:
+            raise UsageError(str(error)) from None
 
 
 def _check_compile_fits_strategy(model, trainer) -> None:
