@@ -172,18 +172,8 @@ class LanguageModelDataModule(pl.LightningDataModule):
 
     @property
     def token_unit(self) -> str:
-        """What metrics count per token: "char" (characters and bytes), "word" or "token" (BPE).
-
-        BPE tokens are counted as "token" once the language model names metrics per token;
-        until then as "char" (the model's `val_bpc` is then bits per BPE token)."""
-        unit = token_unit(self.token_level)
-        if unit == "token":
-            try:
-                from sru_lightning.models.language_model import BITS_NAMES
-            except ImportError:
-                BITS_NAMES = {}
-            return unit if unit in BITS_NAMES else "char"
-        return unit
+        """What metrics count per token: "char" (characters and bytes), "word" or "token" (BPE)."""
+        return token_unit(self.token_level)
 
     @property
     def codec(self) -> TokenCodec:

@@ -24,9 +24,10 @@ from .optimization import DEFAULT_OPTIMIZER, check_factory_setting, configure_op
 __all__ = ["CARRIED_STATE_KEY", "DEFAULT_OPTIMIZER", "RNN_TYPES", "SRULanguageModel"]
 
 STAGES = ("train", "val", "test")
-# Metric names per token unit: bits per character / per word, and the matching perplexity.
-BITS_NAMES = {"char": "bpc", "word": "bpw"}
-PERPLEXITY_NAMES = {"char": "ppl", "word": "word_ppl"}
+# Metric names per token unit: bits per character / per word / per subword token, and the
+# matching perplexity. Bits per byte (`{stage}_bpb`) compare across units and vocabularies.
+BITS_NAMES = {"char": "bpc", "word": "bpw", "token": "bpt"}
+PERPLEXITY_NAMES = {"char": "ppl", "word": "word_ppl", "token": "token_ppl"}
 # Checkpoint entry holding every rank's carried training state: {"world_size": W, "per_rank": [...]}.
 CARRIED_STATE_KEY = "carried_train_state"
 
@@ -85,9 +86,11 @@ class SRULanguageModel(pl.LightningModule):
             of the next one; the data streams are contiguous. For SRU++ the state also holds
             each layer's last `memory_length` inputs, which the next batch attends to. Reset at
             every epoch start and whenever the batch shape changes.
-        token_unit: what one token is, "char" (characters or bytes) or "word"; it names the
-            metrics: `{stage}_bpc` / `{stage}_ppl` for characters, `{stage}_bpw` /
-            `{stage}_word_ppl` for words (the data module's `token_unit`).
+        token_unit: what one token is, "char" (characters or bytes), "word" or "token" (a BPE
+            subword); it names the metrics: `{stage}_bpc` / `{stage}_ppl` for characters,
+            `{stage}_bpw` / `{stage}_word_ppl` for words, `{stage}_bpt` / `{stage}_token_ppl`
+            for subwords (the data module's `token_unit`). With a datamodule that has
+            `token_byte_lengths()`, `{stage}_bpb` (bits per UTF-8 byte) is logged too.
         optimizer: a `_target_` mapping (e.g. {"_target_": "torch.optim.AdamW", "lr": 3e-3})
             or a callable taking `params` (or `named_params`, the network's named parameters);
             see :mod:`sru_lightning.models.optimization`.
@@ -138,6 +141,11 @@ class SRULanguageModel(pl.LightningModule):
 
         # Token-weighted mean cross-entropy (nats); bpc and perplexity derive from it.
         self.mean_nats = nn.ModuleDict({f"{stage}_nats": MeanMetric() for stage in STAGES})
+        # Byte-weighted: the summed cross-entropy over the summed UTF-8 bytes of the targets.
+        self.nats_per_byte = nn.ModuleDict({f"{stage}_nats": MeanMetric() for stage in STAGES})
+        # (vocab,) UTF-8 bytes per token id, from the datamodule's `token_byte_lengths()` at
+        # setup; None (no bits per byte) without one. Not saved: the data gives it.
+        self.register_buffer("token_bytes", None, persistent=False)
         self.carried = CarriedState(enabled=carry_hidden)
 
     def configure_model(self) -> None:
@@ -194,7 +202,7 @@ class SRULanguageModel(pl.LightningModule):
     def _metrics_in_float32(self) -> None:
         # `16-true`/`bf16-true` cast the whole module, metric states included; a running sum
         # of thousands of losses in bf16 would be off in the second digit.
-        for metric in self.mean_nats.values():
+        for metric in [*self.mean_nats.values(), *self.nats_per_byte.values()]:
             metric.set_dtype(torch.float32)
 
     def setup(self, stage: str) -> None:
@@ -213,6 +221,11 @@ class SRULanguageModel(pl.LightningModule):
             and self.hparams.get("compile", False) is False
         ):
             self.example_input_array = torch.zeros(batch, length, dtype=torch.long)
+        lengths = getattr(datamodule, "token_byte_lengths", None)
+        lengths = torch.as_tensor(lengths(), dtype=torch.long) if callable(lengths) else None
+        vocab_size = getattr(self.net, "vocab_size", None)
+        usable = lengths is not None and lengths.dim() == 1 and vocab_size in (None, lengths.numel())
+        self.token_bytes = lengths.to(self.device) if usable else None
 
     def on_fit_start(self) -> None:
         self._metrics_in_float32()
@@ -249,17 +262,27 @@ class SRULanguageModel(pl.LightningModule):
             # The mean over the predicted tokens; a window predicting none (a row of padding) adds 0.
             tokens = int((flat_targets != -100).sum())
             loss = F.cross_entropy(flat_logits, flat_targets, reduction="sum") / max(tokens, 1)
-        self._record_step(stage, loss.detach(), inputs.size(0), tokens)
+        target_bytes = None
+        if self.token_bytes is not None:  # ignored targets (-100) count no bytes
+            target_bytes = torch.where(flat_targets >= 0, self.token_bytes[flat_targets.clamp(min=0)], 0).sum()
+        self._record_step(stage, loss.detach(), inputs.size(0), tokens, target_bytes)
         return loss
 
     # Bookkeeping, not computation: under `compile` (which Lightning applies to the step methods
     # too) it runs eagerly, since Dynamo cannot trace Lightning's logging (it inspects the
     # compiled step method's signature).
     @torch.compiler.disable
-    def _record_step(self, stage: str, loss: torch.Tensor, batch_size: int, tokens: int) -> None:
+    def _record_step(
+        self, stage: str, loss: torch.Tensor, batch_size: int, tokens: int, target_bytes: torch.Tensor | None = None
+    ) -> None:
         metric = self.mean_nats[f"{stage}_nats"]
         metric.update(loss.float(), weight=tokens)
         on_step = stage == "train"
+        bits_per_byte = None
+        if target_bytes is not None:  # a window predicting no byte (padding) weighs 0
+            nats_per_byte = loss.float() * tokens / target_bytes.float().clamp(min=1)
+            self.nats_per_byte[f"{stage}_nats"].update(nats_per_byte, weight=target_bytes.float())
+            bits_per_byte = nats_per_byte / math.log(2)
         # Every value is the mean over the processes (sync_dist), so a curve does not depend on
         # how many processes share the global batch: each process sees as many tokens, and the
         # mean of their losses is the loss whose gradient DDP averages. The training values are
@@ -282,6 +305,8 @@ class SRULanguageModel(pl.LightningModule):
                 prog_bar=True,
                 sync_dist=True,
             )
+            if bits_per_byte is not None:
+                self.log("train_bpb", bits_per_byte, on_step=True, on_epoch=False, sync_dist=True)
 
     def _log_epoch_metrics(self, stage: str) -> None:
         metric = self.mean_nats[f"{stage}_nats"]
@@ -293,6 +318,10 @@ class SRULanguageModel(pl.LightningModule):
         # compute() already reduced over processes; sync_dist only averages equal values.
         self.log(f"{self.bits_name(stage)}{suffix}", nats / math.log(2), prog_bar=stage != "train", sync_dist=True)
         self.log(f"{self.perplexity_name(stage)}{suffix}", torch.exp(nats), sync_dist=True)
+        per_byte = self.nats_per_byte[f"{stage}_nats"]
+        if per_byte.update_count > 0:
+            self.log(f"{stage}_bpb{suffix}", per_byte.compute() / math.log(2), sync_dist=True)
+            per_byte.reset()
 
     def training_step(self, batch, batch_idx):
         return self._step(batch, "train")

@@ -214,7 +214,7 @@ def test_word_level_models_log_bits_per_word_and_word_perplexity(tmp_path):
         default_root_dir=tmp_path,
     )
     (result,) = trainer.validate(model, datamodule=data, verbose=False)
-    assert set(result) == {"val_loss", "val_bpw", "val_word_ppl"}
+    assert set(result) == {"val_loss", "val_bpw", "val_word_ppl", "val_bpb"}
     assert result["val_bpw"] == pytest.approx(result["val_loss"] / math.log(2), rel=1e-5)
     with pytest.raises(ValueError, match="`token_unit` must be one of"):
         tiny(token_unit="sentence")
