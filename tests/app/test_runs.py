@@ -530,3 +530,11 @@ def test_every_option_of_every_group_runs_a_tiny_fit(group, option, tmp_path):
     record = result_of(run_dir / "0" if group == "hparams_search" else run_dir)
     assert record["status"] == "completed" and record["optimizer_steps"] >= 1
     assert math.isfinite(record["metrics"]["val_bpc"])
+
+
+def test_the_model_summary_shows_the_networks_layers_and_can_be_turned_off(tmp_path, capsys):
+    assert fit(f"hydra.run.dir={tmp_path / 'a'}") == 0
+    out = capsys.readouterr().out
+    assert all(f"net.{layer}" in out for layer in ("embedding", "rnn", "decoder")), out
+    assert fit("+trainer.enable_model_summary=false", f"hydra.run.dir={tmp_path / 'b'}") == 0
+    assert "net.decoder" not in capsys.readouterr().out

@@ -30,7 +30,15 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     the run belongs to (:func:`.jobs.attempt_owner`). Returns the trainer, the model, the data
     module and the :class:`~.starting_point.StartingPoint`."""
     import lightning.pytorch as pl
-    from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelCheckpoint, ProgressBar
+    from lightning.pytorch.callbacks import (
+        Checkpoint,
+        LearningRateMonitor,
+        ModelCheckpoint,
+        ModelSummary,
+        ProgressBar,
+        RichModelSummary,
+        RichProgressBar,
+    )
     from omegaconf import OmegaConf
 
     from sru_lightning.callbacks import (
@@ -101,6 +109,12 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     if trainer_settings.get("enable_progress_bar", True) is False:
         # +trainer.enable_progress_bar=false wins over the progress bar among the callbacks.
         callbacks = [cb for cb in callbacks if not isinstance(cb, ProgressBar)]
+    if trainer_settings.get("enable_model_summary", True) is False:
+        callbacks = [cb for cb in callbacks if not isinstance(cb, ModelSummary)]
+    elif not any(isinstance(cb, ModelSummary) for cb in callbacks):
+        # The network is one attribute of the model (`net`): show its layers too, not just `net`.
+        rich = any(isinstance(cb, RichProgressBar) for cb in callbacks)
+        callbacks.append(RichModelSummary(max_depth=2) if rich else ModelSummary(max_depth=2))
     if trainer_settings.get("enable_checkpointing", True) is False:
         # +trainer.enable_checkpointing=false wins over the checkpoint callbacks among the callbacks
         # (the interruption checkpoint too: such a run writes none).
