@@ -72,8 +72,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     ckpt_path = start.checkpoint
     model_config, data_config = cfg.model, cfg.data
     datamodule = instantiate_setting(data_config)
-    if command != "fit" and ckpt_path is not None:
-        # Token ids mean what they meant in training.
+    if ckpt_path is not None and (command != "fit" or getattr(datamodule, "tokenizer", None) is not None):
+        # Token ids mean what they meant in training; a resumed fit with a learned subword
+        # vocabulary takes the checkpoint's rather than learning it again.
         _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
     with data_setting():  # the data module reads its text on first use
         vocab_size = datamodule.vocab_size

@@ -107,7 +107,11 @@ def execute(
             say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline {unit}={baseline:.4f})")
         else:
             where = _evaluation_text(evaluated_with) if evaluated_with else ""
-            say(f"final {bits}={value:.4f} (unigram baseline {unit}={baseline:.4f}{where})")
+            # Bits per byte compare runs whose tokens differ (subwords, words); characters are
+            # about a byte each, so a character-level run says bits per character only.
+            per_byte = metrics.get(f"{split}_bpb")
+            also = f", {split}_bpb={per_byte:.4f}" if per_byte is not None and not bits.endswith("_bpc") else ""
+            say(f"final {bits}={value:.4f}{also} (unigram baseline {unit}={baseline:.4f}{where})")
     return metrics
 
 
