@@ -19,6 +19,7 @@ _EXPORTS = {
     "SRUPrecisionCallback": "sru_lightning.callbacks",
     "detect_regime": "sru_lightning.precision",
     "SRULanguageModel": "sru_lightning.models",
+    "from_pretrained": "sru_lightning.export.pretrained",
 }
 
 __all__ = ["__version__", *_EXPORTS]

@@ -1,4 +1,4 @@
-"""`python -m sru_lightning export ckpt_path=... format=onnx|pt2|aoti out=<dir>`: export a
+"""`python -m sru_lightning export ckpt_path=... format=onnx|pt2|aoti|hf out=<dir>`: export a
 trained language model's checkpoint for deployment (see :mod:`sru_lightning.export`)."""
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ class ExportSettings:
     """The command's settings (`key=value` on the command line)."""
 
     ckpt_path: str = "last"  # a .ckpt file, a run directory, or "last" (newest run under resume_dir)
-    format: str = "onnx"  # onnx | pt2 | aoti
+    format: str = "onnx"  # onnx | pt2 | aoti | hf
     out: str = ""  # the folder to create (required)
     overwrite: bool = False  # replace an earlier export in `out` (one that holds nothing but its own files)
     resume_dir: str = "outputs"  # where ckpt_path=last looks
@@ -32,7 +32,9 @@ def usage() -> str:
         "",
         "format=onnx runs with onnxruntime alone; pt2 (torch.export) and aoti (AOTInductor, compiled)",
         "need torch and sru_lightning. The folder holds the model, vocabulary.json and manifest.json,",
-        "which lists them; overwrite=true refuses a folder holding anything else.",
+        "which lists them; overwrite=true refuses a folder holding anything else. format=hf writes the",
+        "network's weights in the Hugging Face layout (config.json, model.safetensors, tokenizer.json),",
+        "read by sru_lightning.from_pretrained(<dir>) and shared with huggingface_hub.upload_folder.",
         "",
         "Example:",
         f"  {PROG} ckpt_path=outputs/<date>/<time> format=onnx out=exports/sru-onnx",

@@ -1,6 +1,7 @@
 """Deployment: a trained language model as ONNX (the recurrence as a standard Scan, no
 sru_lightning needed to run it), a torch.export program or an AOTInductor package, with the
-state carried in and out of one graph that serves whole sequences and single decoding steps.
+state carried in and out of one graph that serves whole sequences and single decoding steps;
+or the network's weights in the Hugging Face layout (format=hf, :mod:`.pretrained`).
 
 Importing this package is cheap; the exporters import torch.onnx / onnxscript / Inductor only
 when used.
@@ -8,6 +9,7 @@ when used.
 
 from .graph_module import ExportableLanguageModel, ExportError, TensorSpec
 from .package import FORMATS, read_manifest, read_vocabulary
+from .pretrained import from_pretrained, save_pretrained
 from .runtime import BACKENDS, ExportedLanguageModel, load_exported, load_pt2
 
 
@@ -26,8 +28,10 @@ __all__ = [
     "ExportedLanguageModel",
     "TensorSpec",
     "export_language_model",
+    "from_pretrained",
     "load_exported",
     "load_pt2",
     "read_manifest",
     "read_vocabulary",
+    "save_pretrained",
 ]

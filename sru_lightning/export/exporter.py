@@ -205,13 +205,18 @@ def export_language_model(
     model, out, fmt: str, codec=None, *, overwrite: bool = False, source: dict[str, Any] | None = None
 ) -> Path:
     """Export `model` (an :class:`~sru_lightning.models.SRULanguageModel` in eval mode) to the folder
-    `out` in format "onnx", "pt2" or "aoti", with the vocabulary `codec` (a TokenCodec) when given.
+    `out` in format "onnx", "pt2", "aoti" or "hf" (its network's weights in the Hugging Face layout,
+    :mod:`sru_lightning.export.pretrained`), with the vocabulary `codec` (a TokenCodec) when given.
 
     Returns the folder. It appears only when complete; an existing folder is refused unless
     `overwrite`, and then unless it is an earlier export holding nothing but its own files.
     Raises :class:`ExportError` for a model or setting that cannot be exported.
     """
     check_format(fmt)
+    if fmt == "hf":
+        from .pretrained import save_pretrained
+
+        return save_pretrained(getattr(model, "net", model), out, codec, overwrite=overwrite, source=source)
     wrapped = graph_module(model)
 
     def fill(folder: Path) -> None:

@@ -10,6 +10,9 @@ Layout of ``<out>/``::
     model.pt2         format=pt2: a torch.export program; format=aoti: an AOTInductor package
     vocabulary.json   the token codec (level and token list, or at bpe level the tokenizer's
                       JSON under `tokenizer`) that reads prompts and writes text
+    config.json, model.safetensors, tokenizer.json
+                      format=hf: the network's arguments, weights and tokenizer in the Hugging
+                      Face layout (:mod:`sru_lightning.export.pretrained`)
 
 Nothing else belongs in the folder: overwrite=true refuses a folder that holds anything its
 manifest does not own, since replacing the folder would delete it.
@@ -31,12 +34,14 @@ from .graph_module import BATCH, LENGTH, ExportError
 EXPORT_FORMAT_VERSION = 1
 #: The manifest's `format_name`: what tells our manifest.json from any other file of that name.
 FORMAT_NAME = "sru_lightning-export"
-FORMATS = ("onnx", "pt2", "aoti")
+FORMATS = ("onnx", "pt2", "aoti", "hf")
 MANIFEST_NAME = "manifest.json"
 VOCABULARY_NAME = "vocabulary.json"
-MODEL_FILES = {"onnx": "model.onnx", "pt2": "model.pt2", "aoti": "model.pt2"}
+MODEL_FILES = {"onnx": "model.onnx", "pt2": "model.pt2", "aoti": "model.pt2", "hf": "model.safetensors"}
+#: The files of format=hf besides its weights (see :mod:`sru_lightning.export.pretrained`).
+PRETRAINED_FILES = {"config": "config.json", "tokenizer": "tokenizer.json"}
 #: Every name an export folder can own; a manifest claiming another is not one we wrote.
-EXPORT_FILE_NAMES = frozenset({MANIFEST_NAME, VOCABULARY_NAME, *MODEL_FILES.values()})
+EXPORT_FILE_NAMES = frozenset({MANIFEST_NAME, VOCABULARY_NAME, *MODEL_FILES.values(), *PRETRAINED_FILES.values()})
 
 
 def check_format(fmt: str) -> str:
@@ -219,12 +224,15 @@ def _is_tensor_spec(entry: Any) -> bool:
 _FIELDS = (
     ("model_kind", "a string", lambda value: isinstance(value, str)),
     ("sizes.vocab_size", "a positive integer", lambda value: type(value) is int and value > 0),
+    ("needs_sru_lightning_kernels", "true or false", lambda value: isinstance(value, bool)),
+)
+#: The graph formats' fields besides those (format=hf has no graph: its config.json says the rest).
+_GRAPH_FIELDS = (
     (
         "inputs",
         "a list of {name, shape, dtype, initial} objects",
         lambda value: isinstance(value, list) and len(value) > 0 and all(map(_is_tensor_spec, value)),
     ),
-    ("needs_sru_lightning_kernels", "true or false", lambda value: isinstance(value, bool)),
 )
 
 
@@ -275,7 +283,19 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
         raise ExportError(f"{str(path)!r}: `format` must be one of {', '.join(FORMATS)}, got {_shown(fmt)}")
     files = manifest.get("files")
     model_name, vocabulary_name = _field(manifest, "files.model"), _field(manifest, "files.vocabulary")
-    if (
+    if fmt == "hf":
+        if not (
+            isinstance(files, dict)
+            and model_name == MODEL_FILES[fmt]
+            and _field(manifest, "files.config") == PRETRAINED_FILES["config"]
+            and set(files) <= {"model", *PRETRAINED_FILES}
+        ):
+            raise ExportError(
+                f'{str(path)!r}: `files` must be {{"model": {MODEL_FILES[fmt]!r}, "config": '
+                f'{PRETRAINED_FILES["config"]!r}}} for format=hf, with "tokenizer": {PRETRAINED_FILES["tokenizer"]!r} '
+                f"when it has one, got {_shown(files)}"
+            )
+    elif (
         not isinstance(files, dict)
         or model_name != MODEL_FILES[fmt]
         or vocabulary_name not in (_MISSING, VOCABULARY_NAME)
@@ -284,7 +304,7 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
             f'{str(path)!r}: `files` must be {{"model": {MODEL_FILES[fmt]!r}}} for format={fmt}, '
             f'with "vocabulary": {VOCABULARY_NAME!r} when it has one, got {_shown(files)}'
         )
-    for field, expected, valid in _FIELDS:
+    for field, expected, valid in _FIELDS + (() if fmt == "hf" else _GRAPH_FIELDS):
         value = _field(manifest, field)
         if not valid(value):
             raise ExportError(
@@ -304,9 +324,6 @@ def read_manifest(folder: str | os.PathLike) -> dict[str, Any]:
 def read_vocabulary(folder: str | os.PathLike):
     """The token codec in the folder's vocabulary.json, checked field by field: a damaged or
     foreign file fails here in one line instead of when a prompt is encoded or a token written."""
-    from sru_lightning.data import TokenCodec
-    from sru_lightning.data.tokens import TOKEN_LEVELS
-
     path = Path(folder).expanduser() / VOCABULARY_NAME
     try:
         state = json.loads(path.read_text(encoding="utf-8"))
@@ -314,6 +331,39 @@ def read_vocabulary(folder: str | os.PathLike):
         raise ExportError(f"cannot read the vocabulary {str(path)!r}: {error.strerror or error}") from None
     except ValueError as error:
         raise ExportError(f"the vocabulary {str(path)!r} is not JSON ({error}); export the checkpoint again") from None
+    return codec_from_state(state, path)
+
+
+def tokens_module():
+    """:mod:`sru_lightning.data.tokens` (TokenCodec, TOKEN_LEVELS), without importing the data package's
+    Lightning data modules when they are not loaded yet (reading an export folder needs the codec
+    alone): its module and the one it imports are loaded under their own names, so a later
+    ``import sru_lightning.data`` finds them and the class is the same one."""
+    import importlib.util
+    import sys
+
+    name = "sru_lightning.data.tokens"
+    if name not in sys.modules and "sru_lightning.data" not in sys.modules:
+        package = Path(__file__).resolve().parents[1] / "data"
+        for module_name in ("sru_lightning.data.subwords", name):
+            if module_name in sys.modules:
+                continue
+            spec = importlib.util.spec_from_file_location(module_name, package / f"{module_name.rpartition('.')[2]}.py")
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[module_name] = module
+            try:
+                spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[module_name]
+                raise
+    return importlib.import_module(name)
+
+
+def codec_from_state(state: Any, path: Path):
+    """The token codec of `state` (read from the file `path`), checked field by field: a damaged or
+    foreign file fails here in one line instead of when a prompt is encoded or a token written."""
+    tokens = tokens_module()
+    TOKEN_LEVELS = tokens.TOKEN_LEVELS
     problem = None
     if not isinstance(state, dict):
         problem = (
@@ -337,13 +387,14 @@ def read_vocabulary(folder: str | os.PathLike):
             f"`unknown` and `end_of_line` must be strings, got {_shown(state.get('unknown'))} and "
             f"{_shown(state.get('end_of_line'))}"
         )
+    what = "the vocabulary" if path.name == VOCABULARY_NAME else "the tokenizer"
     if problem is not None:
-        raise ExportError(f"the vocabulary {str(path)!r} is damaged: {problem}; export the checkpoint again")
+        raise ExportError(f"{what} {str(path)!r} is damaged: {problem}; export the checkpoint again")
     try:
-        return TokenCodec.from_state_dict(state)
+        return tokens.TokenCodec.from_state_dict(state)
     except ImportError as error:  # a bpe vocabulary without the `tokenizers` package
         raise ExportError(str(error)) from None
     except ValueError as error:  # a bpe `tokenizer` that is not a byte-level tokenizer's JSON
         raise ExportError(
-            f"the vocabulary {str(path)!r} is damaged: {str(error).splitlines()[0]}; export the checkpoint again"
+            f"{what} {str(path)!r} is damaged: {str(error).splitlines()[0]}; export the checkpoint again"
         ) from None

@@ -144,7 +144,7 @@ def test_existing_export_is_kept_unless_overwrite_and_a_failed_export_leaves_not
 @pytest.mark.parametrize(
     "argv,message",
     [
-        (["format=tflite", "out=x"], "`format` must be one of onnx, pt2, aoti, got 'tflite'"),
+        (["format=tflite", "out=x"], "`format` must be one of onnx, pt2, aoti, hf, got 'tflite'"),
         (["format=onnx"], "`out` is required: the folder to create"),
         (["fromat=onnx"], "unknown setting 'fromat' (did you mean 'format'?)"),
         (["overwrite=maybe", "out=x"], "`overwrite` must be true or false, got 'maybe'"),
