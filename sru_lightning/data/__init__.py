@@ -2,15 +2,9 @@
 packed into rows with their boundaries, and a DataLoader whose position inside the epoch survives
 a checkpoint."""
 
+from .base import Corpus, LanguageModelDataModule
+from .corpora import Enwik8DataModule, PydocDataModule, StdlibDataModule, TextDataModule
 from .documents import DocumentsDataModule
-from .modules import (
-    Corpus,
-    Enwik8DataModule,
-    LanguageModelDataModule,
-    PydocDataModule,
-    StdlibDataModule,
-    TextDataModule,
-)
 from .sampling import EpochSeededRandomSampler, ResumableDataLoader, global_seed
 from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
 from .tokens import TokenCodec

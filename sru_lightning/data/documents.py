@@ -24,15 +24,8 @@ from pathlib import Path
 import torch
 from torch.utils.data import IterableDataset
 
-from .modules import (
-    SPLITS,
-    Corpus,
-    LanguageModelDataModule,
-    _readable_path,
-    encode_ids,
-    read_text_file,
-    text_files,
-)
+from .base import SPLITS, Corpus, LanguageModelDataModule, encode_ids
+from .corpora import _readable_path, read_text_file, text_files
 from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
 from .subwords import text_pieces, train_bpe
 from .tokens import TokenCodec

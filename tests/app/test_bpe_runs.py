@@ -56,12 +56,12 @@ def test_a_bpe_run_trains_resumes_evaluates_generates_and_exports(tmp_path, monk
     assert status == 0, err[-2000:]
     resumed = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
     assert resumed["global_step"] == 6 and resumed["TextDataModule"]["token_codec"] == codec_state
-    import sru_lightning.data.modules as modules
+    import sru_lightning.data.base as base
 
     def no_training(*args, **kwargs):
         raise AssertionError("evaluation learned a vocabulary")
 
-    monkeypatch.setattr(modules, "train_bpe", no_training)
+    monkeypatch.setattr(base, "train_bpe", no_training)
     status, out, err = run_command(capsys, "validate", f"ckpt_path={run_dir}")
     assert status == 0, err[-2000:]
     monkeypatch.undo()

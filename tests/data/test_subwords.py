@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from sru_lightning.data import DocumentsDataModule, PydocDataModule, TextDataModule, TokenCodec, subwords
-from sru_lightning.data.modules import check_tokenizer, encode_ids
+from sru_lightning.data.base import check_tokenizer, encode_ids
 from sru_lightning.data.streams import Vocabulary
 from sru_lightning.data.subwords import BytePairs, byte_symbols, text_pieces, train_bpe
 from sru_lightning.data.tokens import END_OF_LINE, UNKNOWN_WORD, token_unit
@@ -170,18 +170,18 @@ def test_a_checkpoints_vocabulary_is_used_and_not_learned_again(tmp_path, monkey
     folder = _named_split_folder(tmp_path, TRAIN[:700])
     trained = TextDataModule(path=str(folder), tokenizer="bpe", vocab_size=300, batch_size=2, seq_len=4)
     saved = trained.state_dict()["token_codec"]
-    import sru_lightning.data.modules as modules
+    import sru_lightning.data.base as base
 
     def no_training(*args, **kwargs):
         raise AssertionError("the vocabulary was learned again")
 
-    monkeypatch.setattr(modules, "train_bpe", no_training)
+    monkeypatch.setattr(base, "train_bpe", no_training)
     evaluated = TextDataModule(path=str(folder), tokenizer="bpe", vocab_size=999, batch_size=2, seq_len=4)
     evaluated.adopt_vocabulary(TokenCodec.from_state_dict(saved))
     assert evaluated.codec.state_dict() == saved and torch.equal(evaluated.corpus.val, trained.corpus.val)
     # a resumed fit whose text now learns another vocabulary keeps the checkpoint's
     other = TextDataModule(path=str(folder), tokenizer="bpe", vocab_size=300, batch_size=2, seq_len=4)
-    monkeypatch.setattr(modules, "train_bpe", lambda texts, size: train_bpe([TRAIN.upper()], size))
+    monkeypatch.setattr(base, "train_bpe", lambda texts, size: train_bpe([TRAIN.upper()], size))
     assert other.codec.state_dict() != saved
     other.load_state_dict({"token_codec": saved})
     assert other.codec.state_dict() == saved and torch.equal(other.corpus.train, trained.corpus.train)
