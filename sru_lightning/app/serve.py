@@ -109,8 +109,8 @@ def load_model(settings: ServeSettings):
         path, checkpoint, model, codec = load_trained(settings.model, settings.resume_dir, "serve")
     except UsageError as error:  # generate's loader names its own setting
         raise UsageError(str(error).replace("`ckpt_path", "`model")) from None
-    model = model.to(settings.device)
-    return model, codec, f"{path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)"
+    network = model.net.to(settings.device)  # the network steps; the LightningModule trains it
+    return network, codec, f"{path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
