@@ -7,7 +7,9 @@ package (``op_bench``); ``bench decode`` text generation (``decode_bench``), ``b
 exported models (``export_bench``), ``bench compile`` the default language model eagerly and
 compiled (``compile_bench``), ``bench documents`` what document boundaries in packed rows cost
 (``documents_bench``), ``bench serve`` the completions server under 1, 8 and 64 streaming
-clients (``serve_bench``). Each measures in one process, interleaved, so the ratios hold on a shared,
+clients (``serve_bench``), ``bench lm`` what the training loop adds to the model's own step, and
+(``--curve``) validation bits per character against wall-clock time for the default, SRU++, LSTM and a
+recipe (``lm_bench``). Each measures in one process, interleaved, so the ratios hold on a shared,
 noisy machine.
 """
 
@@ -31,6 +33,9 @@ MODES = {
     "document boundaries (reset flags)",
     "serve": "the completions server (`serve`) under 1, 8 and 64 streaming clients: tokens/s, failed "
     "requests and the server's memory",
+    "lm": "a fit's step as `fit` runs it (callbacks, logger, progress bar) against the plain forward, backward "
+    "and optimizer step, with Lightning's profiler; or (--curve) validation bits per character against "
+    "wall-clock time of the default, SRU++, LSTM and a recipe",
 }
 DEFAULT_MODE = "op"
 
@@ -49,6 +54,18 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
     "compile": {"length": "length", "batch": "batch", **_COMMON},
     "documents": {"length": "length", "batch": "batch", "hidden": "hidden", **_COMMON},
     "serve": {"model": "model", "seconds": "seconds", "tokens": "tokens", "threads": "threads"},
+    "lm": {
+        "model": "model",
+        "extra": "extra",
+        "repeats": "repeats",
+        "warmup": "warmup",
+        "statistic": "statistic",
+        "curve": "curve",
+        "budget": "budget",
+        "recipe": "recipe",
+        "out": "out",
+        "plot": "plot",
+    },
 }
 #: Option (its dest) -> its flag and what it sets.
 OPTIONS = {
@@ -66,16 +83,37 @@ OPTIONS = {
     "tokens": ("--tokens", "tokens generated per run"),
     "model": ("--model", "an export folder, a run directory, a .ckpt file or 'last'"),
     "seconds": ("--seconds", "seconds per level"),
+    "extra": ("--extra", "Hydra overrides of every fit, in one quoted string"),
+    "curve": ("--curve", "run the curve: one fit per model of --budget seconds each"),
+    "budget": ("--budget", "seconds of each fit of --curve (trainer.max_time)"),
+    "recipe": ("--recipe", "the overrides of the curve's fourth run, in one quoted string"),
+    "out": ("--out", "folder of the curve's run folders"),
 }
-#: What --tokens sets where it is not the number of tokens generated.
-_TOKENS_IN = {"export": "chained decoding steps per run", "serve": "max_tokens of each request"}
+#: What an option means in a subcommand where it is not what OPTIONS says.
+_MEANING_IN = {
+    ("tokens", "export"): "chained decoding steps per run",
+    ("tokens", "serve"): "max_tokens of each request",
+    ("model", "lm"): "the model config (conf/model/) of the timed fit",
+    ("repeats", "lm"): "timed training steps",
+    ("warmup", "lm"): "training steps before them",
+    ("plot", "lm"): "with --curve: draw validation bits per character against seconds into FILE",
+}
 #: Options that count something: at least 1 (--warmup: at least 0).
-_COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds")
+_COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget")
+#: Options whose value is text.
+_TEXTS = ("model", "extra", "recipe", "out")
 
 
 def _mode_config(mode: str):
     """The config dataclass of `mode`: its fields' defaults are the subcommand's defaults."""
-    from sru_lightning.diagnostics import compile_bench, decode_bench, documents_bench, export_bench, serve_bench
+    from sru_lightning.diagnostics import (
+        compile_bench,
+        decode_bench,
+        documents_bench,
+        export_bench,
+        lm_bench,
+        serve_bench,
+    )
 
     return {
         "op": op_bench.BenchConfig,
@@ -84,6 +122,7 @@ def _mode_config(mode: str):
         "compile": compile_bench.CompileBenchConfig,
         "documents": documents_bench.DocumentsBenchConfig,
         "serve": serve_bench.ServeBenchConfig,
+        "lm": lm_bench.LMBenchConfig,
     }[mode]
 
 
@@ -91,15 +130,17 @@ def _add_options(parser: CommandParser, mode: str) -> None:
     fields = _mode_config(mode).__dataclass_fields__
     for option, field_name in MODE_OPTIONS[mode].items():
         flag, meaning = OPTIONS[option]
-        meaning = _TOKENS_IN.get(mode, meaning) if option == "tokens" else meaning
+        meaning = _MEANING_IN.get((option, mode), meaning)
         default = fields[field_name].default
         if option == "include_peer":
             parser.add_argument(flag, dest=option, action="store_false", default=default, help=meaning)
+        elif option == "curve":
+            parser.add_argument(flag, action="store_true", default=default, help=meaning)
         elif option == "plot":
             parser.add_argument(flag, metavar="FILE", default=default, help=meaning)
         else:
             choices = {"dtype": sorted(op_bench.DTYPES), "statistic": sorted(STATISTIC_NAMES)}.get(option)
-            kind = str if choices or option == "model" else int
+            kind = str if choices or option in _TEXTS else int
             parser.add_argument(flag, type=kind, choices=choices, default=default, help=f"{meaning}; default {default}")
 
 
@@ -178,6 +219,8 @@ def main(argv=None) -> int:
         from sru_lightning.diagnostics import serve_bench
 
         print(serve_bench.format_table(config, serve_bench.run_serve_benchmark(config)))
+    elif mode == "lm":
+        return _bench_lm(config, refuse)
     elif mode == "documents":
         from sru_lightning.diagnostics import documents_bench
 
@@ -190,4 +233,26 @@ def main(argv=None) -> int:
         if config.plot:
             op_bench.plot(result, config.plot)
             print(f"chart written to {config.plot}")
+    return 0
+
+
+def _bench_lm(config, refuse) -> int:
+    from sru_lightning.app.cli import config_groups
+    from sru_lightning.diagnostics import lm_bench
+
+    models = config_groups()["model"]
+    if config.model not in models:
+        refuse(f"--model must be one of {', '.join(models)} (conf/model/), got {config.model!r}")
+    for option in ("extra", "recipe"):
+        try:
+            lm_bench.shlex.split(getattr(config, option))
+        except ValueError as error:
+            value = getattr(config, option)
+            refuse(f"--{option} must be overrides as a shell would split them, got {value!r} ({error})")
+    if config.plot and not config.curve:
+        refuse("--plot draws the curve: add --curve")
+    if config.curve:
+        lm_bench.main_curve(config)
+    else:
+        print(lm_bench.format_overhead(lm_bench.measure_overhead(config)))
     return 0

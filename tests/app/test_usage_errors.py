@@ -153,7 +153,7 @@ TOOL_CASES = [
     ("bench", "--warmup", ["--warmup", "x"], "argument --warmup: invalid int value"),
     ("bench", "--tokens", ["decode", "--tokens", "0"], "--tokens must be >= 1"),
     ("bench", "--tokens", ["documents", "--tokens", "5"], "--tokens is an option of `bench decode`, `bench export`"),
-    ("bench", "<subcommand>", ["lm"], "argument {op,decode,export,compile,documents,serve}: invalid choice: 'lm'"),
+    ("bench", "<subcommand>", ["nope"], "{op,decode,export,compile,documents,serve,lm}: invalid choice: 'nope'"),
     ("bench", "--length", ["--length", "0"], "--length must be >= 1"),
     ("bench", "--threads", ["--threads", "x"], "argument --threads: invalid int value"),
     ("bench", "--dtype", ["--dtype", "fp8"], "argument --dtype: invalid choice"),

@@ -166,7 +166,10 @@ def test_documents_bench_rows_never_exceed_the_length():
         ),
         (["export", "compile"], "bench export: error: unrecognized arguments: compile"),
         (["--decode"], "unrecognized arguments: --decode; decode is a subcommand: `bench decode ...`"),
-        (["nope"], "invalid choice: 'nope' (choose from 'op', 'decode', 'export', 'compile', 'documents', 'serve')"),
+        (
+            ["nope"],
+            "invalid choice: 'nope' (choose from 'op', 'decode', 'export', 'compile', 'documents', 'serve', 'lm')",
+        ),
         (["--warmup", "-1"], "bench op: error: --warmup must be >= 0, got -1"),
     ],
 )

@@ -1,0 +1,453 @@
+"""Language-model benchmark (`python -m sru_lightning bench lm`): what the training loop costs, and
+validation bits per character against wall-clock time.
+
+``bench lm [--model sru] [--extra "k=v ..."]``: the run `fit` builds (the application's own
+:func:`sru_lightning.app.runs.building.build`, with its callbacks, logger and progress bar) is
+timed step by step in steady state against the same network's forward, loss, backward, gradient
+clipping and optimizer step on one fixed batch in a plain loop (the optimizer and schedule of
+:func:`sru_lightning.models.optimization.configure_optimizers`). One plain step runs after every
+step of the fit, in the same process, so the ratio holds on a busy machine. Lightning's
+``SimpleProfiler`` (the :class:`StepProfiler` below also keeps each action's own time, less the
+actions inside it) says where the difference goes: data loading, logging, our callbacks,
+Lightning's, the LightningModule's hooks and the loop itself.
+
+``bench lm --curve --budget S [--plot FILE]``: fits of S seconds each (``trainer.max_time``,
+``data=pydoc``) of ``model=sru``, ``model=srupp``, ``model=lstm`` and a recipe (``--recipe``),
+each through the command line into its own run folder under ``--out``; :class:`WallClock` logs
+the seconds since training started beside every validation's metrics.
+"""
+
+from __future__ import annotations
+
+import copy
+import csv
+import json
+import math
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.profilers import SimpleProfiler
+
+from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, statistic_of
+
+#: The curve's runs: name -> the overrides that make it (the recipe's come from --recipe).
+CURVE_RUNS = {"sru": ["model=sru"], "srupp": ["model=srupp"], "lstm": ["model=lstm"]}
+WALL_SECONDS = "wall_seconds"
+
+
+@dataclass
+class LMBenchConfig:
+    model: str = "sru"
+    extra: str = ""  # Hydra overrides of every fit, e.g. "model.net.hidden_size=512 model.net.num_layers=4"
+    repeats: int = 30  # timed steps
+    warmup: int = 5  # steps left out first
+    statistic: str = "median"
+    curve: bool = False
+    budget: int = 60  # seconds per fit of the curve
+    recipe: str = "model/optimizer=muon"
+    out: str = "outputs/bench_lm"
+    plot: str | None = None
+
+
+# -- the loop's cost ----------------------------------------------------------------------------
+class StepProfiler(SimpleProfiler):
+    """Lightning's SimpleProfiler that, while `recording`, also adds up each action's own seconds:
+    its duration less that of the actions that ran inside it (the actions nest)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.recording = False
+        self.own_seconds: dict[str, float] = defaultdict(float)
+        self._open: list[list] = []  # [action, seconds of the actions inside it]
+
+    def start(self, action_name: str) -> None:
+        super().start(action_name)
+        self._open.append([action_name, 0.0])
+
+    def stop(self, action_name: str) -> None:
+        super().stop(action_name)
+        duration = self.recorded_durations[action_name][-1]
+        index = max((i for i, (name, _) in enumerate(self._open) if name == action_name), default=None)
+        inner = self._open.pop(index)[1] if index is not None else 0.0
+        if index is not None and index > 0:
+            self._open[index - 1][1] += duration
+        if self.recording:
+            self.own_seconds[action_name] += duration - inner
+
+    def describe(self) -> None:  # the benchmark prints its own table, not the report of every action
+        self.teardown(stage=self._stage)
+
+
+class _PlainStep:
+    """Forward + loss, backward, gradient clipping and optimizer step of a copy of `model.net`
+    on one fixed batch, each phase timed."""
+
+    PHASES = ("forward + loss", "backward", "gradient clipping", "optimizer step")
+
+    def __init__(self, trainer, model, batch) -> None:
+        from sru_lightning.models.optimization import configure_optimizers
+
+        self.net = copy.deepcopy(model.net).train()
+        wiring = configure_optimizers(
+            self.net, model.optimizer_config, model.lr_scheduler_config, trainer.estimated_stepping_batches
+        )
+        self.optimizer = wiring["optimizer"]
+        scheduler = wiring.get("lr_scheduler")
+        self.scheduler = scheduler["scheduler"] if isinstance(scheduler, dict) else scheduler
+        self.clip = trainer.gradient_clip_val
+        self.batch = [t.clone() for t in batch]
+
+    def __call__(self) -> dict[str, float]:
+        inputs, targets, *rest = self.batch
+        times, began = {}, time.perf_counter()
+        logits, _ = self.net(inputs, None, rest[0]) if rest else self.net(inputs)
+        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+        times["forward + loss"], began = time.perf_counter() - began, time.perf_counter()
+        loss.backward()
+        times["backward"], began = time.perf_counter() - began, time.perf_counter()
+        if self.clip:
+            torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.clip)
+        times["gradient clipping"], began = time.perf_counter() - began, time.perf_counter()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        if self.scheduler is not None:
+            self.scheduler.step()
+        times["optimizer step"] = time.perf_counter() - began
+        return times
+
+
+class LoopClock(Callback):
+    """Times each step of the fit (from the end of one to the end of the next, the plain step
+    left out), runs one plain step after each, and has the profiler record the timed steps."""
+
+    def __init__(self, profiler: StepProfiler, warmup: int, repeats: int) -> None:
+        self.profiler, self.warmup, self.repeats = profiler, warmup, repeats
+        self.fit_seconds: list[float] = []
+        self.plain_seconds: dict[str, list[float]] = defaultdict(list)
+        self.steps, self._last_end, self._plain = 0, None, None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        needed = self.warmup + self.repeats
+        if trainer.num_training_batches < needed:
+            raise ValueError(
+                f"--warmup + --repeats: the fit's epoch has {trainer.num_training_batches} training batches, "
+                f"fewer than the {needed} steps to time; lower them or use more data"
+            )
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        now = time.perf_counter()
+        self.steps += 1
+        timed = self.warmup < self.steps <= self.warmup + self.repeats
+        if timed:
+            self.fit_seconds.append(now - self._last_end)
+        if self.steps == self.warmup + self.repeats:
+            self.profiler.recording = False
+        if self._plain is None:
+            self._plain = _PlainStep(trainer, pl_module, batch)
+        for phase, seconds in self._plain().items():
+            if timed:
+                self.plain_seconds[phase].append(seconds)
+        if self.steps == self.warmup:
+            self.profiler.recording = True
+        self._last_end = time.perf_counter()
+
+
+#: Group of the fit's work -> the plain loop's phase it is compared with (None: the plain loop has none).
+GROUPS = {
+    "model step: forward + loss, carried state, metrics": "forward + loss",
+    "model step: backward": "backward",
+    "model step: gradient clipping": "gradient clipping",
+    "model step: optimizer step, zero_grad, lr schedule": "optimizer step",
+    "data loading": None,
+    "logging (loggers)": None,
+    "callbacks: ours": None,
+    "callbacks: Lightning's": None,
+    "LightningModule hooks": None,
+    "Lightning loop (unprofiled)": None,
+}
+_DATA_ACTIONS = ("train_dataloader_next", "batch_to_device", "transfer_batch_to_device", "batch_transfer")
+_OPTIMIZER_ACTIONS = ("optimizer_step", "optimizer_zero_grad", "lr_scheduler_step", "run_training_batch")
+
+
+def _is_lightnings(callback: Callback) -> bool:
+    """A callback of Lightning's, or a subclass of one (our FolderModelCheckpoint is a ModelCheckpoint)."""
+    return any(cls.__module__.startswith("lightning.") and cls is not Callback for cls in type(callback).__mro__)
+
+
+def classify(action: str, callbacks: dict[str, Callback]) -> tuple[str, str] | None:
+    """(group, item name) of a profiler action; None for the benchmark's own clock."""
+    if action.startswith("[Callback]"):
+        key, hook = action[len("[Callback]") :].rsplit(".", 1)
+        callback = callbacks.get(key)
+        if isinstance(callback, LoopClock):
+            return None
+        name = f"{type(callback).__name__ if callback is not None else key}.{hook}"
+        return ("callbacks: Lightning's" if callback is None or _is_lightnings(callback) else "callbacks: ours"), name
+    if action.startswith("[Logger]"):
+        return "logging (loggers)", action
+    if any(part in action for part in _DATA_ACTIONS):
+        return "data loading", action
+    if action.endswith(".training_step"):
+        return "model step: forward + loss, carried state, metrics", action
+    if action.endswith(".backward"):
+        return "model step: backward", action
+    if "gradient_clipping" in action or "clip_gradients" in action:
+        return "model step: gradient clipping", action
+    if any(action.endswith(part) for part in _OPTIMIZER_ACTIONS):
+        return "model step: optimizer step, zero_grad, lr schedule", action
+    if action.startswith("[LightningModule]"):
+        return "LightningModule hooks", action
+    return "Lightning loop (unprofiled)", action
+
+
+@dataclass
+class OverheadResult:
+    config: LMBenchConfig
+    description: str
+    fit_ms: float  # per step, by the statistic
+    plain_ms: float
+    groups: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (fit, plain) mean ms/step
+    items: list[tuple[str, str, float]] = field(default_factory=list)  # (group, item, mean ms/step)
+
+    @property
+    def ratio(self) -> float:
+        return self.fit_ms / self.plain_ms
+
+
+def _compose(overrides: list[str], output_dir: Path):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.hydra_config import HydraConfig
+    from omegaconf import open_dict
+
+    from sru_lightning._resources import conf_dir
+
+    with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+        cfg = compose("config", overrides=overrides, return_hydra_config=True)
+    with open_dict(cfg):
+        cfg.hydra.runtime.output_dir = str(output_dir)
+    HydraConfig.instance().set_config(cfg)  # ${hydra:runtime.output_dir} is the run folder
+    with open_dict(cfg):
+        del cfg["hydra"]  # as the command line's run sees its config
+    return cfg
+
+
+def _profiled(profiler, action: str, function):
+    def call(*args, **kwargs):
+        with profiler.profile(action):
+            return function(*args, **kwargs)
+
+    return call
+
+
+def measure_overhead(config: LMBenchConfig) -> OverheadResult:
+    """Fit `config.warmup + config.repeats` steps as `fit` builds the run, a plain step after each."""
+    from sru_lightning.app.runs.building import build
+
+    steps = config.warmup + config.repeats
+    overrides = [
+        f"model={config.model}",
+        "data=pydoc",
+        *shlex.split(config.extra),
+        f"trainer.max_steps={steps}",
+        "trainer.max_epochs=-1",
+        "trainer.limit_val_batches=2",  # the one validation comes after the timed steps
+        f"+trainer.profiler._target_={StepProfiler.__module__}.{StepProfiler.__qualname__}",
+    ]
+    with tempfile.TemporaryDirectory(prefix="bench-lm-") as folder:
+        cfg = _compose(overrides, Path(folder))
+        trainer, model, datamodule, _ = build(cfg, "fit", Path(folder), overrides)
+        profiler = trainer.profiler
+        for logger in trainer.loggers:  # Lightning does not profile the loggers' writes
+            for method in ("log_metrics", "save"):
+                action = f"[Logger]{type(logger).__name__}.{method}"
+                setattr(logger, method, _profiled(profiler, action, getattr(logger, method)))
+        clock = LoopClock(profiler, config.warmup, config.repeats)
+        trainer.callbacks.append(clock)
+        trainer.fit(model, datamodule=datamodule)
+    pick = statistic_of(config.statistic)
+    plain_steps = [sum(phases) for phases in zip(*clock.plain_seconds.values())]
+    sizes = model.net.config
+    description = (
+        f"model={config.model} {config.extra}".strip()
+        + f" (embedding {sizes.get('embedding_dim')}, hidden {sizes.get('hidden_size')}, {sizes.get('num_layers')}"
+        + f" layers), batch {datamodule.batch_size} x {datamodule.seq_len}"
+    )
+    result = OverheadResult(config, description, pick(clock.fit_seconds) * 1e3, pick(plain_steps) * 1e3)
+    callbacks = {callback.state_key: callback for callback in trainer.callbacks}
+    per_step = 1e3 / config.repeats
+    totals: dict[str, float] = defaultdict(float)
+    for action, seconds in profiler.own_seconds.items():
+        place = classify(action, callbacks)
+        if place is None:
+            continue
+        totals[place[0]] += seconds * per_step
+        result.items.append((place[0], place[1], seconds * per_step))
+    totals["Lightning loop (unprofiled)"] += sum(clock.fit_seconds) * 1e3 / config.repeats - sum(totals.values())
+    for group, phase in GROUPS.items():
+        plain = sum(clock.plain_seconds[phase]) * 1e3 / config.repeats if phase else 0.0
+        result.groups[group] = (totals.get(group, 0.0), plain)
+    result.items.sort(key=lambda item: -item[2])
+    return result
+
+
+OVERHEAD_COLUMNS = (("", "<54"), ("fit ms", ">9"), ("plain ms", ">10"), ("fit - plain", ">13"))
+
+
+def format_overhead(result: OverheadResult, goal: float = 0.10) -> str:
+    cfg = result.config
+    rows = [
+        (group, f"{fit:.2f}", f"{plain:.2f}", f"{fit - plain:+.2f}") for group, (fit, plain) in result.groups.items()
+    ]
+    fit_total = sum(fit for fit, _ in result.groups.values())
+    plain_total = sum(plain for _, plain in result.groups.values())
+    rows.append(("total (mean per step)", f"{fit_total:.2f}", f"{plain_total:.2f}", f"{fit_total - plain_total:+.2f}"))
+    compute = {group for group, phase in GROUPS.items() if phase}
+    loop_items = [item for item in result.items if item[0] not in compute][:6]
+    overhead = result.ratio - 1
+    lines = [
+        f"Training loop benchmark: {result.description}; {cfg.repeats} steps after {cfg.warmup}",
+        f"fit step {result.fit_ms:.2f} ms, plain step {result.plain_ms:.2f} ms ({STATISTIC_NAMES[cfg.statistic]}): "
+        f"fit/plain {result.ratio:.3f}, the loop adds {overhead:.1%} (goal: at most {goal:.0%})",
+        *fixed_width_lines(OVERHEAD_COLUMNS, rows),
+        "largest items outside the model's step (ms per step):",
+        *(f"  {ms:7.3f}  {item}  [{group}]" for group, item, ms in loop_items),
+    ]
+    if overhead > goal and loop_items:
+        group, item, ms = max(loop_items, key=lambda entry: entry[2])
+        lines.append(f"over the goal: the biggest item is {item} ({group}), {ms:.2f} ms per step")
+    return "\n".join(lines)
+
+
+# -- the curve ----------------------------------------------------------------------------------
+class WallClock(Callback):
+    """Logs `wall_seconds`, the seconds since training started, with every validation of a fit."""
+
+    def __init__(self) -> None:
+        self.started: float | None = None
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self.started = time.perf_counter()
+
+    def on_validation_epoch_end(self, trainer, pl_module) -> None:
+        if self.started is not None and trainer.state.fn == "fit":
+            pl_module.log(WALL_SECONDS, time.perf_counter() - self.started)
+
+
+def curve_runs(config: LMBenchConfig) -> dict[str, list[str]]:
+    """The curve's runs: name -> overrides (the shared ones from --extra last)."""
+    extra = shlex.split(config.extra)
+    runs = {name: [*made, *extra] for name, made in CURVE_RUNS.items()}
+    return {**runs, "recipe": [*shlex.split(config.recipe), *extra]}
+
+
+def max_time(seconds: int) -> str:
+    """`trainer.max_time` as Lightning reads it, DD:HH:MM:SS."""
+    minutes, seconds = divmod(seconds, 60)
+    hours, minutes = divmod(minutes, 60)
+    days, hours = divmod(hours, 24)
+    return f"{days:02d}:{hours:02d}:{minutes:02d}:{seconds:02d}"
+
+
+def run_curve(config: LMBenchConfig) -> dict[str, Path]:
+    """One fit per run, one after another, each in its own folder under `config.out`."""
+    out = Path(config.out).expanduser()
+    out.mkdir(parents=True, exist_ok=True)
+    folders = {}
+    for name, overrides in curve_runs(config).items():
+        folder = out / name
+        argv = [
+            sys.executable, "-m", "sru_lightning", "fit", "data=pydoc",
+            f"trainer.max_time={max_time(config.budget)}", "trainer.max_epochs=-1", *overrides,
+            f"+callbacks.wall_clock._target_={WallClock.__module__}.{WallClock.__qualname__}",
+            f"hydra.run.dir={folder}",
+        ]  # fmt: skip
+        print(f"{name}: {shlex.join(argv[2:])}", flush=True)
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            print(f"{name}: exited with status {done.returncode}: {done.stderr.strip().splitlines()[-1:]}", flush=True)
+        folders[name] = folder
+    return folders
+
+
+def read_curve(folder: Path) -> dict[str, Any]:
+    """A run folder's validations, (seconds, bits) pairs, and its result record (empty if none)."""
+    result_file = folder / "result.json"
+    record = json.loads(result_file.read_text()) if result_file.is_file() else {}
+    monitor = record.get("monitor", "val_bpc")
+    points = []
+    metrics = folder / "csv" / "metrics.csv"
+    if metrics.is_file():
+        with open(metrics, newline="") as rows:
+            for row in csv.DictReader(rows):
+                if row.get(WALL_SECONDS) and row.get(monitor):
+                    points.append((float(row[WALL_SECONDS]), float(row[monitor])))
+    return {"record": record, "monitor": monitor, "points": points}
+
+
+CURVE_COLUMNS = (
+    ("run", "<8"),
+    ("status", "<11"),
+    ("steps", ">7"),
+    ("final", ">9"),
+    ("best", ">9"),
+    ("tok/s", ">9"),
+    ("  overrides", "<"),
+)
+
+
+def format_curve(curves: dict[str, dict[str, Any]], runs: dict[str, list[str]], budget: int) -> str:
+    rows = []
+    for name, curve in curves.items():
+        record, points = curve["record"], curve["points"]
+        final = record.get("metrics", {}).get(curve["monitor"], math.nan)
+        best = min((bits for _, bits in points), default=math.nan)
+        rows.append((
+            name, str(record.get("status", "no result")), str(record.get("optimizer_steps", "-")),
+            f"{final:.4f}", f"{best:.4f}", f"{record.get('tokens_per_second', math.nan):.0f}",
+            "  " + " ".join(runs.get(name, [])),
+        ))  # fmt: skip
+    monitor = next((curve["monitor"] for curve in curves.values()), "val_bpc")
+    return "\n".join([f"Curve: {budget} s fits, final and best {monitor}", *fixed_width_lines(CURVE_COLUMNS, rows)])
+
+
+def plot_curve(curves: dict[str, dict[str, Any]], path: str, budget: int) -> None:
+    try:
+        import matplotlib
+    except ImportError as missing:
+        raise RuntimeError("--plot needs matplotlib (pip install 'sru_lightning[bench]')") from missing
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for name, curve in curves.items():
+        if curve["points"]:
+            seconds, bits = zip(*curve["points"])
+            axis.plot(seconds, bits, marker="o", markersize=3, label=name)
+    monitor = next((curve["monitor"] for curve in curves.values()), "val_bpc")
+    axis.set_xlabel("wall-clock seconds since training started")
+    axis.set_ylabel(f"{monitor} (validation bits per character)")
+    axis.set_title(f"{budget} s fits on data=pydoc")
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def main_curve(config: LMBenchConfig) -> None:
+    folders = run_curve(config)
+    curves = {name: read_curve(folder) for name, folder in folders.items()}
+    print(format_curve(curves, curve_runs(config), config.budget))
+    if config.plot:
+        plot_curve(curves, config.plot, config.budget)
+        print(f"chart written to {config.plot}")

@@ -1,0 +1,176 @@
+"""`bench lm`: its options, the overhead table, the curve's table and chart (fake run folders), and
+both parts end to end on tiny sizes (slow)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from lightning.pytorch.callbacks import LearningRateMonitor
+
+from sru_lightning.callbacks import FolderModelCheckpoint, TrainingThroughput
+from sru_lightning.diagnostics import bench, lm_bench
+
+
+def test_bench_lm_hands_its_options_to_the_overhead_or_the_curve(monkeypatch, tmp_path, capsys):
+    seen = []
+    monkeypatch.setattr(lm_bench, "measure_overhead", lambda config: seen.append(config) or "result")
+    monkeypatch.setattr(lm_bench, "format_overhead", lambda result: "overhead table")
+    monkeypatch.setattr(lm_bench, "main_curve", lambda config: seen.append(config))
+    assert bench.main(["lm", "--model", "lstm", "--extra", "model.net.hidden_size=512", "--repeats", "3"]) == 0
+    assert "overhead table" in capsys.readouterr().out
+    chart = tmp_path / "curve.png"
+    argv = ["lm", "--curve", "--budget", "7", "--recipe", "model=srupp x=1", "--out", str(tmp_path)]
+    argv += ["--plot", str(chart)]
+    assert bench.main(argv) == 0
+    overhead, curve = seen
+    assert (overhead.model, overhead.extra, overhead.repeats, overhead.warmup, overhead.curve) == (
+        "lstm",
+        "model.net.hidden_size=512",
+        3,
+        5,
+        False,
+    )
+    assert (curve.curve, curve.budget, curve.recipe, curve.out, curve.plot) == (
+        True,
+        7,
+        "model=srupp x=1",
+        str(tmp_path),
+        str(chart),
+    )
+    assert lm_bench.curve_runs(curve) == {
+        "sru": ["model=sru"],
+        "srupp": ["model=srupp"],
+        "lstm": ["model=lstm"],
+        "recipe": ["model=srupp", "x=1"],
+    }
+    assert lm_bench.max_time(7) == "00:00:00:07" and lm_bench.max_time(3725) == "00:01:02:05"
+
+
+@pytest.mark.parametrize(
+    "arguments, says",
+    [
+        (["--model", "gru"], "bench lm: error: --model must be one of "),
+        (["--budget", "0"], "bench lm: error: --budget must be >= 1, got 0"),
+        (["--plot", "x.png"], "bench lm: error: --plot draws the curve: add --curve"),
+        (["--extra", "a='b"], "bench lm: error: --extra must be overrides as a shell would split them"),
+        (["--length", "3"], "--length is an option of `bench op`"),
+    ],
+)
+def test_bench_lm_refuses_bad_options_in_one_line(arguments, says, capsys):
+    with pytest.raises(SystemExit) as refused:
+        bench.main(["lm", *arguments])
+    assert refused.value.code == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and says in errors[0], errors
+
+
+def test_profiler_actions_fall_into_their_groups():
+    checkpoint, monitor = FolderModelCheckpoint(monitor="val_bpc"), LearningRateMonitor()
+    throughput = TrainingThroughput()
+    clock = lm_bench.LoopClock(lm_bench.StepProfiler(), 1, 1)
+    callbacks = {cb.state_key: cb for cb in (checkpoint, monitor, throughput, clock)}
+    group = {
+        action: (lm_bench.classify(action, callbacks) or ("left out",))[0]
+        for action in (
+            f"[Callback]{checkpoint.state_key}.on_train_batch_end",
+            "[Callback]LearningRateMonitor.on_train_batch_start",
+            "[Callback]TrainingThroughput.on_train_batch_end",
+            "[Callback]LoopClock.on_train_batch_end",
+            "[_TrainingEpochLoop].train_dataloader_next",
+            "[Logger]AppendingCSVLogger.save",
+            "[Strategy]SingleDeviceStrategy.training_step",
+            "[LightningModule]SRULanguageModel.optimizer_step",
+            "[LightningModule]SRULanguageModel.on_train_batch_start",
+        )
+    }
+    assert list(group.values()) == [
+        "callbacks: Lightning's",
+        "callbacks: Lightning's",
+        "callbacks: ours",
+        "left out",
+        "data loading",
+        "logging (loggers)",
+        "model step: forward + loss, carried state, metrics",
+        "model step: optimizer step, zero_grad, lr schedule",
+        "LightningModule hooks",
+    ]
+
+
+def test_the_profiler_keeps_each_actions_own_time_while_recording():
+    profiler = lm_bench.StepProfiler()
+    profiler.recording = True
+    with profiler.profile("outer"):
+        with profiler.profile("inner"):
+            pass
+    with profiler.profile("outer"):
+        pass
+    inner = profiler.recorded_durations["inner"][0]
+    assert profiler.own_seconds["inner"] == pytest.approx(inner)
+    assert profiler.own_seconds["outer"] == pytest.approx(sum(profiler.recorded_durations["outer"]) - inner)
+
+
+def test_overhead_table_names_the_biggest_item_over_the_goal():
+    config = lm_bench.LMBenchConfig(repeats=10, warmup=2)
+    groups = {group: (1.0, 1.0 if phase else 0.0) for group, phase in lm_bench.GROUPS.items()}
+    items = [("callbacks: ours", "SeedEveryBatch.on_train_batch_start", 0.9), ("data loading", "fetch", 0.1)]
+    text = lm_bench.format_overhead(lm_bench.OverheadResult(config, "model=sru", 12.0, 10.0, groups, items))
+    assert "fit/plain 1.200, the loop adds 20.0% (goal: at most 10%)" in text
+    assert "total (mean per step)" in text and "Lightning loop (unprofiled)" in text
+    assert "over the goal: the biggest item is SeedEveryBatch.on_train_batch_start (callbacks: ours)" in text
+    text = lm_bench.format_overhead(lm_bench.OverheadResult(config, "model=sru", 10.5, 10.0, groups, items))
+    assert "adds 5.0%" in text and "over the goal" not in text
+
+
+def _fake_run(folder, status, bits):
+    (folder / "csv").mkdir(parents=True)
+    rows = ["epoch,step,train_loss,val_bpc,wall_seconds"]
+    rows += [f"{i},{10 * i},,{value},{2.0 * (i + 1)}" for i, value in enumerate(bits)]
+    rows.insert(2, "0,10,4.1,,")  # a training row between validations
+    (folder / "csv" / "metrics.csv").write_text("\n".join(rows) + "\n")
+    record = {"status": status, "monitor": "val_bpc", "optimizer_steps": 10 * len(bits), "tokens_per_second": 900.0}
+    (folder / "result.json").write_text(json.dumps({**record, "metrics": {"val_bpc": bits[-1]}}))
+
+
+def test_curve_table_and_chart_from_run_folders(tmp_path):
+    pytest.importorskip("matplotlib", reason="the chart needs the bench extra (matplotlib)")
+    config = lm_bench.LMBenchConfig(out=str(tmp_path), budget=20)
+    for index, name in enumerate(lm_bench.curve_runs(config)):
+        _fake_run(tmp_path / name, "completed", [5.0 - index, 4.0 - index, 3.5 - index])
+    curves = {name: lm_bench.read_curve(tmp_path / name) for name in lm_bench.curve_runs(config)}
+    assert curves["sru"]["points"] == [(2.0, 5.0), (4.0, 4.0), (6.0, 3.5)]
+    curves["missing"] = lm_bench.read_curve(tmp_path / "missing")  # a run that left nothing
+    lines = lm_bench.format_curve(curves, lm_bench.curve_runs(config), 20).splitlines()
+    assert lines[0] == "Curve: 20 s fits, final and best val_bpc"
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert rows["lstm"][:5] == ["lstm", "completed", "30", "1.5000", "1.5000"]
+    assert rows["recipe"][-1] == "model/optimizer=muon"
+    assert rows["missing"][1:3] == ["no", "result"]
+    chart = tmp_path / "curve.png"
+    lm_bench.plot_curve(curves, str(chart), 20)
+    assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
+
+
+@pytest.mark.slow  # fits a tiny model in this process
+def test_bench_lm_times_the_fit_against_the_plain_step(capsys):
+    extra = "debug=tiny trainer.limit_train_batches=20 threads=1"
+    assert bench.main(["lm", "--repeats", "4", "--warmup", "2", "--extra", extra]) == 0
+    output = capsys.readouterr().out
+    assert "Training loop benchmark: model=sru debug=tiny" in output and "fit/plain " in output
+    assert "model step: backward" in output and "callbacks: ours" in output
+    assert "TrainingThroughput.on_train_batch" in output or "SeedEveryBatch" in output
+
+
+@pytest.mark.slow  # four fits, each in its own process
+def test_bench_lm_curve_end_to_end(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="the chart needs the bench extra (matplotlib)")
+    chart = tmp_path / "curve.png"
+    extra = "debug=tiny trainer.limit_val_batches=2 threads=1"
+    argv = ["lm", "--curve", "--budget", "4", "--extra", extra, "--out", str(tmp_path / "runs"), "--plot", str(chart)]
+    assert bench.main(argv) == 0
+    lines = capsys.readouterr().out.splitlines()
+    table = lines[lines.index("Curve: 4 s fits, final and best val_bpc") + 2 :][:4]
+    assert [row.split()[:2] for row in table] == [[name, "completed"] for name in ("sru", "srupp", "lstm", "recipe")]
+    for name in ("sru", "srupp", "lstm", "recipe"):
+        assert lm_bench.read_curve(tmp_path / "runs" / name)["points"], name
+    assert chart.is_file() and chart.stat().st_size > 5000
