@@ -1,27 +1,43 @@
 """Language-modelling data: contiguous token streams from local corpora, separate documents
 packed into rows with their boundaries, and a DataLoader whose position inside the epoch survives
-a checkpoint."""
+a checkpoint.
 
-from .base import Corpus, LanguageModelDataModule
-from .corpora import Enwik8DataModule, PydocDataModule, StdlibDataModule, TextDataModule
-from .documents import DocumentsDataModule
-from .sampling import EpochSeededRandomSampler, ResumableDataLoader, global_seed
-from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
-from .tokens import TokenCodec
+The names below are imported on first use, so a module that needs only the token codec
+(`sru_lightning.data.tokens`, as reading a weights folder does) does not import Lightning.
+"""
 
-__all__ = [
-    "ContiguousStreams",
-    "Corpus",
-    "DocumentsDataModule",
-    "Enwik8DataModule",
-    "EpochSeededRandomSampler",
-    "LanguageModelDataModule",
-    "PydocDataModule",
-    "ResumableDataLoader",
-    "StdlibDataModule",
-    "TextDataModule",
-    "TokenCodec",
-    "Vocabulary",
-    "global_seed",
-    "unigram_bits_per_token",
-]
+from __future__ import annotations
+
+import importlib
+
+_EXPORTS = {
+    "Corpus": ".base",
+    "LanguageModelDataModule": ".base",
+    "Enwik8DataModule": ".corpora",
+    "PydocDataModule": ".corpora",
+    "StdlibDataModule": ".corpora",
+    "TextDataModule": ".corpora",
+    "DocumentsDataModule": ".documents",
+    "EpochSeededRandomSampler": ".sampling",
+    "ResumableDataLoader": ".sampling",
+    "global_seed": ".sampling",
+    "ContiguousStreams": ".streams",
+    "Vocabulary": ".streams",
+    "unigram_bits_per_token": ".streams",
+    "TokenCodec": ".tokens",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    module_name = _EXPORTS.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'sru_lightning.data' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__():
+    return sorted(__all__)

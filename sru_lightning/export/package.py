@@ -20,6 +20,7 @@ manifest does not own, since replacing the folder would delete it.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import shutil
@@ -335,28 +336,9 @@ def read_vocabulary(folder: str | os.PathLike):
 
 
 def tokens_module():
-    """:mod:`sru_lightning.data.tokens` (TokenCodec, TOKEN_LEVELS), without importing the data package's
-    Lightning data modules when they are not loaded yet (reading an export folder needs the codec
-    alone): its module and the one it imports are loaded under their own names, so a later
-    ``import sru_lightning.data`` finds them and the class is the same one."""
-    import importlib.util
-    import sys
-
-    name = "sru_lightning.data.tokens"
-    if name not in sys.modules and "sru_lightning.data" not in sys.modules:
-        package = Path(__file__).resolve().parents[1] / "data"
-        for module_name in ("sru_lightning.data.subwords", name):
-            if module_name in sys.modules:
-                continue
-            spec = importlib.util.spec_from_file_location(module_name, package / f"{module_name.rpartition('.')[2]}.py")
-            module = importlib.util.module_from_spec(spec)
-            sys.modules[module_name] = module
-            try:
-                spec.loader.exec_module(module)
-            except BaseException:
-                del sys.modules[module_name]
-                raise
-    return importlib.import_module(name)
+    """:mod:`sru_lightning.data.tokens` (TokenCodec, TOKEN_LEVELS); reading an export folder needs
+    the codec alone, and importing it imports no Lightning data module."""
+    return importlib.import_module("sru_lightning.data.tokens")
 
 
 def codec_from_state(state: Any, path: Path):
