@@ -136,7 +136,12 @@ def load_codec(checkpoint: Mapping[str, Any], path: Path):
 
     for entry in checkpoint.values():  # Lightning files the data module's state under its class name
         if isinstance(entry, Mapping) and isinstance(entry.get("token_codec"), Mapping):
-            return TokenCodec.from_state_dict(entry["token_codec"])
+            try:
+                return TokenCodec.from_state_dict(entry["token_codec"])
+            except (ValueError, TypeError, KeyError, ImportError) as error:
+                reason = str(error).splitlines()[0] if str(error) else type(error).__name__
+                where = f"the checkpoint {str(path)!r}"
+                raise UsageError(f"the vocabulary saved in {where} cannot be read: {reason}") from None
     raise UsageError(
         f"the checkpoint {str(path)!r} holds no vocabulary (its data module saved none): generate with a "
         "checkpoint of a run of sru_lightning's data modules"

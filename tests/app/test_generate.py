@@ -142,3 +142,19 @@ def test_sampling_is_greedy_at_temperature_zero_restricted_by_top_k_and_seeded()
     assert all(set(row.tolist()) <= set(allowed.tolist()) for row, allowed in zip(draws, top3))
     first = [sample(logits, 1.0, 0, torch.Generator().manual_seed(7)) for _ in range(2)]
     assert torch.equal(first[0], first[1])
+
+
+@pytest.mark.parametrize(
+    "state, reason",
+    [
+        ({"level": "bpe", "itos": None, "tokenizer": "{not json"}, "cannot be read"),
+        ({"level": "syllable", "itos": ["a", "b"]}, "cannot be read: TokenCodec: `level` must be one of"),
+    ],
+)
+def test_a_damaged_vocabulary_in_a_checkpoint_is_one_usage_error(state, reason):
+    from sru_lightning.app.generate import load_codec
+    from sru_lightning.app.usage import UsageError
+
+    with pytest.raises(UsageError, match=reason) as raised:
+        load_codec({"TextDataModule": {"token_codec": state}}, Path("/runs/x/last.ckpt"))
+    assert "'/runs/x/last.ckpt'" in str(raised.value) and "\n" not in str(raised.value)
