@@ -41,6 +41,7 @@ from .common import (
     warn_rnn_dropout,
     zero_padded_steps,
 )
+from .pretrained import PretrainedLayer
 
 
 def resolve_amp_flag(owner: str, amp_recurrence_fp16: bool, recurrence_policy: str) -> str:
@@ -76,7 +77,7 @@ def _check_cell_options(owner: str, use_tanh, highway_bias, weight_c_init, custo
         raise TypeError(f"{owner}: `custom_m` must be an nn.Module or None, got {type(custom_m).__name__}")
 
 
-class SRUCell(RecurrentCellMixin, nn.Module):
+class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
     """A single SRU layer (one or two directions).
 
     Shapes (time-major by default, ``batch_first=True`` swaps the first two axes of

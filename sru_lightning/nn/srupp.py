@@ -33,6 +33,7 @@ from .common import (
     unpack_sequence,
     zero_padded_steps,
 )
+from .pretrained import PretrainedLayer
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
 
@@ -55,7 +56,7 @@ def _checked_attention_placement(owner: str, every, last) -> tuple[int, int]:
     return every, last
 
 
-class SRUpp(StackMixin, nn.Module):
+class SRUpp(PretrainedLayer, StackMixin, nn.Module):
     """Stacked SRU++ layers, state-dict compatible with the ``sru`` 3.0.0-dev ``SRUpp``.
 
     Layer i has attention when ``(i + 1) % attention_every_n_layers == 0`` or, with

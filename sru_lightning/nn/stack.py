@@ -28,6 +28,7 @@ from .common import (
     warn_rnn_dropout,
     zero_padded_steps,
 )
+from .pretrained import PretrainedLayer
 
 
 def _layer_custom_m(custom_m, index: int) -> nn.Module | None:
@@ -39,7 +40,7 @@ def _layer_custom_m(custom_m, index: int) -> nn.Module | None:
     return None
 
 
-class SRU(StackMixin, nn.Module):
+class SRU(PretrainedLayer, StackMixin, nn.Module):
     """Stacked SRU layers.
 
     ``SRU(input_size, hidden_size, num_layers=2, ...)`` takes the keyword names of

@@ -192,7 +192,7 @@ def test_bounded_srupp_memory_and_misplaced_memory_length():
 
 
 def test_language_model_step_and_generate_carry_state_through_stream_step(monkeypatch):
-    """`SRULanguageModel.step` (what `generate` calls per token) goes through `stream_step`."""
+    """The network's `step` (what `generate` calls per token) goes through `stream_step`."""
     calls = []
     original = streaming.stream_step
 
@@ -200,7 +200,10 @@ def test_language_model_step_and_generate_carry_state_through_stream_step(monkey
         calls.append(tuple(chunk.shape))
         return original(module, chunk, state, **options)
 
+    from sru_lightning.nn import language_net
+
     monkeypatch.setattr(streaming, "stream_step", counting)
+    monkeypatch.setattr(language_net, "stream_step", counting)  # the network's own reference to it
     model, tokens = build("lm-srupp", torch.float32), sequence("lm-srupp", torch.float32)
     with torch.no_grad():
         expected, _ = model(tokens)

@@ -1,0 +1,105 @@
+"""The layers' own save_pretrained / from_pretrained: a folder of config.json and
+model.safetensors that rebuilds the same layer, and one-line refusals of anything else."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from sru_lightning.nn import SRU, SRUCell, SRUpp
+
+LAYERS = {
+    "SRU": lambda: SRU(8, 16, num_layers=2, layer_norm=True, highway_bias=-1.0, rescale=True),
+    "SRU-bidirectional-projected": lambda: SRU(8, 8, num_layers=2, bidirectional=True, projection_size=4),
+    "SRUCell": lambda: SRUCell(8, 8, layer_norm=True),
+    "SRUpp": lambda: SRUpp(8, 16, 4, num_layers=2, attention_every_n_layers=1),
+}
+
+
+def _output(layer, x):
+    out = layer(x)
+    return out[0] if isinstance(out, tuple) else out
+
+
+@pytest.mark.parametrize("name", sorted(LAYERS))
+def test_a_saved_layer_is_rebuilt_with_the_same_weights_and_outputs(name, tmp_path):
+    torch.manual_seed(0)
+    layer = LAYERS[name]().eval()
+    layer.save_pretrained(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["config.json", "model.safetensors"]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["architecture"] == type(layer).__name__ and config["config"] == layer.init_arguments
+    loaded = type(layer).from_pretrained(tmp_path).eval()
+    assert loaded.init_arguments == layer.init_arguments
+    x = torch.randn(5, 3, 8)
+    assert torch.equal(_output(loaded, x), _output(layer, x))
+    for (key, a), (_, b) in zip(layer.state_dict().items(), loaded.state_dict().items(), strict=True):
+        assert torch.equal(a, b), key
+
+
+def test_the_recorded_arguments_are_the_constructed_layers_with_defaults():
+    layer = SRU(4, 6, num_layers=1, dropout=0.1)
+    arguments = layer.init_arguments
+    assert arguments["input_size"] == 4 and arguments["hidden_size"] == 6 and arguments["dropout"] == 0.1
+    assert arguments["recurrence_policy"] == "auto" and arguments["highway_bias"] == 0.0
+    # The cells inside record their own.
+    assert layer.rnn_lst[0].init_arguments["input_size"] == 4
+
+
+def test_a_layer_with_a_module_argument_is_refused_by_name(tmp_path):
+    layer = SRU(4, 4, num_layers=1, custom_m=torch.nn.Linear(4, 12))
+    with pytest.raises(ValueError, match=r"argument\(s\) custom_m are not plain values"):
+        layer.save_pretrained(tmp_path)
+    assert not (tmp_path / "config.json").exists()
+
+
+@pytest.fixture
+def saved(tmp_path):
+    SRU(8, 16, num_layers=2).save_pretrained(tmp_path)
+    return tmp_path
+
+
+def test_a_missing_file_is_named(saved):
+    (saved / "model.safetensors").unlink()
+    with pytest.raises(ValueError, match=r"model.safetensors' does not exist"):
+        SRU.from_pretrained(saved)
+
+
+def test_a_folder_of_another_class_or_library_is_refused(saved):
+    with pytest.raises(ValueError, match=r"holds a 'SRU'; read it with that class's from_pretrained"):
+        SRUpp.from_pretrained(saved)
+    (saved / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 16}))
+    with pytest.raises(ValueError, match=r"is not a layer folder of this package \(format_name None"):
+        SRU.from_pretrained(saved)
+    (saved / "config.json").write_text("{not json")
+    with pytest.raises(ValueError, match=r"config.json' is not JSON"):
+        SRU.from_pretrained(saved)
+
+
+def test_truncated_or_mismatched_weights_are_refused(saved):
+    weights = saved / "model.safetensors"
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ValueError, match=r"model.safetensors' cannot be read as the configured layer's weights"):
+        SRU.from_pretrained(saved)
+    weights.write_bytes(data)
+    config = json.loads((saved / "config.json").read_text())
+    config["config"]["hidden_size"] = 12
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"model.safetensors' cannot be read|does not fit the configured layer"):
+        SRU.from_pretrained(saved)
+    config["config"]["num_layers"], config["config"]["hidden_size"] = 3, 16
+    (saved / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError, match=r"does not fit the configured layer \(missing \['rnn_lst.2"):
+        SRU.from_pretrained(saved)
+
+
+def test_the_saving_example_in_the_layers_page_runs():
+    from pathlib import Path
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "layers.md").read_text()
+    section = page.split("## Saving and sharing a layer", 1)[1].split("\n## ", 1)[0]
+    code = section.split("```python\n", 1)[1].split("```", 1)[0]
+    exec(compile(code, "docs/layers.md (Saving and sharing a layer)", "exec"), {})
