@@ -120,6 +120,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     try:
         settings = parse_settings(argv)
+        _check_server_packages()
         if settings.threads:
             torch.set_num_threads(settings.threads)
         model, codec, description = load_model(settings)
@@ -128,6 +129,18 @@ def main(argv: Sequence[str] | None = None) -> int:
         print_error(str(error), PROG)
         return 2
     return serve(model, codec, description, listener, settings)
+
+
+def _check_server_packages() -> None:
+    """The web server's packages, or a one-line UsageError naming the extra that installs them."""
+    import importlib.util
+
+    missing = [name for name in ("fastapi", "uvicorn") if importlib.util.find_spec(name) is None]
+    if missing:
+        raise UsageError(
+            f"serve needs {' and '.join(missing)}, {'which is' if len(missing) == 1 else 'which are'} not installed: "
+            "pip install 'sru_lightning[serve]'"
+        )
 
 
 def _listen(host: str, port: int) -> socket.socket:

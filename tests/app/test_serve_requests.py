@@ -88,3 +88,15 @@ def test_serve_is_listed_and_explains_its_settings(capsys):
     assert cli.main(["serve", "--help"]) == 0
     out = capsys.readouterr().out
     assert "max_streams=64" in out and "max_tokens_cap=2048" in out and "POST /v1/completions" in out
+
+
+def test_serve_without_its_web_packages_names_the_extra(monkeypatch, capsys):
+    import importlib.util
+
+    from sru_lightning.app import serve
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "uvicorn" else real(name, *a))
+    assert serve.main(["model=/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.endswith("serve needs uvicorn, which is not installed: pip install 'sru_lightning[serve]'"), err
