@@ -451,6 +451,17 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
             "trainer.precision=32-true",
             "model.net.sru_options.projection_size=8",
         ],
+        # one trial of the time-budgeted search, tiny and 4 s long
+        ("hparams_search", "speedrun_10min"): [
+            "hydra.sweeper.n_trials=1",
+            "model.net.hidden_size=16",
+            "model.net.num_layers=1",
+            "model.net.embedding_dim=8",
+            "data.seq_len=16",
+            "data.batch_size=4",
+            "trainer.max_time=00:00:00:04",
+            f"hydra.sweep.dir={tmp_path / 'run'}",
+        ],
         # one trial of the search, at the tiny sizes, written to the sweep folder's job 0
         ("hparams_search", "lm_optuna"): [
             "hydra.sweeper.n_trials=1",
