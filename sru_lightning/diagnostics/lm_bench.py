@@ -43,6 +43,9 @@ from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines,
 #: The curve's runs: name -> the overrides that make it (the recipe's come from --recipe).
 CURVE_RUNS = {"sru": ["model=sru"], "srupp": ["model=srupp"], "lstm": ["model=lstm"]}
 WALL_SECONDS = "wall_seconds"
+#: The curve's fits validate four times an epoch (data=pydoc's epoch is ~400 steps), for points
+#: between the epochs; --extra "trainer.val_check_interval=..." overrides it.
+VALIDATION_INTERVAL = 0.25
 
 
 @dataclass
@@ -367,7 +370,8 @@ def run_curve(config: LMBenchConfig) -> dict[str, Path]:
         folder = out / name
         argv = [
             sys.executable, "-m", "sru_lightning", "fit", "data=pydoc",
-            f"trainer.max_time={max_time(config.budget)}", "trainer.max_epochs=-1", *overrides,
+            f"trainer.max_time={max_time(config.budget)}", "trainer.max_epochs=-1",
+            f"trainer.val_check_interval={VALIDATION_INTERVAL}", *overrides,
             f"+callbacks.wall_clock._target_={WallClock.__module__}.{WallClock.__qualname__}",
             f"hydra.run.dir={folder}",
         ]  # fmt: skip
