@@ -9,7 +9,7 @@ compiled (``compile_bench``), ``bench documents`` what document boundaries in pa
 (``documents_bench``), ``bench serve`` the completions server under 1, 8 and 64 streaming
 clients (``serve_bench``), ``bench lm`` what the training loop adds to the model's own step, and
 (``--curve``) validation bits per character against wall-clock time for the default, SRU++, LSTM and a
-recipe (``lm_bench``). Each measures in one process, interleaved, so the ratios hold on a shared,
+recipe (``lm_bench``, ``lm_curve``). Each measures in one process, interleaved, so the ratios hold on a shared,
 noisy machine.
 """
 
@@ -237,22 +237,24 @@ def main(argv=None) -> int:
 
 
 def _bench_lm(config, refuse) -> int:
+    import shlex
+
     from sru_lightning.app.cli import config_groups
-    from sru_lightning.diagnostics import lm_bench
+    from sru_lightning.diagnostics import lm_bench, lm_curve
 
     models = config_groups()["model"]
     if config.model not in models:
         refuse(f"--model must be one of {', '.join(models)} (conf/model/), got {config.model!r}")
     for option in ("extra", "recipe"):
         try:
-            lm_bench.shlex.split(getattr(config, option))
+            shlex.split(getattr(config, option))
         except ValueError as error:
             value = getattr(config, option)
             refuse(f"--{option} must be overrides as a shell would split them, got {value!r} ({error})")
     if config.plot and not config.curve:
         refuse("--plot draws the curve: add --curve")
     if config.curve:
-        lm_bench.main_curve(config)
+        lm_curve.main_curve(config)
     else:
         print(lm_bench.format_overhead(lm_bench.measure_overhead(config)))
     return 0

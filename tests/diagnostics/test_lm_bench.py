@@ -9,14 +9,14 @@ import pytest
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from sru_lightning.callbacks import FolderModelCheckpoint, TrainingThroughput
-from sru_lightning.diagnostics import bench, lm_bench
+from sru_lightning.diagnostics import bench, lm_bench, lm_curve
 
 
 def test_bench_lm_hands_its_options_to_the_overhead_or_the_curve(monkeypatch, tmp_path, capsys):
     seen = []
     monkeypatch.setattr(lm_bench, "measure_overhead", lambda config: seen.append(config) or "result")
     monkeypatch.setattr(lm_bench, "format_overhead", lambda result: "overhead table")
-    monkeypatch.setattr(lm_bench, "main_curve", lambda config: seen.append(config))
+    monkeypatch.setattr(lm_curve, "main_curve", lambda config: seen.append(config))
     assert bench.main(["lm", "--model", "lstm", "--extra", "model.net.hidden_size=512", "--repeats", "3"]) == 0
     assert "overhead table" in capsys.readouterr().out
     chart = tmp_path / "curve.png"
@@ -38,13 +38,13 @@ def test_bench_lm_hands_its_options_to_the_overhead_or_the_curve(monkeypatch, tm
         str(tmp_path),
         str(chart),
     )
-    assert lm_bench.curve_runs(curve) == {
+    assert lm_curve.curve_runs(curve) == {
         "sru": ["model=sru"],
         "srupp": ["model=srupp"],
         "lstm": ["model=lstm"],
         "recipe": ["model=srupp", "x=1"],
     }
-    assert lm_bench.max_time(7) == "00:00:00:07" and lm_bench.max_time(3725) == "00:01:02:05"
+    assert lm_curve.max_time(7) == "00:00:00:07" and lm_curve.max_time(3725) == "00:01:02:05"
 
 
 @pytest.mark.parametrize(
@@ -135,19 +135,19 @@ def _fake_run(folder, status, bits):
 def test_curve_table_and_chart_from_run_folders(tmp_path):
     pytest.importorskip("matplotlib", reason="the chart needs the bench extra (matplotlib)")
     config = lm_bench.LMBenchConfig(out=str(tmp_path), budget=20)
-    for index, name in enumerate(lm_bench.curve_runs(config)):
+    for index, name in enumerate(lm_curve.curve_runs(config)):
         _fake_run(tmp_path / name, "completed", [5.0 - index, 4.0 - index, 3.5 - index])
-    curves = {name: lm_bench.read_curve(tmp_path / name) for name in lm_bench.curve_runs(config)}
+    curves = {name: lm_curve.read_curve(tmp_path / name) for name in lm_curve.curve_runs(config)}
     assert curves["sru"]["points"] == [(2.0, 5.0), (4.0, 4.0), (6.0, 3.5)]
-    curves["missing"] = lm_bench.read_curve(tmp_path / "missing")  # a run that left nothing
-    lines = lm_bench.format_curve(curves, lm_bench.curve_runs(config), 20).splitlines()
+    curves["missing"] = lm_curve.read_curve(tmp_path / "missing")  # a run that left nothing
+    lines = lm_curve.format_curve(curves, lm_curve.curve_runs(config), 20).splitlines()
     assert lines[0] == "Curve: 20 s fits, final and best val_bpc"
     rows = {line.split()[0]: line.split() for line in lines[2:]}
     assert rows["lstm"][:5] == ["lstm", "completed", "30", "1.5000", "1.5000"]
     assert rows["recipe"][-1] == "model/optimizer=muon"
     assert rows["missing"][1:3] == ["no", "result"]
     chart = tmp_path / "curve.png"
-    lm_bench.plot_curve(curves, str(chart), 20)
+    lm_curve.plot_curve(curves, str(chart), 20)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
 
 
@@ -172,5 +172,5 @@ def test_bench_lm_curve_end_to_end(tmp_path, capsys):
     table = lines[lines.index("Curve: 4 s fits, final and best val_bpc") + 2 :][:4]
     assert [row.split()[:2] for row in table] == [[name, "completed"] for name in ("sru", "srupp", "lstm", "recipe")]
     for name in ("sru", "srupp", "lstm", "recipe"):
-        assert lm_bench.read_curve(tmp_path / "runs" / name)["points"], name
+        assert lm_curve.read_curve(tmp_path / "runs" / name)["points"], name
     assert chart.is_file() and chart.stat().st_size > 5000
