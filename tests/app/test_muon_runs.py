@@ -49,7 +49,7 @@ def test_a_muon_fit_steps_hidden_matrices_with_muon_and_resumes_exactly(tmp_path
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("trainer", ["deepspeed_stage_2", "fsdp"])
+@pytest.mark.parametrize("trainer", ["deepspeed_stage_2", "fsdp", "fsdp2"])
 def test_engines_that_split_matrices_refuse_muon_in_one_line(tmp_path, capsys, trainer):
     run_dir = tmp_path / "run"
     code = fit(f"trainer={trainer}", "trainer.accelerator=cpu", "trainer.devices=1", f"hydra.run.dir={run_dir}")
