@@ -85,7 +85,15 @@ def _build(config: Any, **bound) -> Any:
         return config(**bound)
     from hydra.utils import instantiate
 
-    return instantiate(config, _partial_=True)(**bound)
+    if "named_params" not in bound:
+        return instantiate(config, **bound)
+    factory = instantiate(config, _partial_=True)
+    try:
+        return factory(**bound)
+    except Exception as error:  # told like instantiate's own errors: the target, then the cause
+        from hydra.errors import InstantiationException
+
+        raise InstantiationException(f"Error in call to target '{config['_target_']}':\n{error!r}") from error
 
 
 def build_optimizer(network: nn.Module, config: Any) -> torch.optim.Optimizer:

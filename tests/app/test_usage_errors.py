@@ -94,6 +94,12 @@ TRAINER_CASES = [
     ("fit", "model.optimizer.lr", ["model.optimizer.lr=abc"], "torch.optim.adamw.AdamW"),
     (
         "fit",
+        "model.optimizer.momentum",
+        ["model/optimizer=muon", "model.optimizer.momentum=-1"],
+        "MuonAdamW: momentum should be >= 0 but is: -1",
+    ),
+    (
+        "fit",
         "model.lr_scheduler.warmup_fraction",
         ["model.lr_scheduler.warmup_fraction=2"],
         "`warmup_fraction` must be in [0, 1)",

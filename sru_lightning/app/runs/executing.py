@@ -107,10 +107,10 @@ def execute(
             say(f"final {text} (no validation: trainer.limit_val_batches=0; unigram baseline {unit}={baseline:.4f})")
         else:
             where = _evaluation_text(evaluated_with) if evaluated_with else ""
-            # Bits per byte compare runs whose tokens differ (subwords, words); characters are
-            # about a byte each, so a character-level run says bits per character only.
+            # Bits per byte compare a subword run with character-level ones (a character is about
+            # a byte); at word level it is an estimate (docs/data.md), so the line keeps bits per word.
             per_byte = metrics.get(f"{split}_bpb")
-            also = f", {split}_bpb={per_byte:.4f}" if per_byte is not None and not bits.endswith("_bpc") else ""
+            also = f", {split}_bpb={per_byte:.4f}" if per_byte is not None and bits.endswith("_bpt") else ""
             say(f"final {bits}={value:.4f}{also} (unigram baseline {unit}={baseline:.4f}{where})")
     return metrics
 
