@@ -163,6 +163,30 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, generator: torc
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
 
 
+def sample_rows(
+    logits: torch.Tensor, temperatures: list[float], top_ks: list[int], generators: list[torch.Generator | None]
+) -> torch.Tensor:
+    """Next token ids (B,) of B independent requests: row r is exactly
+    ``sample(logits[r:r+1], temperatures[r], top_ks[r], generators[r])``, with the work that does
+    not depend on a row's generator done once for the batch (the greedy rows' argmax, the
+    softmax of the rows sampled from the whole vocabulary)."""
+    rows = range(logits.size(0))
+    tokens = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
+    greedy = [row for row in rows if temperatures[row] == 0]
+    if greedy:
+        tokens[greedy] = logits[greedy].argmax(dim=-1)
+    whole = [row for row in rows if temperatures[row] != 0 and not 0 < top_ks[row] < logits.size(-1)]
+    if whole:
+        scale = torch.tensor([temperatures[row] for row in whole], dtype=torch.float32, device=logits.device)
+        probabilities = torch.softmax(logits[whole].float() / scale[:, None], dim=-1)
+        for index, row in enumerate(whole):
+            tokens[row] = torch.multinomial(probabilities[index : index + 1], 1, generator=generators[row])[0, 0]
+    for row in rows:
+        if temperatures[row] != 0 and 0 < top_ks[row] < logits.size(-1):
+            tokens[row] = sample(logits[row : row + 1], temperatures[row], top_ks[row], generators[row])[0]
+    return tokens
+
+
 @dataclass
 class GenerationStats:
     prompt_tokens: int

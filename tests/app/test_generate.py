@@ -158,3 +158,19 @@ def test_a_damaged_vocabulary_in_a_checkpoint_is_one_usage_error(state, reason):
     with pytest.raises(UsageError, match=reason) as raised:
         load_codec({"TextDataModule": {"token_codec": state}}, Path("/runs/x/last.ckpt"))
     assert "'/runs/x/last.ckpt'" in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_sampling_rows_together_draws_what_each_row_draws_alone():
+    from sru_lightning.app.generate import sample, sample_rows
+
+    logits = torch.randn(7, 50, generator=torch.Generator().manual_seed(3)) * 3
+    temperatures = [0.8, 0, 1.3, 0.8, 0.5, 0, 1.0]
+    top_ks = [0, 0, 5, 0, 0, 3, 49]
+    for seed in range(20):
+        alone = [
+            int(sample(logits[r : r + 1], temperatures[r], top_ks[r], torch.Generator().manual_seed(seed + r))[0])
+            for r in range(7)
+        ]
+        generators = [torch.Generator().manual_seed(seed + r) for r in range(7)]
+        together = sample_rows(logits, temperatures, top_ks, generators).tolist()
+        assert together == alone, seed

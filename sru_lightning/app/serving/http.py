@@ -117,6 +117,9 @@ async def _events(stream: Stream, queue: asyncio.Queue, head: dict[str, Any]) ->
     """`data: {chunk}` per token (one chunk per token, several written at once when they queued
     up), the last with its finish_reason and the usage, then `data: [DONE]`. Leaving early (the
     client went away) cancels the stream: its slot is free at the scheduler's next step."""
+    # A token's chunk differs from the stream's others only in its text: the rest is written once.
+    middle = json.dumps({**head, "choices": [_choice("", None)]}, ensure_ascii=False)
+    before, after = middle.split('"text": ""', 1)
     try:
         while True:
             pieces = [await queue.get()]
@@ -128,10 +131,12 @@ async def _events(stream: Stream, queue: asyncio.Queue, head: dict[str, Any]) ->
                     lines.append(_sse(error_body(f"generation failed: {text}", "server_error")))
                     finished = True
                     break
+                if finish_reason is None:
+                    lines.append(f'data: {before}"text": {json.dumps(text, ensure_ascii=False)}{after}\n\n')
+                    continue
                 chunk = {**head, "choices": [_choice(text, finish_reason)]}
-                if finish_reason is not None:
-                    chunk["usage"] = _usage(stream.request, stream.generated)
-                    finished = True
+                chunk["usage"] = _usage(stream.request, stream.generated)
+                finished = True
                 lines.append(_sse(chunk))
             if finished:
                 lines.append("data: [DONE]\n\n")

@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sru_lightning.app.generate import sample
+from sru_lightning.app.generate import sample, sample_rows
 
 from .requests import CompletionRequest
 
@@ -259,16 +259,14 @@ class Scheduler:
                 self._groups.remove(group)
 
     def _sample_rows(self, streams: list[Stream], logits: torch.Tensor) -> set[int]:
-        """Each row's next token by `generate`'s own sampling; greedy rows in one argmax."""
-        greedy = [row for row, stream in enumerate(streams) if stream.request.temperature == 0]
-        tokens: dict[int, torch.Tensor] = {}
-        if greedy:
-            picked = sample(logits[greedy], 0, 0, None)
-            tokens.update(zip(greedy, picked.unbind()))
-        for row, stream in enumerate(streams):
-            if row not in tokens:
-                request = stream.request
-                tokens[row] = sample(logits[row : row + 1], request.temperature, request.top_k, stream.generator)
+        """Each row's next token, as `generate`'s own sampling draws it (`sample_rows`: each row
+        with its stream's generator, the rest batched)."""
+        tokens = sample_rows(
+            logits,
+            [stream.request.temperature for stream in streams],
+            [stream.request.top_k for stream in streams],
+            [stream.generator for stream in streams],
+        )
         return {row for row, stream in enumerate(streams) if self._hand_out(stream, tokens[row])}
 
     def _merge_groups(self) -> None:
