@@ -11,6 +11,7 @@ engine is set up inside ``init_deepspeed`` and ``setup_module[_and_optimizers]``
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from types import CodeType
 from typing import Any
@@ -22,6 +23,7 @@ __all__ = [
     "fabric_deepspeed_setup_distributed_on_cpu",
     "fabric_fsdp_kwargs",
     "fsdp_state_dict_type",
+    "give_the_launcher_time_after_a_lost_process",
     "full_state_dict_context_replaced",
     "init_deepspeed_distributed",
     "is_trainer_call_frame",
@@ -155,3 +157,35 @@ def resolve_all_data_parallel(strategy: Any) -> None:
     constructor keeps the setting and ``setup_environment`` reads it to build the device mesh."""
     if strategy._data_parallel_size == "all":
         strategy._data_parallel_size = strategy.num_nodes * strategy.num_processes
+
+
+def give_the_launcher_time_after_a_lost_process(grace_seconds: float) -> None:
+    """Let the launching process report a rank that died before Lightning's watcher kills it.
+
+    Lightning's script launcher (rank 0 starts the other ranks as subprocesses) runs a watcher
+    thread, the private ``_ChildProcessObserver`` of
+    ``lightning.fabric.strategies.launchers.subprocess_script``: every ``_sleep_period`` seconds
+    its ``_run`` polls ``_child_processes``, and when one has exited with an error it sends
+    SIGKILL to them and to the launching process at once. The launching process also learns of
+    the loss from its next collective and ends with one line naming the rank, unless that kill
+    comes first. After this call the watcher kills only once `grace_seconds` have passed since it
+    first saw the failed process (it still ends a launching process that hangs). Idempotent."""
+    from lightning.fabric.strategies.launchers import subprocess_script
+
+    observer = subprocess_script._ChildProcessObserver
+    if getattr(observer._run, "grace_seconds", None) is not None:
+        observer._run.grace_seconds = grace_seconds
+        return
+    original = observer._run
+
+    def _run(self) -> bool:
+        for process in self._child_processes:
+            process.poll()
+        if any(process.returncode for process in self._child_processes):
+            first_seen = self.__dict__.setdefault("failure_first_seen", time.monotonic())
+            if time.monotonic() - first_seen < _run.grace_seconds:
+                return False
+        return original(self)
+
+    _run.grace_seconds = grace_seconds
+    observer._run = _run

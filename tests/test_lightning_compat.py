@@ -183,3 +183,32 @@ def test_all_data_parallel_becomes_every_process(package):
     strategy.num_nodes = 2
     compat.resolve_all_data_parallel(strategy)
     assert strategy._data_parallel_size == 6
+
+
+def test_the_launchers_watcher_waits_after_a_lost_process_then_kills(monkeypatch):
+    from lightning.fabric.strategies.launchers import subprocess_script
+
+    observer = subprocess_script._ChildProcessObserver
+    init = require(observer, "__init__", ("main_pid", "child_processes", "sleep_period"))
+    require(observer, "_run", (), used_by=compat.give_the_launcher_time_after_a_lost_process)
+    require(observer, "_terminate_all", (), used_by=compat.give_the_launcher_time_after_a_lost_process)
+    assert init is not None
+    monkeypatch.setattr(observer, "_run", observer._run)  # undone after the test
+    compat.give_the_launcher_time_after_a_lost_process(0.2)
+
+    class Process:
+        returncode = -9
+        pid = 123
+
+        def poll(self):
+            return self.returncode
+
+    watcher = observer(main_pid=0, child_processes=[Process()])
+    assert "_child_processes" in vars(watcher)
+    killed = []
+    monkeypatch.setattr(watcher, "_terminate_all", lambda: killed.append(True))
+    assert watcher._run() is False and not killed, "the first sight of a failed process waits"
+    import time
+
+    time.sleep(0.25)
+    assert watcher._run() is True and killed == [True], "after the grace period it kills as before"

@@ -11,6 +11,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from sru_lightning._lightning_compat import give_the_launcher_time_after_a_lost_process
 from sru_lightning.app.usage import UsageError
 
 from .checkpoints import check_fits_model, saved_codec
@@ -23,6 +24,9 @@ from .threads import set_thread_count, thread_setting_problem
 from .trainer_args import check_trainer_settings
 
 log = logging.getLogger("sru_lightning")
+#: Seconds the launching process has to report a rank that died before Lightning's launcher
+#: kills it (it still ends a launching process that hangs).
+LOST_PROCESS_GRACE_S = 20
 
 
 def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict[str, str] | None = None):
@@ -137,6 +141,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         SaveRunConfig(plain_config(cfg), owner, start.run_id),
         *start.callbacks(),
     ]
+    # A rank that dies is reported by this process in one line (runs/outcomes.py): Lightning's
+    # launcher kills it only if it has not ended by itself this long after.
+    give_the_launcher_time_after_a_lost_process(LOST_PROCESS_GRACE_S)
     trainer = instantiate_setting(
         cfg.trainer, cfg=cfg, callbacks=callbacks, logger=loggers or False, **_run_plugins(cfg)
     )
