@@ -88,9 +88,10 @@ def assert_decays_to_the_floor_and_validates_last_in_budget(trace: BudgetTrace, 
         assert 0 < peak_at < len(rates) - 1
     after_peak = rates[peak_at:]
     assert all(later <= earlier for earlier, later in zip(after_peak, after_peak[1:])), "no rise after the warm-up"
-    # The last step runs near the floor: in the last tenth of the decay (a step that took longer
-    # than the ones before it on a busy machine ends the fit a step or two before the schedule's end).
-    assert FLOOR * PEAK * (1 - 1e-9) <= rates[-1] <= FLOOR * PEAK + 0.1 * (PEAK - FLOOR * PEAK), rates[-5:]
+    # The last step runs near the floor: in the last quarter of the decay (on a busy machine a
+    # step that takes longer than the ones before it rightly ends the fit some steps before the
+    # schedule's end, to leave time for the last validation; without TimeBudget it stays at PEAK).
+    assert FLOOR * PEAK * (1 - 1e-9) <= rates[-1] <= FLOOR * PEAK + 0.25 * (PEAK - FLOOR * PEAK), rates[-5:]
     last_step, last_step_end = trace.step_ends[-1]
     last_validation_step, last_validation_end = trace.validation_ends[-1]
     assert last_validation_step == last_step, "the last validation saw the final weights"
