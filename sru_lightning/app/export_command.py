@@ -8,6 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from sru_lightning.app.key_value import wants_help
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
 PROG = command_prog("export")
@@ -25,22 +26,20 @@ class ExportSettings:
 
 
 def usage() -> str:
-    from sru_lightning.app.key_value import settings_usage
+    from sru_lightning.app.key_value import command_usage
 
-    lines = settings_usage(PROG, "Export a trained checkpoint for deployment.", ExportSettings)
-    lines += [
-        "",
+    notes = [
         "format=onnx runs with onnxruntime alone; pt2 (torch.export) and aoti (AOTInductor, compiled)",
         "need torch and sru_lightning. The folder holds the model, vocabulary.json and manifest.json,",
         "which lists them; overwrite=true refuses a folder holding anything else. format=hf writes the",
         "network's weights in the Hugging Face layout (config.json, model.safetensors, tokenizer.json),",
         "read by sru_lightning.from_pretrained(<dir>) and shared with huggingface_hub.upload_folder.",
-        "",
-        "Example:",
-        f"  {PROG} ckpt_path=outputs/<date>/<time> format=onnx out=exports/sru-onnx",
-        "  python -m sru_lightning generate model=exports/sru-onnx prompt='The ' temperature=0",
     ]
-    return "\n".join(lines)
+    examples = [
+        f"{PROG} ckpt_path=outputs/<date>/<time> format=onnx out=exports/sru-onnx",
+        "python -m sru_lightning generate model=exports/sru-onnx prompt='The ' temperature=0",
+    ]
+    return command_usage(PROG, "Export a trained checkpoint for deployment.", ExportSettings, notes, examples)
 
 
 def parse_settings(argv: Sequence[str]) -> ExportSettings:
@@ -60,7 +59,7 @@ def parse_settings(argv: Sequence[str]) -> ExportSettings:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(argument in ("-h", "--help", "help") for argument in argv):
+    if wants_help(argv):
         print(usage())
         return 0
     from sru_lightning.app import generate

@@ -18,6 +18,7 @@ from typing import Any, TextIO
 
 import torch
 
+from sru_lightning.app.key_value import wants_help
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
 PROG = command_prog("generate")
@@ -42,18 +43,14 @@ class GenerateSettings:
 # --------------------------------------------------------------------------------------------
 # settings
 def usage() -> str:
-    from sru_lightning.app.key_value import settings_usage
+    from sru_lightning.app.key_value import command_usage
 
-    lines = settings_usage(PROG, "Write text with a trained checkpoint.", GenerateSettings)
-    lines += [
-        "",
+    notes = [
         "temperature=0 is greedy decoding (always the likeliest token). Text goes to stdout,",
         "tokens per second to stderr.",
-        "",
-        "Example:",
-        f"  {PROG} ckpt_path=outputs/<date>/<time> prompt='The ' length=200 temperature=0.8 top_k=0 seed=0",
     ]
-    return "\n".join(lines)
+    example = f"{PROG} ckpt_path=outputs/<date>/<time> prompt='The ' length=200 temperature=0.8 top_k=0 seed=0"
+    return command_usage(PROG, "Write text with a trained checkpoint.", GenerateSettings, notes, [example])
 
 
 def parse_settings(argv: Sequence[str]) -> GenerateSettings:
@@ -62,7 +59,7 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
     OmegaConf checks and converts the types against `GenerateSettings`; `prompt` is taken
     verbatim (YAML parsing would strip its spaces or turn `yes` into true).
     """
-    from sru_lightning.app.key_value import parse_key_values
+    from sru_lightning.app.key_value import check_device, parse_key_values
 
     settings, raw = parse_key_values(argv, GenerateSettings, UsageError)
     if settings.model and "ckpt_path" in raw:  # the default ckpt_path=last is no choice of the user's
@@ -76,10 +73,7 @@ def parse_settings(argv: Sequence[str]) -> GenerateSettings:
         raise UsageError(f"`temperature` must be a finite number >= 0 (0 = greedy), got {raw.get('temperature')}")
     if settings.top_k < 0:
         raise UsageError(f"`top_k` must be an integer >= 0 (0 = no limit), got {settings.top_k}")
-    if settings.device not in ("cpu", "cuda"):
-        raise UsageError(f"`device` must be 'cpu' or 'cuda', got {settings.device!r}")
-    if settings.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("`device` is 'cuda', but torch sees no CUDA device here; use device=cpu")
+    check_device(settings.device, UsageError)
     if settings.prompt == "":
         raise UsageError("`prompt` must hold at least one token, got ''")
     return settings
@@ -235,7 +229,7 @@ def generate_text(model, codec, settings: GenerateSettings, out: TextIO) -> Gene
 # entry point
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(argument in ("-h", "--help", "help") for argument in argv):
+    if wants_help(argv):
         print(usage())
         return 0
     try:

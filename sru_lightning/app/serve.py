@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from sru_lightning.app.key_value import wants_help
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
 PROG = command_prog("serve")
@@ -46,22 +47,18 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 
 
 def usage() -> str:
-    from sru_lightning.app.key_value import settings_usage
+    from sru_lightning.app.key_value import command_usage
 
-    lines = settings_usage(PROG, "Serve completions of a trained model over HTTP.", ServeSettings)
-    lines += [
-        "",
+    notes = [
         "POST /v1/completions {prompt, max_tokens, temperature, top_k, seed, stream}; GET /health.",
         "temperature=0 is greedy (the text of `generate ... temperature=0`).",
-        "",
-        "Example:",
-        f"  {PROG} model=outputs/<date>/<time> port=8000 max_streams=64",
     ]
-    return "\n".join(lines)
+    example = f"{PROG} model=outputs/<date>/<time> port=8000 max_streams=64"
+    return command_usage(PROG, "Serve completions of a trained model over HTTP.", ServeSettings, notes, [example])
 
 
 def parse_settings(argv: Sequence[str]) -> ServeSettings:
-    from sru_lightning.app.key_value import parse_key_values
+    from sru_lightning.app.key_value import check_device, parse_key_values
 
     settings, _ = parse_key_values(argv, ServeSettings, UsageError)
     if not 0 <= settings.port <= 65535:
@@ -74,10 +71,7 @@ def parse_settings(argv: Sequence[str]) -> ServeSettings:
         raise UsageError(f"`max_tokens_cap` must be a positive integer, got {settings.max_tokens_cap}")
     if settings.threads < 0:
         raise UsageError(f"`threads` must be an integer >= 0 (0 = torch's default), got {settings.threads}")
-    if settings.device not in ("cpu", "cuda"):
-        raise UsageError(f"`device` must be 'cpu' or 'cuda', got {settings.device!r}")
-    if settings.device == "cuda" and not torch.cuda.is_available():
-        raise UsageError("`device` is 'cuda', but torch sees no CUDA device here; use device=cpu")
+    check_device(settings.device, UsageError)
     if settings.log_level not in LOG_LEVELS:
         raise UsageError(f"`log_level` must be one of {', '.join(LOG_LEVELS)}, got {settings.log_level!r}")
     return settings
@@ -115,7 +109,7 @@ def load_model(settings: ServeSettings):
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if any(argument in ("-h", "--help", "help") for argument in argv):
+    if wants_help(argv):
         print(usage())
         return 0
     try:

@@ -63,6 +63,8 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
         "curve": "curve",
         "budget": "budget",
         "recipe": "recipe",
+        "runs": "runs",
+        "seeds": "seeds",
         "out": "out",
         "plot": "plot",
     },
@@ -86,7 +88,9 @@ OPTIONS = {
     "extra": ("--extra", "Hydra overrides of every fit, in one quoted string"),
     "curve": ("--curve", "run the curve: one fit per model of --budget seconds each"),
     "budget": ("--budget", "seconds of each fit of --curve (trainer.max_time)"),
-    "recipe": ("--recipe", "the overrides of the curve's fourth run, in one quoted string"),
+    "recipe": ("--recipe", "the overrides of the curve's run `recipe`, in one quoted string"),
+    "runs": ("--runs", "the curve's runs, comma-separated, of sru (the default model), srupp, lstm, recipe"),
+    "seeds": ("--seeds", "comma-separated seeds: one fit per run and seed (mean and spread); empty: the config's seed"),
     "out": ("--out", "folder of the curve's run folders"),
 }
 #: What an option means in a subcommand where it is not what OPTIONS says.
@@ -101,7 +105,7 @@ _MEANING_IN = {
 #: Options that count something: at least 1 (--warmup: at least 0).
 _COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget")
 #: Options whose value is text.
-_TEXTS = ("model", "extra", "recipe", "out")
+_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out")
 
 
 def _mode_config(mode: str):
@@ -251,8 +255,17 @@ def _bench_lm(config, refuse) -> int:
         except ValueError as error:
             value = getattr(config, option)
             refuse(f"--{option} must be overrides as a shell would split them, got {value!r} ({error})")
-    if config.plot and not config.curve:
-        refuse("--plot draws the curve: add --curve")
+    for option in ("plot", "runs", "seeds"):
+        default = type(config).__dataclass_fields__[option].default
+        if getattr(config, option) != default and not config.curve:
+            refuse(f"--{option} is a setting of the curve: add --curve")
+    names = [name.strip() for name in config.runs.split(",")]
+    unknown = [name for name in names if name not in lm_curve.CURVE_RUNS]
+    if unknown or len(set(names)) != len(names):
+        known = ", ".join(lm_curve.CURVE_RUNS)
+        refuse(f"--runs must name each of {known} at most once, comma-separated, got {config.runs!r}")
+    if config.seeds.strip() and not all(seed.strip().isdigit() for seed in config.seeds.split(",")):
+        refuse(f"--seeds must be non-negative integers, comma-separated, got {config.seeds!r}")
     if config.curve:
         lm_curve.main_curve(config)
     else:

@@ -42,7 +42,9 @@ class LMBenchConfig:
     statistic: str = "median"
     curve: bool = False
     budget: int = 60  # seconds per fit of the curve
-    recipe: str = "model/optimizer=muon"
+    recipe: str = "experiment=speedrun_10min"
+    runs: str = "sru,srupp,lstm,recipe"  # the curve's runs, comma-separated
+    seeds: str = ""  # comma-separated seeds: one fit per run and seed; empty: the config's seed
     out: str = "outputs/bench_lm"
     plot: str | None = None
 

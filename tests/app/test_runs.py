@@ -462,6 +462,18 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
             "trainer.max_time=00:00:00:04",
             f"hydra.sweep.dir={tmp_path / 'run'}",
         ],
+        # the grid cut to one tiny 4 s trial (a swept key given on the command line is not swept)
+        ("hparams_search", "speedrun_10min_grid"): [
+            "model.net.hidden_size=16",
+            "model.net.dropout=0.0",
+            "model.net.num_layers=1",
+            "model.net.embedding_dim=8",
+            "data.seq_len=16",
+            "data.batch_size=4",
+            "trainer.max_time=00:00:00:04",
+            "trainer.precision=32-true",
+            f"hydra.sweep.dir={tmp_path / 'run'}",
+        ],
         # one trial of the search, at the tiny sizes, written to the sweep folder's job 0
         ("hparams_search", "lm_optuna"): [
             "hydra.sweeper.n_trials=1",

@@ -23,7 +23,8 @@ def test_bench_lm_hands_its_options_to_the_overhead_or_the_curve(monkeypatch, tm
     argv = ["lm", "--curve", "--budget", "7", "--recipe", "model=srupp x=1", "--out", str(tmp_path)]
     argv += ["--plot", str(chart)]
     assert bench.main(argv) == 0
-    overhead, curve = seen
+    assert bench.main(["lm", "--curve", "--runs", "recipe,sru", "--seeds", "3,4", "--extra", "y=2"]) == 0
+    overhead, curve, seeded = seen
     assert (overhead.model, overhead.extra, overhead.repeats, overhead.warmup, overhead.curve) == (
         "lstm",
         "model.net.hidden_size=512",
@@ -44,6 +45,10 @@ def test_bench_lm_hands_its_options_to_the_overhead_or_the_curve(monkeypatch, tm
         "lstm": ["model=lstm"],
         "recipe": ["model=srupp", "x=1"],
     }
+    assert lm_curve.seeds(curve) == [None] and lm_curve.seeds(seeded) == [3, 4]
+    assert lm_curve.curve_runs(seeded) == {"recipe": ["experiment=speedrun_10min", "y=2"], "sru": ["model=sru", "y=2"]}
+    assert lm_curve.fit_folder(tmp_path, "sru", None) == tmp_path / "sru"
+    assert lm_curve.fit_folder(tmp_path, "sru", 3) == tmp_path / "sru-seed3"
     assert lm_curve.max_time(7) == "00:00:00:07" and lm_curve.max_time(3725) == "00:01:02:05"
 
 
@@ -52,7 +57,11 @@ def test_bench_lm_hands_its_options_to_the_overhead_or_the_curve(monkeypatch, tm
     [
         (["--model", "gru"], "bench lm: error: --model must be one of "),
         (["--budget", "0"], "bench lm: error: --budget must be >= 1, got 0"),
-        (["--plot", "x.png"], "bench lm: error: --plot draws the curve: add --curve"),
+        (["--plot", "x.png"], "bench lm: error: --plot is a setting of the curve: add --curve"),
+        (["--seeds", "1,2"], "bench lm: error: --seeds is a setting of the curve: add --curve"),
+        (["--curve", "--runs", "sru,gru"], "--runs must name each of sru, srupp, lstm, recipe at most once"),
+        (["--curve", "--runs", "sru,sru"], "--runs must name each of sru, srupp, lstm, recipe at most once"),
+        (["--curve", "--seeds", "1,x"], "error: --seeds must be non-negative integers, comma-separated, got '1,x'"),
         (["--extra", "a='b"], "bench lm: error: --extra must be overrides as a shell would split them"),
         (["--length", "3"], "--length is an option of `bench op`"),
     ],
@@ -134,21 +143,66 @@ def _fake_run(folder, status, bits):
 
 def test_curve_table_and_chart_from_run_folders(tmp_path):
     pytest.importorskip("matplotlib", reason="the chart needs the bench extra (matplotlib)")
-    config = lm_bench.LMBenchConfig(out=str(tmp_path), budget=20)
-    for index, name in enumerate(lm_curve.curve_runs(config)):
-        _fake_run(tmp_path / name, "completed", [5.0 - index, 4.0 - index, 3.5 - index])
-    curves = {name: lm_curve.read_curve(tmp_path / name) for name in lm_curve.curve_runs(config)}
-    assert curves["sru"]["points"] == [(2.0, 5.0), (4.0, 4.0), (6.0, 3.5)]
-    curves["missing"] = lm_curve.read_curve(tmp_path / "missing")  # a run that left nothing
+    runs = {  # name -> each seed's validations at 2, 4 and 6 s
+        "sru": [[5.0, 4.0, 3.5], [5.0, 4.0, 3.7]],  # mean final 3.6
+        "recipe": [[4.0, 3.5, 3.0], [4.0, 3.8, 3.2]],  # at or below 3.6 by 4 s and by 6 s
+        "lstm": [[6.0, 5.0, 4.5]],
+    }
+    for name, seeds in runs.items():
+        for seed, bits in enumerate(seeds):
+            _fake_run(lm_curve.fit_folder(tmp_path, name, seed), "completed", bits)
+    curves = {name: [lm_curve.read_curve(tmp_path / f"{name}-seed{seed}") for seed in range(len(seeds))]
+              for name, seeds in runs.items()}  # fmt: skip
+    assert curves["sru"][0]["points"] == [(2.0, 5.0), (4.0, 4.0), (6.0, 3.5)]
+    curves["srupp"] = [lm_curve.read_curve(tmp_path / "missing")]  # a run that left nothing
+    config = lm_bench.LMBenchConfig(out=str(tmp_path), budget=20, recipe="model/optimizer=muon")
     lines = lm_curve.format_curve(curves, lm_curve.curve_runs(config), 20).splitlines()
-    assert lines[0] == "Curve: 20 s fits, final and best val_bpc"
+    assert lines[0] == "Curve: 20 s fits, final and best val_bpc (means over each run's fits)"
+    header = ["run", "status", "fits", "steps", "final", "spread", "best", "tok/s", "reach", "s", "overrides"]
+    assert lines[1].split() == header
     rows = {line.split()[0]: line.split() for line in lines[2:]}
-    assert rows["lstm"][:5] == ["lstm", "completed", "30", "1.5000", "1.5000"]
+    assert rows["sru"][:9] == ["sru", "completed", "2", "30", "3.6000", "0.2000", "3.6000", "900", "-"]
+    assert rows["recipe"][:9] == ["recipe", "completed", "2", "30", "3.1000", "0.2000", "3.1000", "900", "6"]
     assert rows["recipe"][-1] == "model/optimizer=muon"
-    assert rows["missing"][1:3] == ["no", "result"]
+    assert rows["lstm"][2:9] == ["1", "30", "4.5000", "0.0000", "4.5000", "900", "never"]
+    assert rows["srupp"][1:5] == ["no", "result", "1", "-"]
     chart = tmp_path / "curve.png"
     lm_curve.plot_curve(curves, str(chart), 20)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
+
+
+def test_curve_reads_a_completed_fit_with_the_same_overrides_instead_of_running_it(tmp_path, monkeypatch, capsys):
+    config = lm_bench.LMBenchConfig(out=str(tmp_path), budget=5, runs="sru,lstm", seeds="1,2")
+    done = lm_curve.fit_folder(tmp_path, "sru", 1)
+    _fake_run(done, "completed", [4.0, 3.0])
+    clock = "+callbacks.wall_clock._target_=sru_lightning.diagnostics.lm_curve.WallClock"
+    made = ["data=pydoc", "trainer.max_time=00:00:00:05", "trainer.max_epochs=-1", "trainer.val_check_interval=0.25"]
+    made += ["model=sru", "seed=1", clock]
+    (done / ".hydra").mkdir()
+    (done / ".hydra" / "overrides.yaml").write_text("".join(f"- {item}\n" for item in reversed(made)))
+    assert lm_curve.completed_with(done, made)
+    assert not lm_curve.completed_with(done, [*made[:-1], "model.net.hidden_size=8"])
+    failed = lm_curve.fit_folder(tmp_path, "lstm", 1)
+    _fake_run(failed, "failed", [4.0])
+    (failed / ".hydra").mkdir()
+    lstm = [item.replace("model=sru", "model=lstm") for item in made]
+    (failed / ".hydra" / "overrides.yaml").write_text("".join(f"- {item}\n" for item in lstm))
+    started = []
+    monkeypatch.setattr(lm_curve.subprocess, "run", lambda argv, **kwargs: started.append(argv) or _Exit(0))
+    second = [lm_curve.fit_folder(tmp_path, name, 2) for name in ("sru", "lstm")]
+    assert lm_curve.run_curve(config) == {"sru": [done, second[0]], "lstm": [failed, second[1]]}
+    # every run's fit of seed 1 first (sru's is read), then those of seed 2
+    assert [(argv[argv.index("fit") + 5], argv[argv.index("fit") + 6]) for argv in started] == [
+        ("model=lstm", "seed=1"),
+        ("model=sru", "seed=2"),
+        ("model=lstm", "seed=2"),
+    ]
+    assert "sru seed 1: completed earlier with the same overrides" in capsys.readouterr().out
+
+
+class _Exit:
+    def __init__(self, returncode: int) -> None:
+        self.returncode, self.stderr = returncode, ""
 
 
 @pytest.mark.slow  # fits a tiny model in this process
@@ -169,7 +223,7 @@ def test_bench_lm_curve_end_to_end(tmp_path, capsys):
     argv = ["lm", "--curve", "--budget", "4", "--extra", extra, "--out", str(tmp_path / "runs"), "--plot", str(chart)]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    table = lines[lines.index("Curve: 4 s fits, final and best val_bpc") + 2 :][:4]
+    table = lines[lines.index("Curve: 4 s fits, final and best val_bpc (means over each run's fits)") + 2 :][:4]
     assert [row.split()[:2] for row in table] == [[name, "completed"] for name in ("sru", "srupp", "lstm", "recipe")]
     for name in ("sru", "srupp", "lstm", "recipe"):
         assert lm_curve.read_curve(tmp_path / "runs" / name)["points"], name
