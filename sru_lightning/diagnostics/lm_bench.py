@@ -80,7 +80,9 @@ class StepProfiler(SimpleProfiler):
 
 class _PlainStep:
     """Forward + loss, backward, gradient clipping and optimizer step of a copy of `model.net`
-    on one fixed batch, each phase timed."""
+    on one fixed batch, each phase timed, in the fit's precision: the forward under the fit's
+    precision plugin's autocast and, where the fit scales its loss (16-mixed), a gradient scaler
+    of its own."""
 
     PHASES = ("forward + loss", "backward", "gradient clipping", "optimizer step")
 
@@ -96,19 +98,29 @@ class _PlainStep:
         self.scheduler = scheduler["scheduler"] if isinstance(scheduler, dict) else scheduler
         self.clip = trainer.gradient_clip_val
         self.batch = [t.clone() for t in batch]
+        self.precision = trainer.precision_plugin
+        fits_scaler = getattr(self.precision, "scaler", None)
+        self.scaler = None if fits_scaler is None else torch.amp.GradScaler(batch[0].device.type)
 
     def __call__(self) -> dict[str, float]:
         inputs, targets, *rest = self.batch
         times, began = {}, time.perf_counter()
-        logits, _ = self.net(inputs, None, rest[0]) if rest else self.net(inputs)
-        loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
+        with self.precision.forward_context():
+            logits, _ = self.net(inputs, None, rest[0]) if rest else self.net(inputs)
+            loss = F.cross_entropy(logits.float().reshape(-1, logits.size(-1)), targets.reshape(-1))
         times["forward + loss"], began = time.perf_counter() - began, time.perf_counter()
-        loss.backward()
+        (loss if self.scaler is None else self.scaler.scale(loss)).backward()
         times["backward"], began = time.perf_counter() - began, time.perf_counter()
+        if self.scaler is not None:
+            self.scaler.unscale_(self.optimizer)
         if self.clip:
             torch.nn.utils.clip_grad_norm_(self.net.parameters(), self.clip)
         times["gradient clipping"], began = time.perf_counter() - began, time.perf_counter()
-        self.optimizer.step()
+        if self.scaler is None:
+            self.optimizer.step()
+        else:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
         self.optimizer.zero_grad(set_to_none=True)
         if self.scheduler is not None:
             self.scheduler.step()

@@ -4,8 +4,10 @@ both parts end to end on tiny sizes (slow)."""
 from __future__ import annotations
 
 import json
+from types import SimpleNamespace
 
 import pytest
+import torch
 from lightning.pytorch.callbacks import LearningRateMonitor
 
 from sru_lightning.callbacks import FolderModelCheckpoint, TrainingThroughput
@@ -129,6 +131,32 @@ def test_overhead_table_names_the_biggest_item_over_the_goal():
     assert "over the goal: the biggest item is SeedEveryBatch.on_train_batch_start (callbacks: ours)" in text
     text = lm_bench.format_overhead(lm_bench.OverheadResult(config, "model=sru", 10.5, 10.0, groups, items))
     assert "adds 5.0%" in text and "over the goal" not in text
+
+
+@pytest.mark.parametrize(
+    "precision, dtype, scaled",
+    [("32-true", torch.float32, False), ("bf16-mixed", torch.bfloat16, False), ("16-mixed", torch.float16, True)],
+)
+def test_the_plain_step_runs_in_the_fits_precision(precision, dtype, scaled):
+    from lightning.pytorch.plugins.precision import MixedPrecision, Precision
+
+    from sru_lightning.nn import LanguageNet
+
+    torch.manual_seed(0)
+    net = LanguageNet(vocab_size=11, embedding_dim=8, hidden_size=16, num_layers=1)
+    plugin = Precision() if precision == "32-true" else MixedPrecision(precision, "cpu")
+    model = SimpleNamespace(
+        net=net, optimizer_config={"_target_": "torch.optim.AdamW", "lr": 1e-2}, lr_scheduler_config=None
+    )
+    trainer = SimpleNamespace(precision_plugin=plugin, gradient_clip_val=1.0, estimated_stepping_batches=10)
+    step = lm_bench._PlainStep(trainer, model, [torch.randint(0, 11, (2, 5)), torch.randint(0, 11, (2, 5))])
+    outputs = []
+    step.net.decoder.register_forward_hook(lambda module, args, output: outputs.append(output.dtype))
+    before = [parameter.detach().clone() for parameter in step.net.parameters()]
+    assert set(step()) == set(lm_bench._PlainStep.PHASES)
+    assert outputs == [dtype] and (step.scaler is not None) == scaled
+    assert all(parameter.dtype == torch.float32 for parameter in step.net.parameters())
+    assert any(not torch.equal(old, new) for old, new in zip(before, step.net.parameters()))
 
 
 def _fake_run(folder, status, bits):
