@@ -221,6 +221,10 @@ def plot_curve(curves: dict[str, list[dict[str, Any]]], path: str, budget: int) 
             marker = {"marker": "o", "markersize": 3} if len(drawn) == 1 else {"linewidth": 1}
             axis.plot(seconds, bits, color=f"C{index}", label=name if number == 0 else None, **marker)
     monitor = next((run[0]["monitor"] for run in curves.values() if run), "val_bpc")
+    finals = [curve["points"][-1][1] for run in curves.values() for curve in run if curve["points"]]
+    if finals:  # the first validations sit far above where the runs end: keep the ends apart
+        lowest = min(bits for run in curves.values() for curve in run for _, bits in curve["points"])
+        axis.set_ylim(lowest - 0.05, max(finals) * 1.5)
     axis.set_xlabel("wall-clock seconds since training started")
     axis.set_ylabel(f"{monitor} (validation bits per character)")
     axis.set_title(f"{budget} s fits on data=pydoc")
