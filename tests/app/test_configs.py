@@ -83,9 +83,11 @@ def test_each_option_composes_and_names_an_importable_class(group, option, tmp_p
         targets = [entry["_target_"] for entry in (node or {}).values()]
     elif group in ("experiment", "debug"):
         targets = [cfg.model._target_, cfg.data._target_, cfg.trainer._target_]
-    elif group == "hparams_search":
-        pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the `sweepers` extra")
-        targets = [cfg.hydra.sweeper._target_, cfg.hydra.sweeper.sampler._target_]
+    elif group == "hparams_search":  # Optuna's (the `sweepers` extra) with its sampler, or Hydra's basic sweeper
+        sweeper = cfg.hydra.sweeper
+        if "optuna" in sweeper._target_:
+            pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the `sweepers` extra")
+        targets = [sweeper._target_, *([sweeper.sampler._target_] if "sampler" in sweeper else [])]
     else:
         targets = [node._target_]
     for target in targets:
