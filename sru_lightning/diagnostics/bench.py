@@ -259,9 +259,9 @@ def _bench_lm(config, refuse) -> int:
         default = type(config).__dataclass_fields__[option].default
         if getattr(config, option) != default and not config.curve:
             refuse(f"--{option} is a setting of the curve: add --curve")
-    names = [name.strip() for name in config.runs.split(",")]
+    names = lm_curve.run_names(config)
     unknown = [name for name in names if name not in lm_curve.CURVE_RUNS]
-    if unknown or len(set(names)) != len(names):
+    if not names or unknown or len(set(names)) != len(names):
         known = ", ".join(lm_curve.CURVE_RUNS)
         refuse(f"--runs must name each of {known} at most once, comma-separated, got {config.runs!r}")
     if config.seeds.strip() and not all(seed.strip().isdigit() for seed in config.seeds.split(",")):
