@@ -98,12 +98,11 @@ def load_trained(setting: str, resume_dir: str, command: str = "generate"):
 def load_checkpoint(setting: str, resume_dir: str, command: str = "generate") -> tuple[Path, dict[str, Any]]:
     """The checkpoint `ckpt_path` names (see `model_checkpoint`) and its contents; a problem
     raises UsageError in one line."""
-    from sru_lightning.app.runs.checkpoints import CheckpointError, read_model_checkpoint
-    from sru_lightning.app.runs.ckpt_path import model_checkpoint
+    from sru_lightning.app.runs.checkpoints import CheckpointError
+    from sru_lightning.app.runs.ckpt_path import read_trained_checkpoint
 
     try:
-        path = model_checkpoint(setting, resume_dir)
-        return path, read_model_checkpoint(path, command)
+        return read_trained_checkpoint(setting, resume_dir, command)
     except CheckpointError as error:
         raise UsageError(str(error).splitlines()[0]) from None
 
