@@ -33,6 +33,8 @@ MODES = {
     "document boundaries (reset flags)",
     "serve": "the completions server (`serve`) under 1, 8 and 64 streaming clients: tokens/s, failed "
     "requests and the server's memory",
+    "hold": "holding a run folder: what taking and giving back the hold adds to a fit's start, and --pairs "
+    "double starts of two fits into one folder (exactly one must train)",
     "lm": "a fit's step as `fit` runs it (callbacks, logger, progress bar) against the plain forward, backward "
     "and optimizer step, with Lightning's profiler; or (--curve) validation bits per character against "
     "wall-clock time of the default, SRU++, LSTM and a recipe",
@@ -54,6 +56,7 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
     "compile": {"length": "length", "batch": "batch", **_COMMON},
     "documents": {"length": "length", "batch": "batch", "hidden": "hidden", **_COMMON},
     "serve": {"model": "model", "seconds": "seconds", "tokens": "tokens", "threads": "threads"},
+    "hold": {"repeats": "repeats", "pairs": "pairs", "threads": "threads"},
     "lm": {
         "model": "model",
         "extra": "extra",
@@ -92,6 +95,7 @@ OPTIONS = {
     "runs": ("--runs", "the curve's runs, comma-separated, of sru (the default model), srupp, lstm, recipe"),
     "seeds": ("--seeds", "comma-separated seeds: one fit per run and seed (mean and spread); empty: the config's seed"),
     "out": ("--out", "folder of the curve's run folders"),
+    "pairs": ("--pairs", "double starts: two fits started together into one new folder, this many times"),
 }
 #: What an option means in a subcommand where it is not what OPTIONS says.
 _MEANING_IN = {
@@ -100,10 +104,14 @@ _MEANING_IN = {
     ("model", "lm"): "the model config (conf/model/) of the timed fit",
     ("repeats", "lm"): "timed training steps",
     ("warmup", "lm"): "training steps before them",
+    ("repeats", "hold"): "timed takes of a hold",
+    ("threads", "hold"): "threads of each fit of a double start",
     ("plot", "lm"): "with --curve: draw validation bits per character against seconds into FILE",
 }
 #: Options that count something: at least 1 (--warmup: at least 0).
 _COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget")
+#: Options that count something and may be 0.
+_COUNTS_FROM_ZERO = ("pairs",)
 #: Options whose value is text.
 _TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out")
 
@@ -115,6 +123,7 @@ def _mode_config(mode: str):
         decode_bench,
         documents_bench,
         export_bench,
+        hold_bench,
         lm_bench,
         serve_bench,
     )
@@ -127,6 +136,7 @@ def _mode_config(mode: str):
         "documents": documents_bench.DocumentsBenchConfig,
         "serve": serve_bench.ServeBenchConfig,
         "lm": lm_bench.LMBenchConfig,
+        "hold": hold_bench.HoldBenchConfig,
     }[mode]
 
 
@@ -203,6 +213,10 @@ def main(argv=None) -> int:
             refuse(f"--{option} must be >= 1, got {value}")
     if warmup < 0:
         refuse(f"--warmup must be >= 0, got {warmup}")
+    for option in _COUNTS_FROM_ZERO:
+        value = getattr(args, option, None)
+        if option in reads and value < 0:
+            refuse(f"--{option} must be >= 0, got {value}")
     problem = op_bench.plot_problem(args.plot) if getattr(args, "plot", None) else None
     if problem:
         refuse(problem)
@@ -225,6 +239,12 @@ def main(argv=None) -> int:
         print(serve_bench.format_table(config, serve_bench.run_serve_benchmark(config)))
     elif mode == "lm":
         return _bench_lm(config, refuse)
+    elif mode == "hold":
+        from sru_lightning.diagnostics import hold_bench
+
+        times, problems = hold_bench.run_hold_benchmark(config)
+        print(hold_bench.format_table(config, times, problems))
+        return 1 if any(problems) else 0
     elif mode == "documents":
         from sru_lightning.diagnostics import documents_bench
 
