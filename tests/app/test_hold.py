@@ -202,3 +202,22 @@ def test_of_processes_starting_at_one_moment_exactly_one_holds(tmp_path, left_be
     assert all(f"process {winner} on host" in text for kind, _, text in outcomes if kind == "refused")
     assert (took[0][2] is not None) == left_behind  # a takeover says so; a free folder has nothing to say
     assert sorted(os.listdir(tmp_path)) == []  # the winner gave it back; no racer left a file
+
+
+@pytest.mark.parametrize("kind", ["a sweep into a run's folder", "a run into a sweep's folder"])
+def test_a_run_and_a_sweep_never_share_a_folder(tmp_path, capsys, monkeypatch, kind):
+    from sru_lightning.app import cli
+
+    monkeypatch.chdir(tmp_path)
+    folder = tmp_path / "folder"
+    if kind == "a sweep into a run's folder":
+        (folder / RunFolder.CHECKPOINTS_DIR).mkdir(parents=True)
+        words, says = ["fit", "-m", "debug=tiny", "seed=1,2", f"hydra.sweep.dir={folder}"], "which holds a run"
+    else:
+        (folder / "0" / RunFolder.HYDRA_DIR).mkdir(parents=True)
+        words, says = ["fit", "debug=tiny", f"hydra.run.dir={folder}"], "which holds the jobs of a sweep (0)"
+    before = sorted(path.relative_to(folder) for path in folder.rglob("*"))
+    assert cli.main(words) == 2
+    errors = capsys.readouterr().err.strip().splitlines()
+    assert len(errors) == 1 and says in errors[0], errors
+    assert sorted(path.relative_to(folder) for path in folder.rglob("*")) == before  # nothing written, no hold left

@@ -238,6 +238,13 @@ class RunDirectoryGuard(Callback):
             current = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
         _check_can_create(run_dir, "hydra.run.dir")
         _hold(run_dir, "hydra.run.dir", config)
+        jobs = earlier_jobs(run_dir)
+        if jobs:  # a run's files beside a sweep's would be two runs' in one folder
+            release_all()
+            raise usage_exit(
+                f"`hydra.run.dir` must be a folder of one run, got {str(run_dir)!r}, which holds the jobs of a sweep "
+                f"({_listed(jobs)}); choose another hydra.run.dir"
+            )
 
     def on_run_end(self, config, **kwargs: Any) -> None:
         release_all()
@@ -246,19 +253,28 @@ class RunDirectoryGuard(Callback):
         sweep_dir = Path(str(config.hydra.sweep.dir))
         _check_can_create(sweep_dir.absolute(), "hydra.sweep.dir")
         _hold(sweep_dir.absolute(), "hydra.sweep.dir", config)
+        if RunFolder.holds_a_run(sweep_dir):
+            release_all()
+            raise usage_exit(
+                f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds a run "
+                "(its checkpoints or record); choose another hydra.sweep.dir"
+            )
         jobs = earlier_jobs(sweep_dir)
         setting = config.get("ckpt_path")
         if jobs and (setting is None or str(setting).strip() == ""):
             release_all()
-            shown = ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
             raise usage_exit(
                 f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds the jobs of an "
-                f"earlier sweep ({shown}); choose another hydra.sweep.dir, or pass ckpt_path=auto to continue "
+                f"earlier sweep ({_listed(jobs)}); choose another hydra.sweep.dir, or pass ckpt_path=auto to continue "
                 "those jobs"
             )
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
         release_all()
+
+
+def _listed(jobs: list[str]) -> str:
+    return ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
 
 
 def _hold(directory: Path, setting: str, config) -> None:
