@@ -24,7 +24,9 @@ from sru_lightning.app.runs.hold import FolderHeld, Holder, holder_of, take_hold
 def _no_holds_left(monkeypatch):
     for name in ("SLURM_JOB_ID", "SLURM_ARRAY_JOB_ID", "SLURM_ARRAY_TASK_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(name, raising=False)
-    for name in ("LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+    for name in ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID", "MASTER_ADDR", "MASTER_PORT"):
+        monkeypatch.delenv(name, raising=False)
+    for name in ("TORCHELASTIC_RUN_ID", hold.HOLD_ENV):
         monkeypatch.delenv(name, raising=False)
     yield
     hold.release_all()
@@ -126,29 +128,54 @@ def test_another_hosts_slurm_job_holds_while_slurm_knows_it_unfinished(tmp_path,
             assert f"job {job}" in take_hold(folder, "fit").note
 
 
-def test_the_same_slurm_job_shares_its_hold_and_takes_it_over_after_a_requeue(tmp_path, monkeypatch, sleeper):
+def test_a_slurm_jobs_tasks_share_its_hold_and_a_requeue_takes_it_over(tmp_path, monkeypatch, sleeper):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     live = {"pid": sleeper.pid, "process_start": hold._process_start(sleeper.pid)}
     placed = place_hold(tmp_path, slurm_job="77", slurm_restart=0, **live)
-    joined = take_hold(tmp_path, "fit")  # another task of the job: it shares the hold
+    with pytest.raises(FolderHeld):  # a second fit of the job's first task: another run
+        take_hold(tmp_path, "fit")
+    monkeypatch.setenv("SLURM_PROCID", "1")  # another task of the job goes ahead under its hold
+    joined = take_hold(tmp_path, "fit")
     assert not joined.owned and joined.holder == placed
     joined.release()
     assert holder_token(tmp_path) == placed.token  # a task that joined gives back nothing
 
+    monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the job again, after a requeue
     taken = take_hold(tmp_path, "fit")
     assert taken.owned and holder_token(tmp_path) == taken.holder.token
     assert taken.note.endswith("SLURM job 77 before its requeue")
 
 
-def test_a_rank_launched_by_the_holder_joins_its_hold(tmp_path, monkeypatch):
-    parent = os.getppid()
-    placed = place_hold(tmp_path, pid=parent, process_start=hold._process_start(parent))
-    with pytest.raises(FolderHeld):  # the parent of this process is a live process of another job...
+def test_a_rank_launched_by_the_holder_goes_ahead_under_its_hold(tmp_path, monkeypatch, sleeper):
+    placed = place_hold(tmp_path, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid))
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    with pytest.raises(FolderHeld):  # a rank of another job
         take_hold(tmp_path, "fit")
-    monkeypatch.setenv("LOCAL_RANK", "1")  # ...unless it launched this process as a rank
+    monkeypatch.setenv(hold.HOLD_ENV, placed.token)  # what the holder's launched ranks inherit
     joined = take_hold(tmp_path, "fit")
     assert not joined.owned and joined.holder == placed
+
+
+def test_the_ranks_of_one_rendezvous_share_the_hold_of_its_first(tmp_path, monkeypatch, sleeper):
+    for name, value in (("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"), ("TORCHELASTIC_RUN_ID", "none")):
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("RANK", "0")
+    live = {"pid": sleeper.pid, "process_start": hold._process_start(sleeper.pid)}
+    place_hold(tmp_path, rendezvous="10.0.0.1:29500/none", **live)
+    with pytest.raises(FolderHeld):  # another first rank, of the same address: another fit
+        take_hold(tmp_path, "fit")
+    monkeypatch.setenv("RANK", "1")
+    assert not take_hold(tmp_path, "fit").owned
+    monkeypatch.setenv("MASTER_PORT", "29501")  # a rank of another job
+    with pytest.raises(FolderHeld):
+        take_hold(tmp_path, "fit")
+
+
+def test_a_rank_other_than_the_first_takes_no_hold(tmp_path, monkeypatch):
+    monkeypatch.setenv("LOCAL_RANK", "1")
+    assert not take_hold(tmp_path, "fit").owned
+    assert os.listdir(tmp_path) == []
 
 
 def test_release_leaves_a_hold_that_is_no_longer_its_own(tmp_path, sleeper):

@@ -179,7 +179,7 @@ def test_readers_never_wait_and_never_read_half_a_checkpoint(tmp_path):
     steps, generated = [], None
     deadline = time.monotonic() + 300
     while fit.poll() is None and time.monotonic() < deadline:
-        if not (run / "checkpoints").is_dir():
+        if not (run / RunFolder.INDEX_FILE).is_file():  # no checkpoint written yet
             time.sleep(0.02)
             continue
         path, checkpoint = load_checkpoint(str(run), "outputs")  # never half a file, never a vanished one

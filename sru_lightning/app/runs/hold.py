@@ -13,9 +13,12 @@ holder removes the file when it ends, also after an error or Ctrl+C.
 Whether a hold found in a folder still holds it:
 
 1. the same process (a second command in one Python process): it is this process's own;
-2. the same job: a rank that Lightning's launcher started from the holder (its parent), a rank
-   of the same torchrun, or the same SLURM job (its other tasks share the hold; the job after a
-   requeue, with a higher `SLURM_RESTART_COUNT`, takes it over from its earlier attempt);
+2. the same job: the holder is this process's rank 0. Only a job's first process holds its
+   folder; the job's other ranks (a rank Lightning launched, which inherits the holder's token
+   in :data:`HOLD_ENV`; a rank of the same torchrun or manual multi-node launch, which shares
+   the holder's rendezvous address; a task of the same SLURM job) go ahead under its hold and
+   take none. A requeued SLURM job (a higher `SLURM_RESTART_COUNT`) takes the hold over from
+   its earlier attempt;
 3. the same host (its name and boot id): held while the holder's process id runs with the
    start time it had when it took the hold (a reused process id does not hold);
 4. another host, in a SLURM job: held while SLURM knows the job in a state other than a final
@@ -104,6 +107,26 @@ def _pid_runs(pid: int) -> bool:
     return True
 
 
+#: The holder's token, inherited by the ranks Lightning's launcher starts from it.
+HOLD_ENV = "SRU_LIGHTNING_RUN_HOLD"
+#: Variables that number a process within a distributed job (torchrun, Lightning, SLURM).
+_RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+
+
+def secondary_rank() -> bool:
+    """This process is a rank other than the first of a distributed job (it holds nothing)."""
+    return any(os.environ.get(name, "0").strip() not in ("", "0") for name in _RANK_VARIABLES)
+
+
+def _rendezvous() -> str | None:
+    """Where a distributed job's processes meet (torchrun and multi-node launches set it for all)."""
+    address, port = os.environ.get("MASTER_ADDR"), os.environ.get("MASTER_PORT")
+    if not (address and port):
+        return None
+    run = os.environ.get("TORCHELASTIC_RUN_ID")
+    return f"{address}:{port}" + (f"/{run}" if run else "")
+
+
 def _int_env(name: str) -> int:
     try:
         return int(os.environ.get(name, "0"))
@@ -125,7 +148,7 @@ class Holder:
     folder_inode: int | None = None
     slurm_job: str | None = None
     slurm_restart: int = 0
-    torchrun: str | None = None
+    rendezvous: str | None = None
     command_line: str = ""
 
     @classmethod
@@ -142,7 +165,7 @@ class Holder:
             folder_inode=_inode(folder),
             slurm_job=slurm_job(),
             slurm_restart=_int_env("SLURM_RESTART_COUNT"),
-            torchrun=os.environ.get("TORCHELASTIC_RUN_ID") or None,
+            rendezvous=_rendezvous(),
             command_line=command_line,
         )
 
@@ -212,14 +235,15 @@ def judge(holder: Holder, folder: Path, now: float | None = None, mtime: float |
         return Verdict(Standing.GONE, "the hold was copied from another folder")
     if same_host and holder.pid == me.pid and holder.process_start == me.process_start:
         return Verdict(Standing.OWN)
-    if same_host and holder.pid == os.getppid() and os.environ.get("LOCAL_RANK") not in (None, "", "0"):
+    if os.environ.get(HOLD_ENV) == holder.token:
         return Verdict(Standing.JOB, "the process that launched this rank")
-    if holder.torchrun and holder.torchrun == me.torchrun:
-        return Verdict(Standing.JOB, "this torchrun's")
+    if holder.rendezvous and holder.rendezvous == me.rendezvous and secondary_rank():
+        return Verdict(Standing.JOB, f"this job's rank 0 (rendezvous {holder.rendezvous})")
     if holder.slurm_job and holder.slurm_job == me.slurm_job:
         if me.slurm_restart > holder.slurm_restart:
             return Verdict(Standing.GONE, f"SLURM job {holder.slurm_job} before its requeue")
-        return Verdict(Standing.JOB, f"SLURM job {holder.slurm_job}'s")
+        if secondary_rank():
+            return Verdict(Standing.JOB, f"SLURM job {holder.slurm_job}'s")
     if same_host:
         if not _pid_runs(holder.pid):
             return Verdict(Standing.GONE, "its process is gone")
@@ -319,6 +343,8 @@ class RunHold:
         if not self.owned:
             return
         self.owned = False
+        if os.environ.get(HOLD_ENV) == self.holder.token:
+            del os.environ[HOLD_ENV]
         holder, _, _ = _read(self.path)
         if holder is not None and holder.token == self.holder.token:
             try:
@@ -349,6 +375,11 @@ def take_hold(folder: str | Path, command: str, overrides: list[str] | tuple[str
         return _held[folder]
     me = Holder.of_this_process(command, folder, f"{PROG} {shlex.join([command, *overrides])}")
     path = hold_path(folder)
+    if secondary_rank():  # the job's first process holds the folder; this one only checks it
+        holder, mtime, _ = _read(path)
+        if holder is not None and judge(holder, folder, mtime=mtime).held:
+            raise FolderHeld(f"{holder.describe()} holds it")
+        return RunHold(folder, holder or me, owned=False)
     note = None
     for _ in range(200):  # a takeover under way elsewhere: look again (~10 s at most)
         if _link_new(path, me):
@@ -379,6 +410,8 @@ def take_hold(folder: str | Path, command: str, overrides: list[str] | tuple[str
 
 def _keep(hold: RunHold) -> RunHold:
     _held[hold.folder] = hold
+    if hold.owned:
+        os.environ[HOLD_ENV] = hold.holder.token  # for the ranks Lightning's launcher starts
     hold.start_heartbeat()
     return hold
 
