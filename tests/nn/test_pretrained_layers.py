@@ -4,6 +4,7 @@ model.safetensors that rebuilds the same layer, and one-line refusals of anythin
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -103,3 +104,18 @@ def test_the_saving_example_in_the_layers_page_runs():
     section = page.split("## Saving and sharing a layer", 1)[1].split("\n## ", 1)[0]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     exec(compile(code, "docs/layers.md (Saving and sharing a layer)", "exec"), {})
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pretrained_v1"
+LAYER_FIXTURES = {"layer-sru": SRU, "layer-srucell": SRUCell, "layer-srupp": SRUpp}
+
+
+@pytest.mark.parametrize("name", sorted(LAYER_FIXTURES))
+def test_a_layer_folder_of_format_version_1_loads_to_the_outputs_it_was_saved_with(name):
+    """Folders written by the first layer format (config.json `sru_lightning-layer`, version 1:
+    the recorded constructor arguments) stay readable: committed, with the outputs they gave."""
+    expected = torch.load(FIXTURES / "expected_outputs.pt", weights_only=True)
+    layer = LAYER_FIXTURES[name].from_pretrained(FIXTURES / name).eval()
+    with torch.no_grad():
+        h, c = layer(expected["layer_input"])[:2]
+    assert torch.equal(h, expected[f"{name}.h"]) and torch.equal(c, expected[f"{name}.c"])
