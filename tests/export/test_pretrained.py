@@ -68,8 +68,8 @@ def test_config_json_says_what_to_build_and_a_bpe_tokenizer_json_is_the_tokenize
     net = LanguageNet(codec.vocab_size, embedding_dim=8, hidden_size=16, num_layers=1).eval()
     folder = save_pretrained(net, tmp_path / "hf", codec, source={"global_step": 5})
     config = json.loads((folder / "config.json").read_text())
-    assert config["format_name"] == "sru_lightning-pretrained" and config["format_version"] == 1
-    assert config["architecture"] == "LanguageNet" and config["network"] == net.config
+    assert config["format_name"] == "sru_lightning-pretrained" and config["format_version"] == 2
+    assert config["architecture"] == "LanguageNet" and config["config"] == net.config
     assert config["tokenizer"]["level"] == "bpe" and config["source"] == {"global_step": 5}
     hf_tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert hf_tokenizer.encode("the cat").ids == codec.encode("the cat")
