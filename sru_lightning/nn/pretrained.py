@@ -63,6 +63,11 @@ FORMAT_VERSION = 2
 EARLIER_FORMATS = {("sru_lightning-layer", 1): "config", ("sru_lightning-pretrained", 1): "network"}
 
 
+#: The keys of config.json the reader itself reads (with the key of the arguments, `config`);
+#: the others are what a writer added (`extra`).
+_HEADER_KEYS = {"format_name", "format_version", "architecture", "torch_dtype"}
+
+
 class PretrainedFolderError(ValueError):
     """A folder that cannot be read as the module asked for; the one-line message names the file."""
 
@@ -99,6 +104,9 @@ def write_pretrained(module: nn.Module, folder: str | os.PathLike, *, extra: Map
             "strings, lists), so config.json cannot describe them; save the weights with "
             "torch.save(module.state_dict(), ...) instead"
         )
+    taken = sorted(set(extra or {}) & {*_HEADER_KEYS, "config", "package_version"})
+    if taken:
+        raise ValueError(f"write_pretrained: `extra` must not set the format's own keys, got {taken}")
     header = {
         "format_name": FORMAT_NAME,
         "format_version": FORMAT_VERSION,
@@ -130,10 +138,6 @@ class PretrainedFolder:
     config: ArchitectureConfig
     torch_dtype: str
     extra: dict[str, Any]
-
-
-#: The keys of config.json the reader itself reads; the others are a writer's `extra`.
-_HEADER_KEYS = {"format_name", "format_version", "architecture", "torch_dtype"}
 
 
 def _refusal(owner: str, path: Path, problem: str) -> PretrainedFolderError:

@@ -156,3 +156,19 @@ def test_a_layer_folder_of_format_version_1_loads_to_the_outputs_it_was_saved_wi
     with torch.no_grad():
         h, c = layer(expected["layer_input"])[:2]
     assert torch.equal(h, expected[f"{name}.h"]) and torch.equal(c, expected[f"{name}.c"])
+
+
+def test_keys_a_writer_adds_to_config_json_are_kept_and_read_back(tmp_path):
+    """A writer may add its own keys to config.json (an export adds `tokenizer` and `source`;
+    another library's loader may need `model_type`); the reader hands them back and builds the
+    same layer."""
+    from sru_lightning.nn.pretrained import read_pretrained_config, write_pretrained
+
+    layer = SRUCell(4, 4)
+    write_pretrained(layer, tmp_path, extra={"model_type": "sru", "source": {"step": 3}})
+    read = read_pretrained_config(tmp_path, ("SRUCell",))
+    assert read.config == layer.pretrained_config and read.torch_dtype == "float32"
+    assert read.extra["model_type"] == "sru" and read.extra["source"] == {"step": 3}
+    assert SRUCell.from_pretrained(tmp_path).pretrained_config == layer.pretrained_config
+    with pytest.raises(ValueError, match=r"`extra` must not set the format's own keys, got \['format_version'\]"):
+        write_pretrained(layer, tmp_path, extra={"format_version": 9})
