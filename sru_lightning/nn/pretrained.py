@@ -168,7 +168,7 @@ def read_pretrained_config(
         raise _refusal(owner, path, f"it is not JSON ({error})") from None
     name = header.get("format_name") if isinstance(header, dict) else None
     version = header.get("format_version") if isinstance(header, dict) else None
-    if name not in {FORMAT_NAME, *(earlier for earlier, _ in EARLIER_FORMATS)}:
+    if not isinstance(name, str) or name not in {FORMAT_NAME, *(earlier for earlier, _ in EARLIER_FORMATS)}:
         raise _refusal(
             owner,
             path,
@@ -186,8 +186,8 @@ def read_pretrained_config(
             owner, path, f"`format_version` is {version!r}, and this sru_lightning reads {readable} of {name!r} only"
         )
     architecture = header.get("architecture")
-    if architecture not in architectures:
-        if architecture in CONFIGS:
+    if not isinstance(architecture, str) or architecture not in architectures:
+        if isinstance(architecture, str) and architecture in CONFIGS:
             raise _refusal(owner, path, f"it holds a {architecture!r}; read it with {_reader_of(architecture)}")
         raise _refusal(owner, path, f"`architecture` must be one of {sorted(architectures)}, got {architecture!r}")
     arguments = header.get(arguments_key)

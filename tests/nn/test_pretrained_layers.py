@@ -99,6 +99,10 @@ def test_a_folder_of_another_class_or_library_is_refused(saved):
         match=r"`format_version` is 3, and this sru_lightning reads \[1, 2\] of 'sru_lightning-pretrained' only$",
     ):
         SRU.from_pretrained(saved)
+    for odd in ({"format_name": ["a"]}, {**config, "architecture": ["SRU"]}):
+        (saved / "config.json").write_text(json.dumps(odd))
+        with pytest.raises(ValueError, match=r"`(format_name|architecture)` must be .*, got \['"):
+            SRU.from_pretrained(saved)
     (saved / "config.json").write_text(json.dumps({"model_type": "bert", "hidden_size": 16}))
     with pytest.raises(ValueError, match=r"`format_name` must be 'sru_lightning-pretrained', got None \(the config of"):
         SRU.from_pretrained(saved)
