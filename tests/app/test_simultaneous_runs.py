@@ -162,7 +162,7 @@ def test_commands_started_together_never_leave_a_folder_of_two_runs(tmp_path, pa
 def test_readers_never_wait_and_never_read_half_a_checkpoint(tmp_path):
     """The readers' checkpoint choice (generate, export, serve) in a loop, and `generate` itself,
     while a fit writes a checkpoint every step and deletes the one before (top-k of 1)."""
-    from sru_lightning.app.generate import load_checkpoint
+    from sru_lightning.app.runs.trained_model import read_checkpoint
 
     run = tmp_path / "run"
     fit = start(
@@ -182,7 +182,7 @@ def test_readers_never_wait_and_never_read_half_a_checkpoint(tmp_path):
         if not (run / RunFolder.INDEX_FILE).is_file():  # no checkpoint written yet
             time.sleep(0.02)
             continue
-        path, checkpoint = load_checkpoint(str(run), "outputs")  # never half a file, never a vanished one
+        path, checkpoint = read_checkpoint(str(run), "outputs")  # never half a file, never a vanished one
         steps.append(checkpoint["global_step"])
         if generated is None and steps[-1] >= 10:
             generated = preloaded.Popen(
