@@ -17,8 +17,8 @@ from helpers.language_models import language_model
 from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
-from sru_lightning.app.runs.building import _check_compile_fits_strategy
 from sru_lightning.app.runs.changes import APPLY, rule_for
+from sru_lightning.app.runs.run_trainer import _check_compile_fits_strategy
 from sru_lightning.app.usage import UsageError
 from sru_lightning.models import SRULanguageModel
 

@@ -277,8 +277,8 @@ def broken(*args, **kwargs):
     raise (TypeError if where == "build" else ValueError)("a bug inside the package")
 
 if where == "build":
-    from sru_lightning.app.runs import building
-    building.set_thread_count = broken
+    from sru_lightning.app.runs import run_trainer
+    run_trainer.set_thread_count = broken
 else:
     from sru_lightning.callbacks import TrainingThroughput
     TrainingThroughput.on_fit_start = broken

@@ -13,9 +13,9 @@ from typing import Any
 
 from sru_lightning._atomic import PARTIAL_SUFFIX, put_in_place
 
-from .building import bits_name
 from .console import RunFailed, say
 from .folder import RunFolder
+from .metric_names import bits_name
 from .refusals import trainer_call_settings
 from .run_callbacks import LastValidation
 from .starting_point import StartingPoint
@@ -39,7 +39,7 @@ def evaluation_settings(start: StartingPoint, trainer, command: str) -> dict[str
         "checkpoint": start.checkpoint,
         "step": start.step,
         "settings": shown,
-        "settings_from": start.config_source,
+        "settings_from": start.config_source.value,
         "changed": changed,
     }
 

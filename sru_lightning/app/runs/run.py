@@ -22,11 +22,12 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from sru_lightning.app.signal_watch import SignalWatch, watching_signals
 
-from .building import bits_name, build, optimized_metric_name
+from .building import build
 from .checkpoints import CHECKPOINT_NAME
 from .console import visible_logging
 from .executing import check_final_metric, evaluation_settings, execute
 from .folder import RunFolder
+from .metric_names import bits_name, optimized_metric_name
 from .outcomes import Attempt, completed, ended_early, record_a_watchdog_exit
 
 __all__ = ["run"]

@@ -10,6 +10,7 @@ checkpoint's own constructor arguments.
 
 from __future__ import annotations
 
+import enum
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,6 +25,14 @@ from .identity import new_run_id, run_id_to_continue, why_another_run
 log = logging.getLogger("sru_lightning")
 
 
+class ConfigSource(enum.Enum):
+    """Where an attempt's settings come from (recorded in `result.json` as `settings_from`)."""
+
+    COMMAND_LINE = "command line"
+    CHECKPOINT = "the settings saved with the checkpoint"
+    COMMAND_LINE_AROUND_CHECKPOINT = "command line (the checkpoint carries no run config)"
+
+
 @dataclass
 class StartingPoint:
     """The config an attempt runs with, and the checkpoint it starts from (None: fresh), as read
@@ -33,7 +42,7 @@ class StartingPoint:
     checkpoint: str | None = None
     step: int = 0
     changes: list[Change] = field(default_factory=list)
-    config_source: str = "command line"  # where the run's settings came from
+    config_source: ConfigSource = ConfigSource.COMMAND_LINE
     run_id: str = field(default_factory=new_run_id)  # the run this attempt writes (see .identity)
     loaded: LoadedCheckpoint | None = field(default=None, repr=False)
 
@@ -84,15 +93,41 @@ def starting_point(
     check_engine_reads(cfg, command, checkpoint, loaded)
     step = loaded.step
     saved = checkpoint_run_config(loaded)
-    source = "the settings saved with the checkpoint"
+    source = ConfigSource.CHECKPOINT
     if saved is None:
         saved = _config_around_model(cfg, loaded.contents)
-        source = "command line (the checkpoint carries no run config)"
+        source = ConfigSource.COMMAND_LINE_AROUND_CHECKPOINT
     merged = merged_config(saved, cfg, overrides)
     changes = judge(saved, merged, command, str(checkpoint), step)
     if command == "fit":
         refuse_unfollowable(changes, merged, str(checkpoint))
     return StartingPoint(merged, str(checkpoint), step, changes, source, run_id_to_continue(loaded), loaded)
+
+
+def start_attempt(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict[str, str] | None):
+    """The attempt's starting point, said in the log; `.hydra/config.yaml` rewritten to the
+    settings it really runs with when those are the checkpoint's (Hydra wrote the composed ones)."""
+    from .directories import attempt_config_path, evaluated_run
+    from .refusals import check_config_resolves, checkpoint_setting
+
+    check_config_resolves(cfg)
+    with checkpoint_setting():
+        start = starting_point(cfg, command, output_dir, overrides, evaluated_run(output_dir), owner)
+    check_config_resolves(start.cfg)
+    if start.checkpoint is None:
+        return start
+    verb = "resuming" if command == "fit" else "evaluating"
+    log.info("%s %s (step %d) with %s", verb, start.checkpoint, start.step, start.config_source.value)
+    for change in start.changes:
+        log.info(
+            "changed setting: %s (%s)", change, "not used by evaluation" if change.action == "unused" else "applied"
+        )
+    path = attempt_config_path(output_dir)
+    if start.config_source is ConfigSource.CHECKPOINT and path is not None and path.is_file():
+        from omegaconf import OmegaConf
+
+        OmegaConf.save(start.cfg, path)
+    return start
 
 
 def _config_around_model(cfg, contents) -> Any:

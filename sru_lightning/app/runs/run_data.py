@@ -1,0 +1,46 @@
+"""The data of a run: the data module its config names, encoding with the vocabulary of the
+checkpoint the run starts from where token ids must mean what they meant in training."""
+
+from __future__ import annotations
+
+import logging
+
+from .checkpoints import saved_codec
+from .interfaces import AdoptsVocabulary, SubwordData, provides
+from .refusals import checkpoint_setting, data_setting, instantiate_setting
+from .starting_point import StartingPoint
+
+log = logging.getLogger("sru_lightning")
+
+__all__ = ["build_data"]
+
+
+def build_data(cfg, command: str, start: StartingPoint):
+    """The data module of `cfg.data` and its vocabulary size (the text read here, its problems the user's)."""
+    datamodule = instantiate_setting(cfg.data)
+    learned = provides(datamodule, SubwordData) and datamodule.tokenizer is not None
+    if start.checkpoint is not None and (command != "fit" or learned):
+        # Token ids mean what they meant in training; a resumed fit with a learned subword
+        # vocabulary takes the checkpoint's rather than learning it again.
+        _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
+    with data_setting():  # the data module reads its text on first use
+        vocab_size = datamodule.vocab_size
+    return datamodule, vocab_size
+
+
+def _encode_with_the_checkpoints_vocabulary(datamodule, loaded) -> None:
+    """Evaluation data is encoded with the checkpoint's vocabulary (a character it lacks is an
+    error; an unknown word is counted as the unknown word)."""
+    with checkpoint_setting():
+        codec = saved_codec(loaded)
+    if codec is None or not provides(datamodule, AdoptsVocabulary):
+        return
+    with data_setting():
+        unknown = datamodule.adopt_vocabulary(codec)
+    if unknown:
+        log.warning(
+            "%d words of the evaluation data are not in the checkpoint's vocabulary of %d words; each counts as %r",
+            unknown,
+            codec.vocab_size,
+            codec.unknown,
+        )
