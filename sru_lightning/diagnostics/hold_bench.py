@@ -102,7 +102,8 @@ def double_start(folder: Path, threads: int) -> str:
     ended = [(process.wait(timeout=600), process.stderr.read()) for process in processes]
     statuses = sorted(status for status, _ in ended)
     if statuses != [0, 2]:
-        return f"exit statuses {statuses}"
+        failed = [err.strip().splitlines()[-1] for status, err in ended if status not in (0, 2) and err.strip()]
+        return f"exit statuses {statuses}" + (f" ({failed[0][-200:]})" if failed else "")
     trained, (_, refused_err) = (0, ended[1]) if ended[0][0] == 0 else (1, ended[0])
     errors = [line for line in refused_err.splitlines() if "error:" in line]
     if len(errors) != 1 or "no other run is writing" not in errors[0] or "Traceback" in refused_err:
