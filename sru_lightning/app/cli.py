@@ -1,5 +1,5 @@
 """`python -m sru_lightning <command> [overrides]`: Hydra-configured fit/validate/test, plus
-the package's tool commands (bench, build, fidelity, gpu-check, generate, export, serve)."""
+the package's tool commands (bench, build, fidelity, gpu-check, generate, export, prepare, serve)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,10 @@ TOOL_COMMANDS = {
     "export": (
         "sru_lightning.app.export_command",
         "export a checkpoint to ONNX, torch.export or AOTInductor (format=... out=...)",
+    ),
+    "prepare": (
+        "sru_lightning.app.prepare_command",
+        "tokenize a corpus once into token shards that fit reads by memory map (data=... out=...)",
     ),
     "serve": (
         "sru_lightning.app.serve",
