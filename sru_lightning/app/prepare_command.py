@@ -24,7 +24,7 @@ class PrepareSettings:
     out: str = ""  # the folder to write (required)
     overwrite: bool = False  # replace a corpus prepared in `out` before (one holding only its own files)
     workers: int = 0  # processes that encode; 0: every core
-    shard_mb: int = 256  # size of a token shard
+    shard_mb: float = 256  # size of a token shard
     bpe_sample_mb: int = 200  # with data.tokenizer=bpe: the first MB of the training split it learns from
     progress: bool = True  # progress bars on stderr (when it is a terminal)
 
@@ -90,10 +90,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         settings, _ = parse_key_values(own, PrepareSettings, UsageError)
         if not settings.out:
             raise UsageError("`out` is required: the folder to write, e.g. out=corpus-shards")
-        for key in ("workers", "shard_mb", "bpe_sample_mb"):
-            value = getattr(settings, key)
-            if value < (0 if key == "workers" else 1):
-                raise UsageError(f"`{key}` must be an integer >= {0 if key == 'workers' else 1}, got {value}")
+        for key, least in (("workers", 0), ("shard_mb", 1e-3), ("bpe_sample_mb", 1)):
+            if getattr(settings, key) < least:
+                raise UsageError(f"`{key}` must be at least {least:g}, got {getattr(settings, key)}")
         prepared = _prepare(overrides, settings)
     except UsageError as error:
         print_error(str(error), PROG)

@@ -14,15 +14,16 @@ import numpy as np
 
 from .sources import CorpusReading
 from .streams import split_by_fractions
-from .subwords import _PIECE_CHARS, text_pieces, train_bpe
+from . import subwords
+from .subwords import text_pieces, train_bpe
 from .tokens import TokenCodec
 
 if TYPE_CHECKING:
     from .prepare import _Preparation
 
 SPLITS = ("train", "val", "test")
-#: Characters encoded by one `encode_batch` call (its pieces run in parallel).
-_BATCH_CHARS = 8 * _PIECE_CHARS
+#: Pieces (of about `subwords._PIECE_CHARS` characters) encoded by one `encode_batch` call, in parallel.
+_BATCH_PIECES = 8
 
 Routed = tuple[str, int, str]  # (split, document number or -1, text)
 
@@ -212,7 +213,7 @@ def _safe(routed: Iterator[Routed]) -> Iterator[Routed]:
                 yield from ((key[0], key[1], piece) for piece in text_pieces(buffer))
             key, buffer = (split, document), ""
         buffer += text
-        if len(buffer) >= 2 * _PIECE_CHARS:
+        if len(buffer) >= 2 * subwords._PIECE_CHARS:
             pieces = list(text_pieces(buffer))
             yield from ((split, document, piece) for piece in pieces[:-1])
             buffer = pieces[-1]
@@ -225,7 +226,7 @@ def _batches(routed: Iterator[Routed]) -> Iterator[list[Routed]]:
     for item in routed:
         batch.append(item)
         characters += len(item[2])
-        if characters >= _BATCH_CHARS:
+        if characters >= _BATCH_PIECES * subwords._PIECE_CHARS:
             yield batch
             batch, characters = [], 0
     if batch:

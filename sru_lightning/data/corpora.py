@@ -67,10 +67,11 @@ def read_text_file(file: Path, encoding: str, owner: str) -> str:
     return text
 
 
-def file_pieces(file: Path, encoding: str, owner: str, piece_chars: int = PIECE_CHARS) -> Iterator[str]:
+def file_pieces(file: Path, encoding: str, owner: str, piece_chars: int | None = None) -> Iterator[str]:
     """The text of `file` in pieces of about `piece_chars` characters, each ending at a line break
     (the last at the file's end), decoded and with line ends translated as `Path.read_text` does.
     A binary file or text in another encoding is refused as `read_text_file` refuses it."""
+    piece_chars = piece_chars or PIECE_CHARS
     if file.stat().st_size <= piece_chars:  # the common small file: read whole, with its checks
         yield read_text_file(file, encoding, owner)
         return

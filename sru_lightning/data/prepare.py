@@ -42,7 +42,7 @@ class PrepareOptions:
     """How to prepare (what is prepared comes from the data module)."""
 
     workers: int = 0  # processes that encode; 0: every core this process may use
-    shard_mb: int = 256  # size of a token shard
+    shard_mb: float = 256  # size of a token shard
     bpe_sample_mb: int = 200  # training text a BPE vocabulary is learned from (its first MB)
     progress: bool = True  # progress bars on stderr (when it is a terminal)
 
@@ -320,7 +320,7 @@ class SplitsWriter:
         self.preparation, self.codec = preparation, codec
         self.folder, self.corpus_id = preparation.folder, preparation.corpus_id
         self.dtype = shards.token_dtype(codec.vocab_size)
-        self.shard_tokens = max(1, preparation.options.shard_mb * 2**20 // np.dtype(self.dtype).itemsize)
+        self.shard_tokens = max(1, int(preparation.options.shard_mb * 2**20) // np.dtype(self.dtype).itemsize)
         self.counts = np.zeros((len(SPLITS), codec.vocab_size), dtype=np.int64)
         self.splits: dict[str, dict[str, Any]] = {}
         self.current: shards.SplitWriter | None = None

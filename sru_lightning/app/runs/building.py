@@ -76,9 +76,11 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     ckpt_path = start.checkpoint
     model_config, data_config = cfg.model, cfg.data
     datamodule = instantiate_setting(data_config)
-    if ckpt_path is not None and (command != "fit" or getattr(datamodule, "tokenizer", None) is not None):
+    fixed_ids = getattr(datamodule, "tokenizer", None) is not None or getattr(datamodule, "reads_prepared_ids", False)
+    if ckpt_path is not None and (command != "fit" or fixed_ids):
         # Token ids mean what they meant in training; a resumed fit with a learned subword
-        # vocabulary takes the checkpoint's rather than learning it again.
+        # vocabulary takes the checkpoint's rather than learning it again, and prepared shards
+        # must hold the checkpoint's vocabulary.
         _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
     with data_setting():  # the data module reads its text on first use
         vocab_size = datamodule.vocab_size
