@@ -122,7 +122,12 @@ CASES = {
         path=str(enwik8_file(tmp)), train_bytes=12000, val_bytes=1500, test_bytes=1500, **BATCHING
     ),
     "enwik8-bpe": lambda tmp: Enwik8DataModule(
-        path=str(enwik8_file(tmp)), train_bytes=12000, val_bytes=1500, test_bytes=1500, tokenizer="bpe", vocab_size=290,
+        path=str(enwik8_file(tmp)),
+        train_bytes=12000,
+        val_bytes=1500,
+        test_bytes=1500,
+        tokenizer="bpe",
+        vocab_size=290,
         **BATCHING,
     ),
     "stdlib": lambda tmp: StdlibDataModule(max_chars=30000, batch_size=4, seq_len=16),
