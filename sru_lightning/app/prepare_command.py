@@ -61,16 +61,16 @@ def compose_data(overrides: list[str]):
     from hydra import compose, initialize_config_dir
 
     from sru_lightning._resources import conf_dir
-    from sru_lightning.app.cli import _configuration_error, _unparsable_override
+    from sru_lightning.app.hydra_errors import configuration_error, unparsable_override
 
-    problem = _unparsable_override(overrides)
+    problem = unparsable_override(overrides)
     if problem:
         raise UsageError(problem)
     try:
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             cfg = compose("config", overrides=overrides)
     except Exception as error:
-        message = _configuration_error(error)
+        message = configuration_error(error)
         if message is None:
             raise
         raise UsageError(message) from None

@@ -8,18 +8,16 @@ from __future__ import annotations
 import codecs
 import itertools
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
-from .sources import CorpusReading
-from .streams import split_by_fractions
 from . import subwords
+from .sources import CorpusReading
+from .split_writer import SplitsWriter, document_split
+from .streams import split_by_fractions
 from .subwords import text_pieces, train_bpe
 from .tokens import TokenCodec
-
-if TYPE_CHECKING:
-    from .prepare import _Preparation
 
 SPLITS = ("train", "val", "test")
 #: Pieces (of about `subwords._PIECE_CHARS` characters) encoded by one `encode_batch` call, in parallel.
@@ -28,13 +26,11 @@ _BATCH_PIECES = 8
 Routed = tuple[str, int, str]  # (split, document number or -1, text)
 
 
-def prepare_bpe(preparation: _Preparation) -> tuple[dict[str, Any], int]:
-    from .prepare import SplitsWriter, document_split
-
+def prepare_bpe(preparation) -> tuple[dict[str, Any], int]:
     reading = preparation.reading
     total_chars = document_count = None
     if reading.layout in ("fractions", "documents"):
-        with preparation._bar(f"counting {reading.owner}", "char") as bar:
+        with preparation.bar(f"counting {reading.owner}", "char") as bar:
             total_chars, document_count = _count(reading, bar)
     doc_split = document_split(document_count, reading) if reading.layout == "documents" else None
 
@@ -42,7 +38,7 @@ def prepare_bpe(preparation: _Preparation) -> tuple[dict[str, Any], int]:
     routed = _safe(_routed(reading, total_chars, doc_split))
     train_pieces = (text for _, _, text in itertools.takewhile(lambda item: item[0] == "train", routed))
     sample = _first_chars(train_pieces, sample_chars)
-    with preparation._bar("learning the BPE vocabulary", "char") as bar:
+    with preparation.bar("learning the BPE vocabulary", "char") as bar:
         tokenizer_json = train_bpe(_counted(sample, bar), preparation.bpe_vocab_size)
     preparation.extra["bpe_sample_chars"] = sample.taken
     codec = TokenCodec("bpe", tokenizer=tokenizer_json)
@@ -64,7 +60,7 @@ def prepare_bpe(preparation: _Preparation) -> tuple[dict[str, Any], int]:
 
     read_units = 0
     last_document = None
-    with preparation._bar(f"encoding {reading.owner}", "char", total_chars) as bar:
+    with preparation.bar(f"encoding {reading.owner}", "char", total_chars) as bar:
         for batch in _batches(_safe(_routed(reading, total_chars, doc_split))):
             encodings = tokenizer.encode_batch([text for _, _, text in batch], add_special_tokens=False)
             for (split, document, text), encoding in zip(batch, encodings):

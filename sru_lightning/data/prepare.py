@@ -19,6 +19,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -29,6 +30,7 @@ import numpy as np
 from . import shards
 from .piece_encoding import ProvisionalVocabulary, char_symbols, ordered_map, word_symbols
 from .sources import CorpusReading, Part
+from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
 from .tokens import UNKNOWN_WORD, TokenCodec
 
@@ -160,7 +162,7 @@ class _Preparation:
         self.corpus_id = shards.new_corpus_id()
         self.extra: dict[str, Any] = {}
 
-    def _bar(self, description: str, unit: str, total: int | None = None):
+    def bar(self, description: str, unit: str, total: int | None = None):
         from tqdm import tqdm
 
         return tqdm(
@@ -189,9 +191,9 @@ class _Preparation:
         position, read_units = 0, 0
         part_starts: list[tuple[str | None, int]] = []  # (split name or None, first token) per part
         document_starts: list[int] = []
-        bar = self._bar(f"reading {self.reading.owner}", "char" if unit != "byte" else "B")
+        bar = self.bar(f"reading {self.reading.owner}", "char" if unit != "byte" else "B")
         with open(scratch_path, "wb") as scratch, bar:
-            for part_number, (split, started, piece, result) in enumerate(self._encoded_pieces()):
+            for split, started, piece, result in self._encoded_pieces():
                 if started:
                     part_starts.append((split, position))
                     document_starts.append(position)
@@ -208,7 +210,6 @@ class _Preparation:
                         )
                 scratch.write(ids.astype(scratch_dtype, copy=False).tobytes())
                 position += ids.size
-                del part_number
         total = position
         ranges = self._split_ranges(total, part_starts, document_starts)
         if unit == "byte":
@@ -222,7 +223,7 @@ class _Preparation:
         scratch = np.memmap(scratch_path, dtype=scratch_dtype, mode="r") if total else np.zeros(0, scratch_dtype)
         writer = SplitsWriter(self, codec)
         documents = np.asarray(document_starts, dtype=np.int64) if self.reading.layout == "documents" else None
-        with self._bar("writing shards", "tok", total) as bar:
+        with self.bar("writing shards", "tok", total) as bar:
             for split in SPLITS:
                 start, stop = ranges[split]
                 writer.begin(split)
@@ -247,16 +248,15 @@ class _Preparation:
             for split, started, piece in tagged:
                 yield split, started, piece, None
             return
-        items = ((tag, piece) for tag, piece in ((tag[:2], tag[2]) for tag in tagged))
-        pending: list = []
+        pending: deque = deque()  # the tags of the pieces in flight, in order
 
         def pieces_only():
-            for tag, piece in items:
-                pending.append((tag, piece))
+            for split, started, piece in tagged:
+                pending.append((split, started, piece))
                 yield piece
 
         for result in ordered_map(encode, pieces_only(), self.options.worker_count()):
-            (split, started), piece = pending.pop(0)
+            split, started, piece = pending.popleft()
             yield split, started, piece, result
 
     def _split_ranges(
@@ -285,20 +285,6 @@ class _Preparation:
         }
 
 
-def document_split(count: int, reading: CorpusReading) -> tuple[int, int]:
-    """(training documents, validation documents) of `count`, as the documents module splits them."""
-    import math
-
-    if count < 3:
-        raise ValueError(
-            f"{reading.owner}: `data.path` must hold at least 3 non-empty documents (one each for training, "
-            f"validation and test), got {count}"
-        )
-    n_val = max(1, math.floor(count * reading.val_fraction))
-    n_test = max(1, math.floor(count * reading.test_fraction))
-    return count - n_val - n_test, n_val
-
-
 def _tagged_pieces(parts: Iterator[Part]) -> Iterator[tuple[str | None, bool, Any]]:
     """(split or None, True at the first non-empty piece of each part, piece) of every non-empty
     piece; a part without any is left out."""
@@ -309,67 +295,3 @@ def _tagged_pieces(parts: Iterator[Part]) -> Iterator[tuple[str | None, bool, An
                 continue
             yield split, not started, piece
             started = True
-
-
-# --------------------------------------------------------------------------------------------
-class SplitsWriter:
-    """The final ids of each split into its shards, the token counts of what each split predicts,
-    the documents' offsets, and the index describing them."""
-
-    def __init__(self, preparation: _Preparation, codec: TokenCodec) -> None:
-        self.preparation, self.codec = preparation, codec
-        self.folder, self.corpus_id = preparation.folder, preparation.corpus_id
-        self.dtype = shards.token_dtype(codec.vocab_size)
-        self.shard_tokens = max(1, int(preparation.options.shard_mb * 2**20) // np.dtype(self.dtype).itemsize)
-        self.counts = np.zeros((len(SPLITS), codec.vocab_size), dtype=np.int64)
-        self.splits: dict[str, dict[str, Any]] = {}
-        self.current: shards.SplitWriter | None = None
-        self.split = ""
-        self.packs_documents = preparation.reading.layout == "documents"
-
-    def begin(self, split: str) -> None:
-        self.split = split
-        self.current = shards.SplitWriter(self.folder, split, self.dtype, self.corpus_id, self.shard_tokens)
-        self.splits[split] = {"documents": None, "document_count": None}
-
-    def append(self, ids: np.ndarray) -> None:
-        self.current.append(ids.astype(self.dtype, copy=False))
-        self.counts[SPLITS.index(self.split)] += np.bincount(ids, minlength=self.codec.vocab_size)
-
-    def set_documents(self, offsets: np.ndarray, scratch=None, positions=None, mapping=None) -> None:
-        """The documents' first tokens (offsets within the split): recorded, and left out of the
-        counts (no model is asked for a document's first token). Their ids are read from
-        `scratch` at `positions` (through `mapping`) unless the caller subtracts them itself."""
-        entry = shards.write_array_file(self.folder / shards.documents_name(self.split), offsets, self.corpus_id)
-        self.splits[self.split].update(documents=entry, document_count=int(offsets.size))
-        if scratch is not None and positions.size:
-            first = np.asarray(scratch[positions]).astype(np.int64)
-            first = first if mapping is None else mapping[first]
-            self.counts[SPLITS.index(self.split)] -= np.bincount(first, minlength=self.codec.vocab_size)
-
-    def uncount(self, first_ids: np.ndarray) -> None:
-        self.counts[SPLITS.index(self.split)] -= np.bincount(first_ids, minlength=self.codec.vocab_size)
-
-    def end(self) -> None:
-        shard_entries = self.current.close()
-        self.splits[self.split].update(tokens=self.current.tokens, shards=shard_entries)
-        self.current = None
-
-    def abort(self) -> None:
-        if self.current is not None:
-            self.current.abort()
-
-    def index(self) -> dict[str, Any]:
-        counts = shards.write_array_file(self.folder / shards.COUNTS_NAME, self.counts.reshape(-1), self.corpus_id)
-        return {
-            "format": shards.FORMAT_NAME,
-            "version": shards.FORMAT_VERSION,
-            "corpus_id": self.corpus_id,
-            "codec": self.codec.state_dict(),
-            "token_level": self.codec.level,
-            "vocab_size": self.codec.vocab_size,
-            "dtype": self.dtype,
-            "packs_documents": self.packs_documents,
-            "splits": self.splits,
-            "token_counts": counts,
-        }

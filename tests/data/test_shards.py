@@ -17,8 +17,10 @@ from sru_lightning.data import (
     PydocDataModule,
     StdlibDataModule,
     TextDataModule,
+    corpora,
+    sources,
+    subwords,
 )
-from sru_lightning.data import corpora, sources, subwords
 from sru_lightning.data.prepare import PrepareOptions, prepare_corpus
 from sru_lightning.data.sampling import ResumableDataLoader
 from sru_lightning.data.shard_module import ShardDataModule
