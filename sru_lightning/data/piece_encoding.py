@@ -1,11 +1,12 @@
-"""Pieces of a corpus to token ids in worker processes, for `prepare`.
+"""Pieces of a corpus to provisional token ids, for `prepare`.
 
 Before the whole corpus has been read, its vocabulary is not known (characters sort by code
-point over all the text; words come from the training split alone), so each piece is encoded
-against a vocabulary of its own: the symbols it holds, and per token the index of its symbol.
-The main process maps those to provisional ids (in order of first appearance), and to the final
-ids once every piece has been read. Worker processes run the per-character and per-word work,
-so every core encodes; a bounded number of pieces is in flight at a time, so memory stays flat.
+point over all the text; words come from the training split alone), so tokens get provisional
+ids, in order of first appearance, mapped to the final ids once every piece has been read.
+Characters are looked up in a table, vectorised, in the main process. Words are split in worker
+processes, each piece against a vocabulary of its own (its words, and per token the index of
+its word), so every core splits; a bounded number of pieces is in flight at a time, so memory
+stays flat.
 """
 
 from __future__ import annotations
@@ -21,17 +22,8 @@ from .streams import word_tokens
 
 #: Unicode's code points: the size of a per-character lookup table.
 CODE_POINTS = 0x110000
-
-
-def char_symbols(piece: str) -> tuple[np.ndarray, np.ndarray, None]:
-    """(code points the piece holds, ascending; per character the index of its code point; None)."""
-    code_points = np.frombuffer(piece.encode("utf-32-le"), dtype=np.uint32)
-    present = np.zeros(CODE_POINTS, dtype=bool)
-    present[code_points] = True
-    symbols = np.flatnonzero(present).astype(np.uint32)
-    lookup = np.zeros(CODE_POINTS, dtype=np.uint32)
-    lookup[symbols] = np.arange(symbols.size, dtype=np.uint32)
-    return symbols, lookup[code_points], None
+#: The table's mark of a character not seen yet (so at most 65535 distinct characters).
+UNSEEN = 2**16 - 1
 
 
 def word_symbols(piece: str) -> tuple[list[str], np.ndarray, np.ndarray]:
@@ -71,34 +63,46 @@ class ProvisionalVocabulary:
 
     def __init__(self, unit: str) -> None:
         self.unit = unit
-        self.table = np.full(CODE_POINTS, -1, dtype=np.int64) if unit == "char" else None
+        # code point -> provisional id; UNSEEN until the character appears
+        self.table = np.full(CODE_POINTS, UNSEEN, dtype=np.uint16) if unit == "char" else None
         self.words: dict[str, int] = {}
         self.first_position: list[int] = []
         self.size = 0
 
-    def ids(self, symbols, local_ids: np.ndarray, firsts: np.ndarray | None, position: int) -> np.ndarray:
-        """The provisional ids of a piece's tokens (`symbols`, `local_ids`, `firsts` from the
-        worker); `position` is the piece's first token's position in the corpus."""
-        if self.unit == "char":
-            known = self.table[symbols]
-            new = symbols[known < 0]
-            self.table[new] = np.arange(self.size, self.size + new.size)
+    def char_ids(self, piece: str) -> np.ndarray:
+        """The provisional ids (uint16) of a piece's characters: one table look-up per character,
+        new characters numbered as they appear (vectorised: this is the speed of `prepare`)."""
+        code_points = np.frombuffer(piece.encode("utf-32-le"), dtype=np.uint32)
+        ids = self.table[code_points]
+        unseen = ids == UNSEEN
+        if unseen.any():
+            new = np.unique(code_points[unseen])
+            if self.size + new.size >= UNSEEN:
+                raise ValueError(
+                    f"the text holds more than {UNSEEN - 1} distinct characters; prepare it with data.tokenizer=bpe "
+                    "(a byte-level vocabulary) instead"
+                )
+            self.table[new] = np.arange(self.size, self.size + new.size, dtype=np.uint16)
             self.size += new.size
-            mapping = self.table[symbols]
-        else:
-            mapping = np.empty(len(symbols), dtype=np.int64)
-            for index, word in enumerate(symbols):
-                known = self.words.get(word)
-                if known is None:
-                    known = self.words[word] = self.size
-                    self.size += 1
-                    self.first_position.append(position + int(firsts[index]))
-                mapping[index] = known
-        return mapping[local_ids] if local_ids.size else np.zeros(0, dtype=np.int64)
+            ids = self.table[code_points]
+        return ids
+
+    def word_ids(self, symbols: list[str], local_ids: np.ndarray, firsts: np.ndarray, position: int) -> np.ndarray:
+        """The provisional ids (uint32) of a piece's words (`symbols`, `local_ids`, `firsts` from
+        :func:`word_symbols`); `position` is the piece's first token's position in the corpus."""
+        mapping = np.empty(len(symbols), dtype=np.uint32)
+        for index, word in enumerate(symbols):
+            known = self.words.get(word)
+            if known is None:
+                known = self.words[word] = self.size
+                self.size += 1
+                self.first_position.append(position + int(firsts[index]))
+            mapping[index] = known
+        return mapping[local_ids] if local_ids.size else np.zeros(0, dtype=np.uint32)
 
     def char_itos(self) -> tuple[list[str], np.ndarray]:
         """(the characters sorted by code point, provisional id -> final id)."""
-        code_points = np.flatnonzero(self.table >= 0)
+        code_points = np.flatnonzero(self.table != UNSEEN)
         final = np.empty(self.size, dtype=np.int64)
         final[self.table[code_points]] = np.arange(code_points.size)
         return [chr(point) for point in code_points], final

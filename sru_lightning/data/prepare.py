@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import shards
-from .piece_encoding import ProvisionalVocabulary, char_symbols, ordered_map, word_symbols
+from .piece_encoding import ProvisionalVocabulary, ordered_map, word_symbols
 from .sources import CorpusReading, Part
 from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
@@ -201,14 +201,11 @@ class _Preparation:
                 bar.update(len(piece))
                 if unit == "byte":
                     ids = np.frombuffer(piece, dtype=np.uint8)
+                elif unit == "char":
+                    ids = vocabulary.char_ids(piece)
                 else:
-                    ids = vocabulary.ids(*result, position)
-                    if unit == "char" and vocabulary.size > 2**16:
-                        raise ValueError(
-                            f"{self.reading.owner}: the text holds more than {2**16} distinct characters; prepare "
-                            "it with data.tokenizer=bpe (a byte-level vocabulary) instead"
-                        )
-                scratch.write(ids.astype(scratch_dtype, copy=False).tobytes())
+                    ids = vocabulary.word_ids(*result, position)
+                scratch.write(memoryview(np.ascontiguousarray(ids, dtype=scratch_dtype)).cast("B"))
                 position += ids.size
         total = position
         ranges = self._split_ranges(total, part_starts, document_starts)
@@ -222,6 +219,8 @@ class _Preparation:
             codec = TokenCodec("word", itos, unknown=UNKNOWN_WORD)
         scratch = np.memmap(scratch_path, dtype=scratch_dtype, mode="r") if total else np.zeros(0, scratch_dtype)
         writer = SplitsWriter(self, codec)
+        if mapping is not None:  # looked up straight into the shards' dtype
+            mapping = mapping.astype(writer.dtype)
         documents = np.asarray(document_starts, dtype=np.int64) if self.reading.layout == "documents" else None
         with self.bar("writing shards", "tok", total) as bar:
             for split in SPLITS:
@@ -242,7 +241,7 @@ class _Preparation:
     def _encoded_pieces(self) -> Iterator[tuple[str | None, bool, Any, Any]]:
         """(split or None, whether a part (document) starts, piece, the worker's encoding) in order;
         empty documents are left out, as the documents module leaves them out."""
-        encode = {"char": char_symbols, "word": word_symbols, "byte": None}[self.reading.unit]
+        encode = word_symbols if self.reading.unit == "word" else None  # the others: vectorised here
         tagged = _tagged_pieces(self.reading.parts())
         if encode is None:
             for split, started, piece in tagged:

@@ -16,6 +16,19 @@ from .tokens import TokenCodec
 SPLITS = shards.SPLITS
 
 
+def count_ids(ids: np.ndarray, vocab_size: int) -> np.ndarray:
+    """(vocab_size,) int64: how often each id occurs (torch's bincount: several times numpy's)."""
+    import torch
+
+    if ids.dtype == np.uint16 and vocab_size <= 2**15:
+        signed = ids.view(np.int16)  # the same values: no copy
+    elif ids.dtype == np.uint8:
+        signed = ids
+    else:
+        signed = ids.astype(np.int64, copy=False)
+    return torch.bincount(torch.from_numpy(np.ascontiguousarray(signed)), minlength=vocab_size).numpy()
+
+
 def document_split(count: int, reading: CorpusReading) -> tuple[int, int]:
     """(training documents, validation documents) of `count`, as the documents module splits them."""
     if count < 3:
@@ -49,8 +62,9 @@ class SplitsWriter:
         self.splits[split] = {"documents": None, "document_count": None}
 
     def append(self, ids: np.ndarray) -> None:
-        self.current.append(ids.astype(self.dtype, copy=False))
-        self.counts[SPLITS.index(self.split)] += np.bincount(ids, minlength=self.codec.vocab_size)
+        ids = ids.astype(self.dtype, copy=False)
+        self.current.append(ids)
+        self.counts[SPLITS.index(self.split)] += count_ids(ids, self.codec.vocab_size)
 
     def set_documents(self, offsets: np.ndarray, scratch=None, positions=None, mapping=None) -> None:
         """The documents' first tokens (offsets within the split): recorded, and left out of the
@@ -59,12 +73,12 @@ class SplitsWriter:
         entry = shards.write_array_file(self.folder / shards.documents_name(self.split), offsets, self.corpus_id)
         self.splits[self.split].update(documents=entry, document_count=int(offsets.size))
         if scratch is not None and positions.size:
-            first = np.asarray(scratch[positions]).astype(np.int64)
+            first = np.asarray(scratch[positions])
             first = first if mapping is None else mapping[first]
-            self.counts[SPLITS.index(self.split)] -= np.bincount(first, minlength=self.codec.vocab_size)
+            self.uncount(first)
 
     def uncount(self, first_ids: np.ndarray) -> None:
-        self.counts[SPLITS.index(self.split)] -= np.bincount(first_ids, minlength=self.codec.vocab_size)
+        self.counts[SPLITS.index(self.split)] -= count_ids(first_ids, self.codec.vocab_size)
 
     def end(self) -> None:
         shard_entries = self.current.close()
