@@ -77,23 +77,35 @@ def compose_data(overrides: list[str]):
     return cfg.data
 
 
+def parse_settings(argv: Sequence[str]) -> tuple[PrepareSettings, object]:
+    """(the command's settings, the composed data config); a problem raises UsageError."""
+    from sru_lightning.app.key_value import parse_key_values
+
+    overrides, own = split_arguments(argv)
+    settings, _ = parse_key_values(own, PrepareSettings, UsageError)
+    if not settings.out:
+        raise UsageError("`out` is required: the folder to write, e.g. out=corpus-shards")
+    for key, least in (("workers", 0), ("shard_mb", 1e-3), ("bpe_sample_mb", 1)):
+        if getattr(settings, key) < least:
+            raise UsageError(f"`{key}` must be at least {least:g}, got {getattr(settings, key)}")
+    data_config = compose_data(overrides)
+    if str(data_config.get("_target_", "")).endswith("ShardDataModule"):
+        raise UsageError(
+            "prepare reads a corpus (data=pydoc, stdlib, text, documents or enwik8), got data=shards, which is "
+            "prepared already"
+        )
+    return settings, data_config
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if wants_help(argv):
         print(usage())
         return 0
-    from sru_lightning.app.key_value import parse_key_values
-
     settings = PrepareSettings()
     try:
-        overrides, own = split_arguments(argv)
-        settings, _ = parse_key_values(own, PrepareSettings, UsageError)
-        if not settings.out:
-            raise UsageError("`out` is required: the folder to write, e.g. out=corpus-shards")
-        for key, least in (("workers", 0), ("shard_mb", 1e-3), ("bpe_sample_mb", 1)):
-            if getattr(settings, key) < least:
-                raise UsageError(f"`{key}` must be at least {least:g}, got {getattr(settings, key)}")
-        prepared = _prepare(overrides, settings)
+        settings, data_config = parse_settings(argv)
+        prepared = _prepare(data_config, settings, split_arguments(argv)[0])
     except UsageError as error:
         print_error(str(error), PROG)
         return 2
@@ -109,19 +121,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0
 
 
-def _prepare(overrides: list[str], settings: PrepareSettings):
+def _prepare(data_config, settings: PrepareSettings, overrides: list[str]):
     from omegaconf import OmegaConf
 
     from sru_lightning.app.runs.refusals import instantiate_setting
     from sru_lightning.data.prepare import PrepareOptions, prepare_corpus
     from sru_lightning.data.sources import reading_of
 
-    data_config = compose_data(overrides)
-    if str(data_config.get("_target_", "")).endswith("ShardDataModule"):
-        raise UsageError(
-            "prepare reads a corpus (data=pydoc, stdlib, text, documents or enwik8), got data=shards, which is "
-            "prepared already"
-        )
     datamodule = instantiate_setting(data_config)
     options = PrepareOptions(settings.workers, settings.shard_mb, settings.bpe_sample_mb, settings.progress)
     source = {"data": OmegaConf.to_container(data_config, resolve=True), "overrides": overrides}
