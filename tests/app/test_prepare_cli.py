@@ -178,3 +178,23 @@ def test_experiment_enwik8_is_prepared_at_byte_level(tmp_path, corpus, capsys):
     assert index["token_level"] == "byte" and index["dtype"] == "uint8" and index["vocab_size"] == 256
     assert [index["splits"][split]["tokens"] for split in ("train", "val", "test")] == [20000, 5000, 5000]
     assert index["source"]["data"]["batch_size"] == 128  # the experiment's data settings
+
+
+def test_a_full_disk_or_ctrl_c_during_prepare_is_one_line_and_leaves_nothing(tmp_path, corpus, capsys, monkeypatch):
+    from sru_lightning.data import shards
+
+    def full_disk(self, ids):
+        raise OSError(28, "No space left on device", str(self.folder / "train-00000.bin"))
+
+    monkeypatch.setattr(shards.SplitWriter, "append", full_disk)
+    line = one_line_refusal(*run(capsys, "prepare", "data=text", f"data.path={corpus}", "out=shards")[::2])
+    assert "cannot write" in line and "train-00000.bin: No space left on device" in line, line
+    assert "run the same command again" in line
+
+    def interrupted(self, ids):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(shards.SplitWriter, "append", interrupted)
+    status, _, err = run(capsys, "prepare", "data=text", f"data.path={corpus}", "out=shards")
+    assert status == 130 and "interrupted (Ctrl+C): nothing was written to 'shards'" in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["prose.txt"]  # no folder, no hidden staging
