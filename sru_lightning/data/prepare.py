@@ -15,6 +15,7 @@ from the shards sees the same batches.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -81,16 +82,17 @@ def owned_files(out: Path) -> list[Path]:
 
     if not out.is_dir() or out.is_symlink():
         raise refuse("it is not a folder")
-    try:
-        corpus = shards.PreparedCorpus(out, setting="out")
-    except shards.ShardError as error:
-        raise refuse(f"it is not a complete prepared folder ({error})") from None
-    index = corpus.index
-    listed = {shards.INDEX_NAME, index["token_counts"]["file"]}
-    for split in index["splits"].values():
-        listed.update(shard["file"] for shard in split["shards"])
-        if split.get("documents"):
-            listed.add(split["documents"]["file"])
+    try:  # the index alone says what is ours: a damaged shard of it may still be replaced
+        index = json.loads((out / shards.INDEX_NAME).read_text(encoding="utf-8"))
+        if index.get("format") != shards.FORMAT_NAME:
+            raise ValueError(f"its {shards.INDEX_NAME} is not prepare's")
+        listed = {shards.INDEX_NAME, index["token_counts"]["file"]}
+        for split in index["splits"].values():
+            listed.update(shard["file"] for shard in split["shards"])
+            if split.get("documents"):
+                listed.add(split["documents"]["file"])
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise refuse(f"it has no readable {shards.INDEX_NAME} of a prepared corpus ({error})") from None
     present = {path.name for path in out.iterdir()}
     others = sorted(present - listed)
     if others:

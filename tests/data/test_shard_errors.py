@@ -133,7 +133,7 @@ def test_prepare_refuses_a_folder_that_is_not_empty(tmp_path):
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ValueError, match="already exists and is not empty; .* overwrite=true"):
         prepare(tmp_path)
-    with pytest.raises(ValueError, match=r"cannot be replaced: it is not a complete prepared folder"):
+    with pytest.raises(ValueError, match=r"cannot be replaced: it has no readable index.json of a prepared corpus"):
         prepare(tmp_path, overwrite=True)
     assert [path.name for path in out.iterdir()] == ["notes.txt"]
 
@@ -148,6 +148,10 @@ def test_overwrite_replaces_only_a_prepared_folder_holding_nothing_else(tmp_path
         prepare(tmp_path, overwrite=True)
     assert (folder / "notes.txt").read_text() == "mine"
     ShardDataModule(path=str(folder))  # the old corpus is untouched
+    (folder / "notes.txt").unlink()
+    os.truncate(writable(folder / "train-00000.bin"), 10)  # a damaged corpus of ours is replaced
+    prepare(tmp_path, overwrite=True)
+    ShardDataModule(path=str(folder))
 
 
 def test_an_interrupted_prepare_leaves_nothing_that_looks_complete(tmp_path, monkeypatch):
