@@ -2,8 +2,9 @@
 
 ``python -m sru_lightning bench data [--sizes 30,300 --repeats 20 --warmup 5 --out FOLDER]``
 
-For each corpus size (MB of text made of the Python sources of the running interpreter's
-site-packages, repeated as needed):
+For each corpus size (MB of text: the first 30 MB of the Python sources of the running
+interpreter's site-packages, repeated as needed, so every size has the same characters and the
+fits train the same model):
 
 * `prepare` throughput at character level and with a BPE vocabulary of 4000 tokens (on the first
   ``--bpe-mb`` MB: a byte-level BPE encodes about a hundred times slower than characters);
@@ -32,6 +33,8 @@ from pathlib import Path
 
 from sru_lightning.diagnostics.tables import fixed_width_lines
 
+#: MB of distinct text in a generated corpus (a larger one repeats it).
+DISTINCT_MB = 30
 #: BPE vocabulary of the preparation timing.
 BPE_VOCAB = 4000
 #: Fits of each kind per corpus, interleaved: the table shows the highest peak memory, the
@@ -60,21 +63,26 @@ def parse_sizes(text: str) -> list[int]:
 
 
 def write_corpus(path: Path, megabytes: int) -> Path:
-    """`megabytes` MB (10^6 characters) of Python sources, the site-packages' files in sorted order, repeated."""
+    """`megabytes` MB (10^6 characters) of Python sources: the site-packages' files in sorted order
+    up to :data:`DISTINCT_MB` MB, repeated. Every size has the same characters, so the fits of
+    two sizes train the same model (a larger alphabet would widen its output layer)."""
     if path.is_file() and path.stat().st_size >= megabytes * 10**6:
         return path
     root = Path(sysconfig.get_paths()["purelib"])
-    files = sorted(root.rglob("*.py"))
+    distinct, size = [], 0
+    for file in sorted(root.rglob("*.py")):
+        text = file.read_text(encoding="utf-8", errors="replace")[: DISTINCT_MB * 10**6 - size]
+        distinct.append(text)
+        size += len(text)
+        if size >= DISTINCT_MB * 10**6:
+            break
+    block = "".join(distinct)
     written = 0
     with open(path, "w", encoding="utf-8") as handle:
         while written < megabytes * 10**6:
-            for file in files:
-                text = file.read_text(encoding="utf-8", errors="replace")
-                text = text[: megabytes * 10**6 - written]
-                handle.write(text)
-                written += len(text)
-                if written >= megabytes * 10**6:
-                    break
+            text = block[: megabytes * 10**6 - written]
+            handle.write(text)
+            written += len(text)
     return path
 
 
