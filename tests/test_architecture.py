@@ -168,10 +168,10 @@ def test_imports_point_down_the_stack_only():
 
 
 # Inside the library, bottom first (docs/architecture.md): a package imports only its own level
-# and those below. The top-level modules (the version, resource paths, seeds, Lightning's private
-# API behind one fence, the CSV logger) are at the bottom.
+# and those below. The top-level modules (the version, the atomic writer, resource paths, seeds,
+# Lightning's private API behind one fence, the CSV logger) are at the bottom.
 LIBRARY_ORDER = (
-    ("__init__", "_resources", "_seeds", "_lightning_compat", "loggers"),
+    ("__init__", "_atomic", "_resources", "_seeds", "_lightning_compat", "loggers"),
     ("ops",),
     ("nn",),
     ("precision", "strategies"),

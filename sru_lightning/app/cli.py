@@ -207,6 +207,7 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
         return _fail(problem)
     entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
     from sru_lightning.app.runs import directories
+    from sru_lightning.app.runs.hold import release_all
 
     directories.command = command  # an evaluation pointed at a run writes beside it, not into it
     sys.argv = [original_argv[0], *overrides]
@@ -235,6 +236,7 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
             return _fail(f"the sweep stopped: {type(error).__name__}: {error}", 1)
         raise
     finally:
+        release_all()  # the folder this command held, however it ended
         sys.argv = original_argv
         if full_error is None:
             os.environ.pop("HYDRA_FULL_ERROR", None)

@@ -62,12 +62,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if wants_help(argv):
         print(usage())
         return 0
-    from sru_lightning.app import generate
+    from sru_lightning.app.runs.trained_model import load_trained
     from sru_lightning.export.graph_module import ExportError
 
     try:
         settings = parse_settings(argv)
-        path, checkpoint, model, codec = generate.load_trained(settings.ckpt_path, settings.resume_dir, "export")
+        path, checkpoint, model, codec = load_trained(settings.ckpt_path, settings.resume_dir, "export")
         from sru_lightning.export.exporter import export_language_model
 
         started = time.perf_counter()

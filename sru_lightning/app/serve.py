@@ -3,7 +3,7 @@ OpenAI-style completions server whose open streams advance together, one batched
 per token (docs/serving.md).
 
 The model is loaded the way `generate` loads it (a checkpoint or run through
-:func:`~sru_lightning.app.generate.load_trained`, an export folder through
+:func:`~sru_lightning.app.runs.trained_model.load_trained`, an export folder through
 :func:`~sru_lightning.export.generate_backend.load_for_generation`), so greedy text equals
 `generate`'s. SIGTERM (or Ctrl+C) stops taking connections, finishes the open streams and exits 0.
 """
@@ -97,7 +97,7 @@ def load_model(settings: ServeSettings):
             f"`backend` ({settings.backend!r}) applies to an export folder, but {settings.model!r} holds no "
             f"{MANIFEST_NAME}"
         )
-    from sru_lightning.app.generate import load_trained
+    from sru_lightning.app.runs.trained_model import load_trained
 
     try:
         path, checkpoint, model, codec = load_trained(settings.model, settings.resume_dir, "serve")

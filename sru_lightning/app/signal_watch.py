@@ -255,5 +255,8 @@ def _ignore_until_watched(signum: int, frame: Any) -> None:
 
 def _exit(message: str, status: int) -> None:
     # From a thread while the main thread may hold the logging and stdio locks: write directly.
+    from sru_lightning.app.runs.hold import release_all
+
     os.write(2, f"sru_lightning: {message}\n".encode())
+    release_all()  # os._exit runs no atexit: the run folder is given back here
     os._exit(status)

@@ -28,7 +28,6 @@ not write (submitit's format: `("success", JobReturn)`, pickled).
 from __future__ import annotations
 
 import logging
-import os
 import subprocess
 import sys
 import threading
@@ -170,6 +169,7 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
     from hydra.core.utils import JobReturn, JobStatus
     from submitit.core.utils import DelayedSubmission, cloudpickle_dump
 
+    from sru_lightning._atomic import written_beside
     from sru_lightning.app.sweep import JobFailed, as_typed, record_lost_job, sweeper_counts_failures
 
     reason = (
@@ -195,9 +195,8 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
             overrides=overrides, working_dir=str(job_dir), status=JobStatus.COMPLETED, _return_value=float("nan")
         )
     result.task_name = str(config.hydra.job.name)
-    partial = paths.result_pickle.with_name(paths.result_pickle.name + ".lost")
-    cloudpickle_dump(("success", result), partial)
-    os.replace(partial, paths.result_pickle)  # whole, or not at all
+    with written_beside(paths.result_pickle, suffix=".lost") as partial:  # whole, or not at all
+        cloudpickle_dump(("success", result), partial)
 
 
 def _job_dir(launcher, overrides: list[str], number: int, job_id: str, config: DictConfig) -> Path:

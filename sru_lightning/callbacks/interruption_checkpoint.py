@@ -3,14 +3,14 @@
 :class:`InterruptionCheckpoint` saves the fit's full state when
 :class:`~sru_lightning.callbacks.graceful_interrupt.GracefulInterrupt` has stopped it at a
 batch boundary; a failure or an abort leaves no checkpoint that would look resumable.
-:func:`put_in_place` is its crash-safe rename, also used for the command line's final weights.
+The file (or a sharded checkpoint's folder) is written beside its name and renamed into place
+(:func:`sru_lightning._atomic.put_in_place`).
 """
 
 from __future__ import annotations
 
 import logging
 import os
-import shutil
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Checkpoint
@@ -18,9 +18,11 @@ from lightning.pytorch.trainer.states import TrainerFn
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from typing_extensions import override
 
+from sru_lightning._atomic import PARTIAL_SUFFIX, discard, put_in_place
+
 log = logging.getLogger(__name__)
 
-__all__ = ["InterruptionCheckpoint", "put_in_place"]
+__all__ = ["InterruptionCheckpoint"]
 
 
 class InterruptionCheckpoint(Checkpoint):
@@ -79,13 +81,13 @@ class InterruptionCheckpoint(Checkpoint):
             return
         # A full checkpoint (optimizer, schedulers, loops), as the epoch-end ones. Every rank
         # takes part (the model gathers the ranks' carried states); rank 0 writes the file.
-        partial = f"{self.ckpt_path}.partial"
+        partial = self.ckpt_path + PARTIAL_SUFFIX
         try:
             trainer.save_checkpoint(partial, weights_only=False)
         except BaseException:
             # An abort (a second Ctrl+C) or a failure half way through: nothing may look resumable.
             if trainer.is_global_zero:
-                _remove(partial)
+                discard(partial)
             raise
         if trainer.is_global_zero and os.path.exists(partial):
             put_in_place(partial, self.ckpt_path)
@@ -102,20 +104,3 @@ class InterruptionCheckpoint(Checkpoint):
 
 def _same_file(resumed: str | os.PathLike[str] | None, own: str) -> bool:
     return resumed is not None and os.path.realpath(resumed) == os.path.realpath(own)
-
-
-def _remove(path: str) -> None:
-    if os.path.isdir(path):
-        shutil.rmtree(path, ignore_errors=True)
-    elif os.path.exists(path):
-        os.remove(path)
-
-
-def put_in_place(source: str, target: str) -> None:
-    """Rename `source` to `target`: a file atomically, a sharded checkpoint folder after removing the
-    old one, so a checkpoint is complete under its name or absent."""
-    if os.path.isdir(target):
-        shutil.rmtree(target)  # os.replace cannot put anything over a folder
-    elif os.path.isdir(source) and os.path.exists(target):
-        os.remove(target)
-    os.replace(source, target)

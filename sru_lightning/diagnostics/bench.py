@@ -36,6 +36,8 @@ MODES = {
     "requests and the server's memory",
     "data": "`prepare` (MB/s at char level and with BPE) and a fit of the default model from shards against "
     "the text in memory (peak RSS, time to the first step, tokens/s) on generated corpora of --sizes MB",
+    "hold": "holding a run folder: what taking and giving back the hold adds to a fit's start, and --pairs "
+    "double starts of two fits into one folder (exactly one must train)",
     "lm": "a fit's step as `fit` runs it (callbacks, logger, progress bar) against the plain forward, backward "
     "and optimizer step, with Lightning's profiler; or (--curve) validation bits per character against "
     "wall-clock time of the default, SRU++, LSTM and a recipe",
@@ -65,6 +67,7 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
         "bpe_mb": "bpe_mb",
         "memory_mb": "memory_mb",
     },
+    "hold": {"repeats": "repeats", "pairs": "pairs", "threads": "threads"},
     "lm": {
         "model": "model",
         "extra": "extra",
@@ -106,6 +109,7 @@ OPTIONS = {
     "sizes": ("--sizes", "comma-separated corpus sizes in MB"),
     "bpe_mb": ("--bpe-mb", "MB of each corpus the BPE preparation is timed on"),
     "memory_mb": ("--memory-mb", "the in-memory fit runs for corpora up to this many MB"),
+    "pairs": ("--pairs", "double starts: two fits started together into one new folder, this many times"),
 }
 #: What an option means in a subcommand where it is not what OPTIONS says.
 _MEANING_IN = {
@@ -114,6 +118,8 @@ _MEANING_IN = {
     ("model", "lm"): "the model config (conf/model/) of the timed fit",
     ("repeats", "lm"): "timed training steps",
     ("warmup", "lm"): "training steps before them",
+    ("repeats", "hold"): "timed takes of a hold",
+    ("threads", "hold"): "threads of each fit of a double start",
     ("plot", "lm"): "with --curve: draw validation bits per character against seconds into FILE",
     ("repeats", "data"): "timed training steps of each fit",
     ("warmup", "data"): "training steps before them",
@@ -121,6 +127,8 @@ _MEANING_IN = {
 }
 #: Options that count something: at least 1 (--warmup: at least 0).
 _COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget", "bpe_mb")
+#: Options that count something and may be 0.
+_COUNTS_FROM_ZERO = ("pairs",)
 #: Options whose value is text.
 _TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out", "sizes")
 
@@ -133,6 +141,7 @@ def _mode_config(mode: str):
         decode_bench,
         documents_bench,
         export_bench,
+        hold_bench,
         lm_bench,
         serve_bench,
     )
@@ -146,6 +155,7 @@ def _mode_config(mode: str):
         "serve": serve_bench.ServeBenchConfig,
         "lm": lm_bench.LMBenchConfig,
         "data": data_bench.DataBenchConfig,
+        "hold": hold_bench.HoldBenchConfig,
     }[mode]
 
 
@@ -222,6 +232,10 @@ def main(argv=None) -> int:
             refuse(f"--{option} must be >= 1, got {value}")
     if warmup < 0:
         refuse(f"--warmup must be >= 0, got {warmup}")
+    for option in _COUNTS_FROM_ZERO:
+        value = getattr(args, option, None)
+        if option in reads and value < 0:
+            refuse(f"--{option} must be >= 0, got {value}")
     problem = op_bench.plot_problem(args.plot) if getattr(args, "plot", None) else None
     if problem:
         refuse(problem)
@@ -252,6 +266,12 @@ def main(argv=None) -> int:
         except ValueError as error:
             refuse(str(error))
         print(data_bench.format_table(config, data_bench.run_data_benchmark(config)))
+    elif mode == "hold":
+        from sru_lightning.diagnostics import hold_bench
+
+        times, problems = hold_bench.run_hold_benchmark(config)
+        print(hold_bench.format_table(config, times, problems))
+        return 1 if any(problems) else 0
     elif mode == "documents":
         from sru_lightning.diagnostics import documents_bench
 

@@ -3,9 +3,9 @@ default language model (conf/model/sru.yaml) against the LSTM of the same size
 (conf/model/lstm.yaml), and SRU++ (conf/model/srupp.yaml), one token at a time with the
 carried state, at batch 1.
 
-Both models run through `generate`'s own decoding loop (prompt pass, sampling, one
-`model.step` per token, decoding to text, writing to a file), interleaved round by round in
-one process, so the ratio holds on a busy machine. The recurrent layers alone (one step from
+Both models run through `generate`'s own decoding loop (`app/decoding.py`: prompt pass,
+sampling, one `model.step` per token, decoding to text, writing to a file), interleaved round
+by round in one process, so the ratio holds on a busy machine. The recurrent layers alone (one step from
 the carried state, no embedding, output layer or sampling) are timed the same way.
 """
 
@@ -72,7 +72,7 @@ def run_decode_benchmark(config: DecodeBenchConfig) -> DecodeBenchResult:
 
 
 def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
-    from sru_lightning.app.generate import GenerateSettings, generate_text
+    from sru_lightning.app.decoding import generate_text
 
     torch.manual_seed(0)
     datamodule, models = default_models()
@@ -87,11 +87,16 @@ def _run(config: DecodeBenchConfig) -> DecodeBenchResult:
     codec = datamodule.codec
     with open(os.devnull, "w", encoding="utf-8") as sink:
         for round_index in range(config.warmup + config.repeats):
-            settings = GenerateSettings(
-                prompt="The ", length=config.tokens, temperature=config.temperature, seed=round_index
-            )
             for name, model in models.items():
-                stats = generate_text(model, codec, settings, sink)
+                stats = generate_text(
+                    model,
+                    codec,
+                    sink,
+                    prompt="The ",
+                    length=config.tokens,
+                    temperature=config.temperature,
+                    seed=round_index,
+                )
                 layers = _time_layer_steps(model, config.tokens)
                 if round_index >= config.warmup:
                     generate_seconds[name].append(stats.seconds)

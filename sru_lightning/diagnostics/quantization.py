@@ -51,16 +51,14 @@ def main(argv=None) -> int:
     from hydra.utils import instantiate
     from omegaconf import OmegaConf
 
-    from sru_lightning.app import generate
+    from sru_lightning.app.runs.trained_model import build_model, read_checkpoint
     from sru_lightning.export.quantize import quantize_input_projections
 
     settings = dict(argument.split("=", 1) for argument in (sys.argv[1:] if argv is None else argv))
     threads, repeats = int(settings.get("threads", 1)), int(settings.get("repeats", 7))
     torch.set_num_threads(threads)
-    path, checkpoint = generate.load_checkpoint(
-        settings.get("ckpt_path", "last"), settings.get("resume_dir", "outputs")
-    )
-    models = {"float32": generate.build_model(checkpoint, path)}
+    path, checkpoint = read_checkpoint(settings.get("ckpt_path", "last"), settings.get("resume_dir", "outputs"))
+    models = {"float32": build_model(checkpoint, path)}
     models["int8 (projections + decoder)"] = quantize_input_projections(models["float32"])
     datamodule = instantiate(OmegaConf.load(Path(path).resolve().parent.parent / ".hydra" / "config.yaml").data)
     datamodule.setup("validate")

@@ -23,11 +23,13 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import shutil
 import tempfile
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
+
+from sru_lightning._atomic import discard, put_in_place
+from sru_lightning.nn import pretrained as pretrained_folder
 
 from .graph_module import BATCH, LENGTH, ExportError
 
@@ -38,9 +40,9 @@ FORMAT_NAME = "sru_lightning-export"
 FORMATS = ("onnx", "pt2", "aoti", "hf")
 MANIFEST_NAME = "manifest.json"
 VOCABULARY_NAME = "vocabulary.json"
-MODEL_FILES = {"onnx": "model.onnx", "pt2": "model.pt2", "aoti": "model.pt2", "hf": "model.safetensors"}
+MODEL_FILES = {"onnx": "model.onnx", "pt2": "model.pt2", "aoti": "model.pt2", "hf": pretrained_folder.WEIGHTS_FILE}
 #: The files of format=hf besides its weights (see :mod:`sru_lightning.export.pretrained`).
-PRETRAINED_FILES = {"config": "config.json", "tokenizer": "tokenizer.json"}
+PRETRAINED_FILES = {"config": pretrained_folder.CONFIG_FILE, "tokenizer": "tokenizer.json"}
 #: Every name an export folder can own; a manifest claiming another is not one we wrote.
 EXPORT_FILE_NAMES = frozenset({MANIFEST_NAME, VOCABULARY_NAME, *MODEL_FILES.values(), *PRETRAINED_FILES.values()})
 
@@ -100,17 +102,10 @@ def write_atomically(out: Path, fill: Callable[[Path], None], overwrite: bool = 
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's private mode is for the staging phase only
-        if out.exists():
-            owned = replaceable_files(out)
-            retired = Path(tempfile.mkdtemp(prefix=f".{out.name}.replaced-", dir=out.parent))
-            os.rename(out, retired / out.name)
-            os.rename(staging, out)
-            _remove_owned(retired / out.name, owned, out)
-            retired.rmdir()
-        else:
-            os.rename(staging, out)
+        owned = replaceable_files(out) if out.exists() else []
+        put_in_place(staging, out, dispose=lambda replaced: _remove_owned(replaced, owned, out))
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        discard(staging)
         raise
     return out
 

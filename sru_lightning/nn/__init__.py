@@ -4,10 +4,13 @@ directly. ``SRUpp`` (SRU++, attention inside the input projection) loads the sta
 the ``sru`` 3.0.0-dev ``SRUpp``. ``stream_step`` / ``stream_chunks`` read a sequence chunk by
 chunk with the state carried (equal to one pass over it). ``LanguageNet`` is the language
 network (embedding, SRU / SRU++ / LSTM layers, output layer) the language model trains, and
-``CarriedState`` the state it carries from batch to batch."""
+``CarriedState`` the state it carries from batch to batch. ``SRUConfig``, ``SRUCellConfig``,
+``SRUppConfig`` and ``LanguageNetConfig`` are what builds each (``pretrained_config``; what a
+folder of weights records)."""
 
 from .carried_state import CarriedState
 from .cell import SRUCell
+from .configs import LanguageNetConfig, SRUCellConfig, SRUConfig, SRUppConfig
 from .language_net import LanguageNet, build_network
 from .policy import iter_sru_cells, set_recurrence_policy
 from .srupp import SRUpp
@@ -19,9 +22,13 @@ from .streaming import stream_chunks, stream_step
 __all__ = [
     "CarriedState",
     "LanguageNet",
+    "LanguageNetConfig",
     "SRU",
     "SRUCell",
+    "SRUCellConfig",
+    "SRUConfig",
     "SRUpp",
+    "SRUppConfig",
     "SRUppAttention",
     "SRUppCell",
     "SRUppProjectedLinear",

@@ -37,10 +37,12 @@ from .common import (
     checked_policy,
     non_default_settings,
     refuse_jit_trace,
+    store_settings,
     time_shared_dropout_mask,
     warn_rnn_dropout,
     zero_padded_steps,
 )
+from .configs import SRUCellConfig
 from .pretrained import PretrainedLayer
 
 
@@ -112,6 +114,8 @@ class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
     its tensors in; see :func:`sru_lightning.nn.set_recurrence_policy`.
     """
 
+    config_class = SRUCellConfig
+
     def __init__(
         self,
         input_size: int,
@@ -135,6 +139,7 @@ class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
         batch_first: bool = False,
     ):
         super().__init__()
+        self._keep_config(locals())
         owner = type(self).__name__
         self.input_size = check_positive_int(owner, "input_size", input_size)
         self.hidden_size = check_positive_int(owner, "hidden_size", hidden_size)
@@ -144,7 +149,8 @@ class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
         _check_cell_options(owner, use_tanh, highway_bias, weight_c_init, custom_m)
         if self.rnn_dropout > 0:
             warn_rnn_dropout(owner)
-        self._store_settings(
+        store_settings(
+            self,
             bidirectional=bidirectional,
             highway_bias=highway_bias,
             has_skip_term=has_skip_term,
@@ -163,32 +169,6 @@ class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
         self._add_input_weights()
         self._add_recurrence_parameters(layer_norm)
         self.reset_parameters()
-
-    def _store_settings(
-        self,
-        *,
-        bidirectional,
-        highway_bias,
-        has_skip_term,
-        rescale,
-        v1,
-        normalize_after,
-        weight_c_init,
-        amp_recurrence_fp16,
-        batch_first,
-    ) -> None:
-        """Keep the (already checked) options, in the types the layer works with."""
-        self.bidirectional = bool(bidirectional)
-        self.num_directions = 2 if self.bidirectional else 1
-        self.output_size = self.hidden_size * self.num_directions
-        self.highway_bias = float(highway_bias)
-        self.has_skip_term = bool(has_skip_term)
-        self.rescale = bool(rescale)
-        self.v1 = bool(v1)
-        self.normalize_after = bool(normalize_after)
-        self.weight_c_init = None if weight_c_init is None else float(weight_c_init)
-        self.amp_recurrence_fp16 = bool(amp_recurrence_fp16)
-        self.batch_first = bool(batch_first)
 
     def _choose_matrix_layout(self, n_proj: int) -> None:
         """The projection size (0: none) and the number of matrices k that U holds."""

@@ -8,6 +8,7 @@ semantics (initialisation recipes, constructor arguments) stays in its own modul
 
 from __future__ import annotations
 
+import numbers
 import warnings
 from collections.abc import Sequence
 
@@ -50,6 +51,47 @@ def non_default_settings(
         if value != default:
             parts.append(f"{name}={value!r}")
     return parts
+
+
+def _float_or_as_given(value):
+    """A real number as a float; None or anything else as given (the layer that uses it checks it)."""
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return float(value)
+    return value
+
+
+#: The options a layer keeps once checked, by argument name: the attribute that holds it and the
+#: type it is kept in. A cell's `layer_norm` is its LayerNorm module, so the stacks keep the
+#: flag as `use_layer_norm`.
+_KEPT_SETTINGS = {
+    "bidirectional": ("bidirectional", bool),
+    "layer_norm": ("use_layer_norm", bool),
+    "attn_layer_norm": ("attn_layer_norm", bool),
+    "has_skip_term": ("has_skip_term", bool),
+    "rescale": ("rescale", bool),
+    "v1": ("v1", bool),
+    "normalize_after": ("normalize_after", bool),
+    "amp_recurrence_fp16": ("amp_recurrence_fp16", bool),
+    "nn_rnn_compatible_return": ("nn_rnn_compatible_return", bool),
+    "batch_first": ("batch_first", bool),
+    "highway_bias": ("highway_bias", _float_or_as_given),
+    "weight_c_init": ("weight_c_init", _float_or_as_given),
+}
+
+
+def store_settings(layer: nn.Module, **settings) -> None:
+    """Keep a layer's options (checked already, or checked by the layers it builds) in the types
+    it works with; `bidirectional` also sets ``num_directions`` and ``output_size`` (from the
+    layer's ``hidden_size``). Passed by keyword, so a reordered call cannot swap two flags."""
+    unknown = sorted(set(settings) - set(_KEPT_SETTINGS))
+    if unknown:
+        raise TypeError(f"store_settings: no rule to keep {unknown}; add them to _KEPT_SETTINGS")
+    for name, value in settings.items():
+        attribute, kept = _KEPT_SETTINGS[name]
+        setattr(layer, attribute, kept(value))
+    if "bidirectional" in settings:
+        layer.num_directions = 2 if layer.bidirectional else 1
+        layer.output_size = layer.hidden_size * layer.num_directions
 
 
 def casts_own_inputs(layer: nn.Module) -> bool:

@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from .configs import LanguageNetConfig
 from .srupp import SRUpp
 from .stack import SRU
 from .streaming import causal_attention_mask, srupp_stream_step, stream_step
@@ -80,6 +81,7 @@ class LanguageNet(nn.Module):
     #: tokens (B, L) and logits (B, L, vocab): time is the second axis (as read by
     #: :func:`sru_lightning.nn.streaming.stream_chunks`).
     batch_first = True
+    config_class = LanguageNetConfig
 
     def __init__(
         self,
@@ -120,18 +122,18 @@ class LanguageNet(nn.Module):
                 "LanguageNet: `sru_options.bidirectional` must be false (a language model predicts the next "
                 "token, and a bidirectional layer reads it), got true"
             )
-        self._config = {
-            "vocab_size": int(vocab_size),
-            "rnn": rnn,
-            "embedding_dim": embedding_dim,
-            "hidden_size": hidden_size,
-            "num_layers": num_layers,
-            "dropout": float(dropout),
-            "rnn_dropout": float(rnn_dropout),
-            "tie_weights": tie_weights,
-            "sru_options": options,
-            "memory_length": int(memory_length),
-        }
+        self._config = LanguageNetConfig(
+            vocab_size=int(vocab_size),
+            rnn=rnn,
+            embedding_dim=embedding_dim,
+            hidden_size=hidden_size,
+            num_layers=num_layers,
+            dropout=float(dropout),
+            rnn_dropout=float(rnn_dropout),
+            tie_weights=tie_weights,
+            sru_options=options,
+            memory_length=int(memory_length),
+        )
         self.rnn_type = rnn
         self.vocab_size = int(vocab_size)
         self.embedding_dim = embedding_dim
@@ -167,8 +169,13 @@ class LanguageNet(nn.Module):
     @property
     def config(self) -> dict[str, Any]:
         """The constructor's keyword arguments (builtin values only): ``LanguageNet(**config)``
-        builds a network of the same shape."""
-        return copy.deepcopy(self._config)
+        builds a network of the same shape (:attr:`pretrained_config` as a mapping)."""
+        return self._config.to_dict()
+
+    @property
+    def pretrained_config(self) -> LanguageNetConfig:
+        """The config object this network was built from (what a folder of its weights records)."""
+        return self._config
 
     @property
     def accepts_document_boundaries(self) -> bool:

@@ -30,9 +30,11 @@ from .common import (
     checked_policy,
     non_default_settings,
     refuse_jit_trace,
+    store_settings,
     unpack_sequence,
     zero_padded_steps,
 )
+from .configs import SRUppConfig
 from .pretrained import PretrainedLayer
 from .srupp_attention import SRUppAttention, SRUppProjectedLinear
 from .srupp_cell import SRUppCell
@@ -93,6 +95,8 @@ class SRUpp(PretrainedLayer, StackMixin, nn.Module):
     ``memory`` the concatenation of earlier ``saved_inputs`` (see :meth:`extend_memory`).
     """
 
+    config_class = SRUppConfig
+
     def __init__(
         self,
         input_size: int,
@@ -118,6 +122,7 @@ class SRUpp(PretrainedLayer, StackMixin, nn.Module):
         recurrence_policy: str = "auto",
     ):
         super().__init__()
+        self._keep_config(locals())
         owner = type(self).__name__
         self.input_size = check_positive_int(owner, "input_size", input_size)
         self.hidden_size = check_positive_int(owner, "hidden_size", hidden_size)
@@ -133,7 +138,9 @@ class SRUpp(PretrainedLayer, StackMixin, nn.Module):
         self.attention_every_n_layers, self.attention_last_n_layers = _checked_attention_placement(
             owner, attention_every_n_layers, attention_last_n_layers
         )
-        self._store_settings(
+        # Kept for `extra_repr` and handed to the layers, which check them.
+        store_settings(
+            self,
             bidirectional=bidirectional,
             layer_norm=layer_norm,
             normalize_after=normalize_after,
@@ -150,32 +157,6 @@ class SRUpp(PretrainedLayer, StackMixin, nn.Module):
         self.rnn_lst = nn.ModuleList(
             [self._build_layer(index, first_input_size, policy) for index in range(self.num_layers)]
         )
-
-    def _store_settings(
-        self,
-        *,
-        bidirectional,
-        layer_norm,
-        normalize_after,
-        attn_layer_norm,
-        highway_bias,
-        rescale,
-        nn_rnn_compatible_return,
-        weight_c_init,
-        batch_first,
-    ) -> None:
-        """Keep the options the stack reports (``extra_repr``) and hands to its layers."""
-        self.bidirectional = bool(bidirectional)
-        self.num_directions = 2 if self.bidirectional else 1
-        self.output_size = self.hidden_size * self.num_directions
-        self.use_layer_norm = bool(layer_norm)
-        self.normalize_after = bool(normalize_after)
-        self.attn_layer_norm = bool(attn_layer_norm)
-        self.highway_bias = highway_bias
-        self.rescale = bool(rescale)
-        self.nn_rnn_compatible_return = bool(nn_rnn_compatible_return)
-        self.weight_c_init = weight_c_init
-        self.batch_first = bool(batch_first)
 
     def _add_input_to_hidden(self, proj_input_to_hidden_first: bool) -> int:
         """The optional first projection to the output size (initialised here, as the reference

@@ -24,10 +24,12 @@ from .common import (
     checked_policy,
     non_default_settings,
     refuse_jit_trace,
+    store_settings,
     unpack_sequence,
     warn_rnn_dropout,
     zero_padded_steps,
 )
+from .configs import SRUConfig
 from .pretrained import PretrainedLayer
 
 
@@ -66,6 +68,8 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
     :class:`SRUCell`. The state dict of an ``sru.SRU`` with the same options loads directly.
     """
 
+    config_class = SRUConfig
+
     def __init__(
         self,
         input_size: int,
@@ -92,6 +96,7 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
         recurrence_policy: str = "auto",
     ):
         super().__init__()
+        self._keep_config(locals())
         owner = type(self).__name__
         self.input_size = check_positive_int(owner, "input_size", input_size)
         self.hidden_size = check_positive_int(owner, "hidden_size", hidden_size)
@@ -101,13 +106,13 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
             raise ValueError(
                 f"{owner}: `custom_m` as a list must hold one module per layer ({self.num_layers}), got {len(custom_m)}"
             )
-        self.bidirectional = bool(bidirectional)
-        self.num_directions = 2 if self.bidirectional else 1
-        self.output_size = self.hidden_size * self.num_directions
         self.dropout = check_probability(owner, "dropout", dropout)
         self.rnn_dropout = check_probability(owner, "rnn_dropout", rnn_dropout)
         self.projection_size = check_non_negative_int(owner, "projection_size", projection_size)
-        self._store_settings(
+        # Kept for `extra_repr` and handed to the layers, which check them.
+        store_settings(
+            self,
+            bidirectional=bidirectional,
             layer_norm=layer_norm,
             has_skip_term=has_skip_term,
             rescale=rescale,
@@ -138,32 +143,6 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
         self.rnn_lst = nn.ModuleList(self._build_layers(first_input_size, dropout, custom_m, layer_options))
         if self.rnn_dropout > 0:
             warn_rnn_dropout(owner)
-
-    def _store_settings(
-        self,
-        *,
-        layer_norm,
-        has_skip_term,
-        rescale,
-        v1,
-        normalize_after,
-        weight_c_init,
-        highway_bias,
-        amp_recurrence_fp16,
-        nn_rnn_compatible_return,
-        batch_first,
-    ) -> None:
-        """Keep the options the stack reports (``extra_repr``) and hands to its layers."""
-        self.use_layer_norm = bool(layer_norm)
-        self.has_skip_term = bool(has_skip_term)
-        self.rescale = bool(rescale)
-        self.v1 = bool(v1)
-        self.normalize_after = bool(normalize_after)
-        self.weight_c_init = weight_c_init
-        self.highway_bias = highway_bias
-        self.amp_recurrence_fp16 = bool(amp_recurrence_fp16)
-        self.nn_rnn_compatible_return = bool(nn_rnn_compatible_return)
-        self.batch_first = bool(batch_first)
 
     def _add_input_to_hidden(self, proj_input_to_hidden_first: bool) -> int:
         """The optional first projection to the output size; returns the first layer's input size."""

@@ -4,8 +4,9 @@ Lightning's `TorchCheckpointIO` writes through an fsspec transaction whose tempo
 in the system's temporary folder: committing it to a full disk copies it across file systems
 and can leave a truncated file under the checkpoint's real name (a best or `last.ckpt` that
 looks resumable). :class:`AtomicCheckpointIO` writes beside the target (`<name>.partial`),
-syncs it, and renames it into place; on any failure the partial file is removed and
-:class:`CheckpointWriteError` says which file could not be written and why.
+syncs it, and renames it into place (:func:`sru_lightning._atomic.write_bytes`); on any failure
+the partial file is removed and :class:`CheckpointWriteError` says which file could not be
+written and why.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from typing_extensions import override
+
+from sru_lightning._atomic import write_bytes
 
 __all__ = ["AtomicCheckpointIO", "CheckpointWriteError"]
 
@@ -44,21 +47,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)
             return
         target = Path(path)
-        partial = target.with_name(target.name + ".partial")
         # Serialised in memory first (as Lightning does): torch's file writer reports a full disk
         # as a RuntimeError about stream positions; a plain write reports the OSError itself.
         buffer = io.BytesIO()
         torch.save(checkpoint, buffer)
         try:
             target.parent.mkdir(parents=True, exist_ok=True)
-            with open(partial, "wb") as handle:
-                handle.write(buffer.getbuffer())
-                handle.flush()
-                os.fsync(handle.fileno())
-            os.replace(partial, target)
+            write_bytes(target, buffer.getbuffer(), durable=True)
         except OSError as error:
-            partial.unlink(missing_ok=True)
             raise CheckpointWriteError(target, error) from error
-        except BaseException:
-            partial.unlink(missing_ok=True)
-            raise

@@ -17,6 +17,7 @@ from lightning.pytorch.strategies import DeepSpeedStrategy as LightningDeepSpeed
 from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.exceptions import MisconfigurationException
 
+from sru_lightning._atomic import PARTIAL_SUFFIX, discard, put_in_place
 from sru_lightning._lightning_compat import init_deepspeed_distributed
 
 from .checkpoint_io import CheckpointWriteError
@@ -87,21 +88,21 @@ class DeepSpeedStrategy(LightningDeepSpeedStrategy):
         if "://" in target:
             super().save_checkpoint(checkpoint, target, storage_options)
             return
-        partial = target + ".partial"
+        partial = target + PARTIAL_SUFFIX
         if self.is_global_zero:
-            shutil.rmtree(partial, ignore_errors=True)  # left by a process killed while writing
+            discard(partial)  # left by a process killed while writing
         self.barrier("sru_lightning_checkpoint_partial_cleared")
         try:
             super().save_checkpoint(checkpoint, partial, storage_options)
         except (OSError, RuntimeError) as error:
-            shutil.rmtree(partial, ignore_errors=True)
+            discard(partial)
             raise CheckpointWriteError(target, _write_failure(error, partial)) from error
         except BaseException:
-            shutil.rmtree(partial, ignore_errors=True)
+            discard(partial)
             raise
         self.barrier("sru_lightning_checkpoint_written")
         if self.is_global_zero:
-            _put_folder_in_place(Path(partial), Path(target))
+            put_in_place(partial, target)
         self.barrier("sru_lightning_checkpoint_in_place")
 
     def init_deepspeed(self) -> None:
@@ -177,16 +178,3 @@ def _write_failure(error: BaseException, partial: str) -> OSError:
     if full:
         return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     return OSError(errno.EIO, f"the checkpoint writer failed: {str(error).strip().splitlines()[-1]}")
-
-
-def _put_folder_in_place(partial: Path, target: Path) -> None:
-    """Rename the written folder to its name; an earlier folder of that name goes only once the
-    new one is in place (a crash between leaves `<name>.replaced`, never a missing checkpoint)."""
-    replaced = target.with_name(target.name + ".replaced")
-    shutil.rmtree(replaced, ignore_errors=True)
-    if target.is_dir():
-        os.replace(target, replaced)
-    elif target.exists():
-        target.unlink()
-    os.replace(partial, target)
-    shutil.rmtree(replaced, ignore_errors=True)

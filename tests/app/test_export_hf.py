@@ -62,7 +62,7 @@ def test_format_hf_writes_the_folder_and_generate_and_serve_read_it(checkpoint, 
     assert sorted(path.name for path in out.iterdir()) == HF_FILES
     config = json.loads((out / "config.json").read_text())
     assert config["source"] == {"checkpoint": str(checkpoint), "global_step": 7}
-    assert config["network"]["tie_weights"] is True
+    assert config["config"]["tie_weights"] is True
 
     status, expected, _ = run_main(generate.main, [f"ckpt_path={checkpoint}", *GREEDY], capsys)
     assert status == 0

@@ -120,12 +120,12 @@ def server(run_dir):
 
 def generate_text(run_dir: Path, prompt: str, length: int, temperature: float, seed: int = 0) -> str:
     """What `generate` writes after the prompt, run in this process by its own functions."""
-    from sru_lightning.app.generate import GenerateSettings, generate_text, load_trained
+    from sru_lightning.app.decoding import generate_text
+    from sru_lightning.app.runs.trained_model import load_trained
 
     _, _, model, codec = load_trained(str(run_dir), "outputs")
     out = io.StringIO()
-    settings = GenerateSettings(prompt=prompt, length=length, temperature=temperature, seed=seed)
-    generate_text(model, codec, settings, out)
+    generate_text(model, codec, out, prompt=prompt, length=length, temperature=temperature, seed=seed)
     return out.getvalue()[len(prompt) :]
 
 

@@ -18,6 +18,7 @@ from helpers import preloaded
 from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
+from sru_lightning.diagnostics.bench import MODES as BENCH_MODES
 
 TINY = [*TINY_RUN, "+trainer.enable_progress_bar=false"]
 PROG = "python -m sru_lightning"
@@ -166,7 +167,7 @@ TOOL_CASES = [
     ("bench", "--warmup", ["--warmup", "x"], "argument --warmup: invalid int value"),
     ("bench", "--tokens", ["decode", "--tokens", "0"], "--tokens must be >= 1"),
     ("bench", "--tokens", ["documents", "--tokens", "5"], "--tokens is an option of `bench decode`, `bench export`"),
-    ("bench", "<subcommand>", ["nope"], "{op,decode,export,compile,documents,serve,data,lm}: invalid choice: 'nope'"),
+    ("bench", "<subcommand>", ["nope"], f"{{{','.join(BENCH_MODES)}}}: invalid choice: 'nope'"),
     ("bench", "--length", ["--length", "0"], "--length must be >= 1"),
     ("bench", "--sizes", ["data", "--sizes", "30,x"], "--sizes must be comma-separated positive integers (MB)"),
     ("bench", "--threads", ["--threads", "x"], "argument --threads: invalid int value"),

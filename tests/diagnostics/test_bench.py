@@ -168,8 +168,7 @@ def test_documents_bench_rows_never_exceed_the_length():
         (["--decode"], "unrecognized arguments: --decode; decode is a subcommand: `bench decode ...`"),
         (
             ["nope"],
-            "invalid choice: 'nope' (choose from 'op', 'decode', 'export', 'compile', 'documents', 'serve', "
-            "'data', 'lm')",
+            f"invalid choice: 'nope' (choose from {', '.join(map(repr, bench.MODES))})",
         ),
         (["--warmup", "-1"], "bench op: error: --warmup must be >= 0, got -1"),
     ],

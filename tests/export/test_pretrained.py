@@ -68,8 +68,8 @@ def test_config_json_says_what_to_build_and_a_bpe_tokenizer_json_is_the_tokenize
     net = LanguageNet(codec.vocab_size, embedding_dim=8, hidden_size=16, num_layers=1).eval()
     folder = save_pretrained(net, tmp_path / "hf", codec, source={"global_step": 5})
     config = json.loads((folder / "config.json").read_text())
-    assert config["format_name"] == "sru_lightning-pretrained" and config["format_version"] == 1
-    assert config["architecture"] == "LanguageNet" and config["network"] == net.config
+    assert config["format_name"] == "sru_lightning-pretrained" and config["format_version"] == 2
+    assert config["architecture"] == "LanguageNet" and config["config"] == net.config
     assert config["tokenizer"]["level"] == "bpe" and config["source"] == {"global_step": 5}
     hf_tokenizer = tokenizers.Tokenizer.from_file(str(folder / "tokenizer.json"))
     assert hf_tokenizer.encode("the cat").ids == codec.encode("the cat")
@@ -178,3 +178,22 @@ def test_from_pretrained_loads_without_lightning_or_hydra_and_the_codec_class_is
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=root, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["sru", "char"]
+
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pretrained_v1"
+
+
+@pytest.mark.parametrize("name", ["hf-sru-tied", "hf-srupp", "hf-lstm"])
+def test_a_folder_of_format_version_1_loads_to_the_logits_it_was_saved_with(name):
+    """Folders written by the first `export format=hf` format (config.json
+    `sru_lightning-pretrained`, version 1) stay readable: committed, with the logits they gave."""
+    expected = torch.load(FIXTURES / "expected_outputs.pt", weights_only=True)
+    net, codec = from_pretrained(FIXTURES / name)
+    tokens = expected["network_tokens"]
+    with torch.no_grad():
+        assert torch.equal(net(tokens)[0], expected[f"{name}.logits"])
+        assert torch.equal(net.step(tokens)[0], expected[f"{name}.step_logits"])
+    if name == "hf-lstm":
+        assert codec is None
+    else:
+        assert codec.state_dict() == TokenCodec("char", ALPHABET).state_dict()

@@ -3,8 +3,6 @@ layout SRU and SRUpp share)."""
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
 from torch import nn
@@ -424,6 +422,12 @@ def test_gradcheck_float64_through_the_layer():
 
 
 @pytest.mark.parametrize("layer", [SRUCell, SRU, SRUpp], ids=lambda layer: layer.__name__)
-def test_stored_settings_are_passed_by_keyword(layer):
-    parameters = list(inspect.signature(layer._store_settings).parameters.values())[1:]
-    assert parameters and all(parameter.kind is inspect.Parameter.KEYWORD_ONLY for parameter in parameters)
+def test_the_options_are_kept_in_the_types_the_layers_work_with(layer):
+    """One rule (`nn.common.store_settings`) keeps every layer's options: flags as bool, the
+    highway bias and weight_c_init as float, whatever numbers were passed."""
+    sizes = (4, 4, 4) if layer is SRUpp else (4, 4)
+    built = layer(*sizes, bidirectional=1, rescale=0, normalize_after=1, highway_bias=-1, weight_c_init=2)
+    for name in ("bidirectional", "rescale", "normalize_after"):
+        assert type(getattr(built, name)) is bool, name
+    assert built.bidirectional and not built.rescale and built.output_size == 8 and built.num_directions == 2
+    assert type(built.highway_bias) is float and type(built.weight_c_init) is float

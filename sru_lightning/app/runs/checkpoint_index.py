@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from typing_extensions import override
 
+from sru_lightning._atomic import PARTIAL_SUFFIX, write_text
 from sru_lightning.strategies import AtomicCheckpointIO
 
 from .checkpoints import RUN_CONFIG_KEY, RUN_ID_KEY, RUN_OWNER_KEY
@@ -33,7 +33,6 @@ log = logging.getLogger("sru_lightning")
 __all__ = ["IndexedCheckpointIO", "indexed_entry", "read_index"]
 
 INDEX_VERSION = 1
-_PARTIAL = ".partial"  # a checkpoint written under `<name>.partial`, then renamed (the time and size stay)
 
 
 def read_index(index: Path) -> dict[str, dict[str, Any]]:
@@ -68,7 +67,8 @@ def indexed_entry(path: Path, entries: Mapping[str, Mapping[str, Any]]) -> Mappi
 
 def _record(index: Path, path: Path, checkpoint: Mapping[str, Any]) -> None:
     checkpoints = path.parent
-    name = path.name[: -len(_PARTIAL)] if path.name.endswith(_PARTIAL) else path.name
+    # A checkpoint written under `<name>.partial`, then renamed: the time and size stay.
+    name = path.name.removesuffix(PARTIAL_SUFFIX)
     stat = path.stat()
     entries = {
         kept: entry for kept, entry in read_index(index).items() if kept != name and (checkpoints / kept).exists()
@@ -93,9 +93,8 @@ def _forget(index: Path, path: Path) -> None:
 
 
 def _write(target: Path, entries: Mapping[str, Any]) -> None:
-    partial = target.with_name(target.name + _PARTIAL)
-    partial.write_text(json.dumps({"format_version": INDEX_VERSION, "checkpoints": entries}, default=str, indent=1))
-    os.replace(partial, target)  # a reader never sees half an index
+    # A reader never sees half an index.
+    write_text(target, json.dumps({"format_version": INDEX_VERSION, "checkpoints": entries}, default=str, indent=1))
 
 
 class IndexedCheckpointIO(AtomicCheckpointIO):

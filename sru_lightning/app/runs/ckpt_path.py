@@ -13,12 +13,18 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .checkpoints import CheckpointError, is_deepspeed_folder
+from .checkpoints import CheckpointError, is_deepspeed_folder, read_model_checkpoint
 from .folder import RunFolder, runs_under, section
 
 log = logging.getLogger("sru_lightning")
 
-__all__ = ["latest_continuable", "model_checkpoint", "named_checkpoint", "resolve_checkpoint"]
+__all__ = [
+    "latest_continuable",
+    "model_checkpoint",
+    "named_checkpoint",
+    "read_trained_checkpoint",
+    "resolve_checkpoint",
+]
 
 
 def latest_continuable(
@@ -185,3 +191,19 @@ def model_checkpoint(setting: str, resume_dir: str) -> Path:
             f"resume_dir={resume_dir!r}; pass ckpt_path=<run directory or .ckpt file>"
         )
     return found
+
+
+def read_trained_checkpoint(setting: str, resume_dir: str, command: str) -> tuple[Path, dict[str, Any]]:
+    """The checkpoint a command that reads a trained model is pointed at (:func:`model_checkpoint`)
+    and its contents. A run that a fit is writing never shows half a file (checkpoints are written
+    beside and renamed), but it may delete the checkpoint just chosen (a top-k file rolled over):
+    then the newest is chosen again, rather than failing or waiting for the fit."""
+    for _ in range(4):
+        path = model_checkpoint(setting, resume_dir)
+        try:
+            return path, read_model_checkpoint(path, command)
+        except CheckpointError:
+            if path.exists():
+                raise
+    path = model_checkpoint(setting, resume_dir)
+    return path, read_model_checkpoint(path, command)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,8 +29,9 @@ from typing import Any
 from hydra.experimental.callback import Callback
 
 from sru_lightning.app.runs.folder import RunFolder
+from sru_lightning.app.runs.hold import FolderHeld, holder_of, release_all, take_hold
 from sru_lightning.app.runs.jobs import sweep_job_order
-from sru_lightning.app.usage import CommandExit, error_exit
+from sru_lightning.app.usage import PROG, CommandExit, error_exit
 
 
 def usage_exit(message: str) -> CommandExit:
@@ -91,19 +93,28 @@ def attempt_config_path(output_dir: Path) -> Path | None:
     return Path(output_dir) / _output_subdir / RunFolder.CONFIG_FILE
 
 
-def _evaluation_folder(config, run_dir: Path) -> Path:
-    """Point Hydra's run directory at a new folder of the run's `evaluations/` (before Hydra writes)."""
+def _evaluation_folder(config, run_dir: Path) -> DirectorySnapshot:
+    """Point Hydra's run directory at a new folder of the run's `evaluations/` (before Hydra
+    writes), made here: two evaluations started in one second take two folders. Its snapshot."""
     from omegaconf import read_write
 
-    folder = run_dir / EVALUATIONS_DIR / time.strftime(f"{command}-%Y-%m-%d_%H-%M-%S")
-    suffix = 1
-    while folder.exists():
-        suffix += 1
-        folder = folder.with_name(f"{folder.name.split('.')[0]}.{suffix}")
+    evaluations = run_dir / EVALUATIONS_DIR
+    first_created = None if os.path.lexists(evaluations) else evaluations
+    name = time.strftime(f"{command}-%Y-%m-%d_%H-%M-%S")
+    folder, suffix = evaluations / name, 1
+    while True:
+        try:
+            folder.mkdir(parents=True)
+            break
+        except FileExistsError:
+            suffix += 1
+            folder = evaluations / f"{name}.{suffix}"
+        except OSError:  # a run folder that cannot take it: _check_can_create says why
+            break
     with read_write(config.hydra.run):
         config.hydra.run.dir = str(folder)
     _evaluated_runs[folder.absolute()] = run_dir.absolute()
-    return folder
+    return DirectorySnapshot(folder.absolute(), existed=False, first_created=(first_created or folder).absolute())
 
 
 def _close_file_logs(directory: Path) -> None:
@@ -122,13 +133,17 @@ def restore_after_usage_error(output_dir: Path) -> None:
     if snapshot is None or snapshot.path != output_dir:
         return
     _close_file_logs(output_dir)
-    if not snapshot.existed:
-        shutil.rmtree(output_dir, ignore_errors=True)
-        _remove_created_parents(snapshot)
-        return
-    for name in set(os.listdir(output_dir)) - snapshot.entries:
+    # An evaluation started beside this run (`evaluations/`) is another command's: it stays.
+    for name in set(os.listdir(output_dir)) - snapshot.entries - {EVALUATIONS_DIR}:
         target = output_dir / name
         shutil.rmtree(target) if target.is_dir() else target.unlink()
+    if not snapshot.existed:
+        try:
+            output_dir.rmdir()
+        except OSError:
+            return
+        _remove_created_parents(snapshot)
+        return
     hydra_dir = output_dir / _output_subdir
     if hydra_dir.is_dir():
         for name in set(os.listdir(hydra_dir)) - snapshot.hydra_entries:
@@ -216,20 +231,62 @@ class RunDirectoryGuard(Callback):
         global current, _output_subdir
         _output_subdir = config.hydra.output_subdir or RunFolder.HYDRA_DIR
         run_dir = Path(str(config.hydra.run.dir)).absolute()
-        if command in ("validate", "test") and RunFolder.holds_a_run(run_dir):
-            run_dir = _evaluation_folder(config, run_dir)
-        current = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
+        if command in ("validate", "test") and (RunFolder.holds_a_run(run_dir) or holder_of(run_dir) is not None):
+            current = _evaluation_folder(config, run_dir)
+            run_dir = current.path
+        else:
+            current = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
         _check_can_create(run_dir, "hydra.run.dir")
+        _hold(run_dir, "hydra.run.dir", config)
+        jobs = earlier_jobs(run_dir)
+        if jobs:  # a run's files beside a sweep's would be two runs' in one folder
+            release_all()
+            raise usage_exit(
+                f"`hydra.run.dir` must be a folder of one run, got {str(run_dir)!r}, which holds the jobs of a sweep "
+                f"({_listed(jobs)}); choose another hydra.run.dir"
+            )
+
+    def on_run_end(self, config, **kwargs: Any) -> None:
+        release_all()
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
         sweep_dir = Path(str(config.hydra.sweep.dir))
         _check_can_create(sweep_dir.absolute(), "hydra.sweep.dir")
+        _hold(sweep_dir.absolute(), "hydra.sweep.dir", config)
+        if RunFolder.holds_a_run(sweep_dir):
+            release_all()
+            raise usage_exit(
+                f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds a run "
+                "(its checkpoints or record); choose another hydra.sweep.dir"
+            )
         jobs = earlier_jobs(sweep_dir)
         setting = config.get("ckpt_path")
         if jobs and (setting is None or str(setting).strip() == ""):
-            shown = ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+            release_all()
             raise usage_exit(
                 f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds the jobs of an "
-                f"earlier sweep ({shown}); choose another hydra.sweep.dir, or pass ckpt_path=auto to continue "
+                f"earlier sweep ({_listed(jobs)}); choose another hydra.sweep.dir, or pass ckpt_path=auto to continue "
                 "those jobs"
             )
+
+    def on_multirun_end(self, config, **kwargs: Any) -> None:
+        release_all()
+
+
+def _listed(jobs: list[str]) -> str:
+    return ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
+
+
+def _hold(directory: Path, setting: str, config) -> None:
+    """Hold `directory` for this command (:mod:`.hold`), before anything is written into it; a
+    folder another run holds is refused in one line, and left as it was."""
+    try:
+        multirun = ["-m"] if setting == "hydra.sweep.dir" else []
+        hold = take_hold(directory, command or "fit", [*multirun, *config.hydra.overrides.task])
+    except FolderHeld as held:  # nothing of this attempt is in the folder: it is the holder's
+        raise usage_exit(
+            f"`{setting}` must be a folder no other run is writing, got {str(directory)!r}: {held}; wait for it to "
+            f"end or choose another {setting}"
+        ) from None
+    if hold.note:
+        print(f"{PROG}: note: {hold.note}", file=sys.stderr, flush=True)

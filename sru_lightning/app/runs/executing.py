@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from sru_lightning.callbacks.interruption_checkpoint import put_in_place
+from sru_lightning._atomic import PARTIAL_SUFFIX, put_in_place
 
 from .building import bits_name
 from .console import RunFailed, say
@@ -136,7 +136,7 @@ def _save_final_weights(trainer, path: Path) -> None:
     log.info(
         "Saving the final weights (step %d) as %s: the run's newest checkpoint was older", trainer.global_step, path
     )
-    partial = f"{path}.partial"
+    partial = f"{path}{PARTIAL_SUFFIX}"
     trainer.save_checkpoint(partial, weights_only=False)
     if trainer.is_global_zero and os.path.exists(partial):
         put_in_place(partial, str(path))

@@ -101,8 +101,10 @@ class RunFolder:
     HYDRA_FILE = "hydra.yaml"
     OVERRIDES_FILE = "overrides.yaml"
     HYDRA_FILES = (CONFIG_FILE, HYDRA_FILE, OVERRIDES_FILE)
+    #: The hold of the process writing the run (:mod:`.hold`): one run per folder.
+    HOLD_FILE = ".hold"
     #: Every name above (what a test keeps out of the other modules).
-    LAYOUT_NAMES = (CHECKPOINTS_DIR, INDEX_FILE, RESULT_FILE, HISTORY_FILE, HYDRA_DIR, *HYDRA_FILES)
+    LAYOUT_NAMES = (CHECKPOINTS_DIR, INDEX_FILE, RESULT_FILE, HISTORY_FILE, HYDRA_DIR, *HYDRA_FILES, HOLD_FILE)
 
     def __init__(self, directory: str | Path) -> None:
         self.directory = Path(directory).expanduser().absolute()

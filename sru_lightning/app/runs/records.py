@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from sru_lightning._atomic import write_text
+
 #: The format of the records this sru_lightning writes and reads.
 RECORD_VERSION = 1
 
@@ -47,9 +49,7 @@ def write_record_file(path: str | Path, record: dict[str, Any]) -> Path:
     """Write one run's result record (status, command, overrides, metrics, error) as JSON into `path`."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(_versioned(record), indent=2, sort_keys=True, default=str))
-    tmp.replace(path)  # atomic: a reader never sees half a file
+    write_text(path, json.dumps(_versioned(record), indent=2, sort_keys=True, default=str))  # never half a file
     return path
 
 

@@ -3,10 +3,10 @@
 A stream is one completion: its prompt is read in one forward of its own (the prompt pass of
 ``generate``), then it joins the batch. Each step stacks the last token of every stream in the
 batch, runs ``model.step(tokens, state)`` once on the batched recurrent state, samples each row
-with the stream's own ``torch.Generator`` (``generate``'s :func:`sample`), and hands the text to
-the stream's consumer. A stream leaves the batch when it has its ``max_tokens`` or when its
-consumer cancels it (a client that went away): its rows are dropped from the state before the
-next step. The recurrent state of a stream is a few KB (SRU's ``c``, LSTM's ``(h, c)``).
+with the stream's own ``torch.Generator`` (:mod:`sru_lightning.app.decoding`, as ``generate``
+does), and hands the text to the stream's consumer. A stream leaves the batch when it has its
+``max_tokens`` or when its consumer cancels it (a client that went away): its rows are dropped
+from the state before the next step. The recurrent state of a stream is a few KB (SRU's ``c``, LSTM's ``(h, c)``).
 
 The state's batch axis is found once by probing the model with batches of 1 and 2, so the same
 code serves a checkpoint's model and an export folder. Streams whose states differ in shape
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from sru_lightning.app.generate import sample, sample_rows
+from sru_lightning.app.decoding import sample, sample_rows
 
 from .requests import CompletionRequest
 

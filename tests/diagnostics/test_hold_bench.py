@@ -1,0 +1,37 @@
+"""`bench hold` (sru_lightning/diagnostics/hold_bench.py): the cost of holding a run folder, and
+double starts of two fits into one folder."""
+
+from __future__ import annotations
+
+import pytest
+
+from sru_lightning.diagnostics import bench, hold_bench
+
+
+def test_bench_hold_times_taking_refusing_and_giving_back(capsys):
+    assert bench.main(["hold", "--pairs", "0", "--repeats", "5"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == "holding a run folder (median of 5):"
+    costs = {line.split("  ")[1].strip(): float(line.split()[-2]) for line in lines[1:4]}
+    assert set(costs) == {"take a free folder", "refused by a held folder", "give it back"}
+    assert all(0 < cost < 1000 for cost in costs.values()), costs
+    assert not any("pairs" in line for line in lines)  # none asked for
+
+
+def test_bench_hold_refuses_a_negative_count_of_pairs(capsys):
+    with pytest.raises(SystemExit) as exit_request:
+        bench.main(["hold", "--pairs", "-1"])
+    assert exit_request.value.code == 2
+    assert "--pairs must be >= 0, got -1" in capsys.readouterr().err
+
+
+def test_a_pair_that_left_two_runs_fails_the_benchmark(capsys, monkeypatch):
+    monkeypatch.setattr(hold_bench, "double_start", lambda folder, threads: "exit statuses [0, 0]")
+    assert bench.main(["hold", "--pairs", "2", "--repeats", "2"]) == 1
+    out = capsys.readouterr().out
+    assert "0 of 2 pairs left one run" in out and "pair 1: exit statuses [0, 0]" in out
+
+
+@pytest.mark.slow
+def test_a_double_start_leaves_one_run(tmp_path):
+    assert hold_bench.double_start(tmp_path / "run", threads=1) == ""
