@@ -87,7 +87,7 @@ test-fast: setup
 # pyproject.toml pinned (keep the two in step), made again when either file changes.
 FLOOR_VENV ?= .venv-floor
 FLOOR_PY = $(FLOOR_VENV)/bin/python
-FLOOR_PINS = lightning==2.6.0 torchmetrics==1.3.0.post0 hydra-core==1.3.2 omegaconf==2.3.0 \
+FLOOR_PINS = lightning==2.6.0 torchmetrics==1.3.0.post0 hydra-core==1.3.2 omegaconf==2.3.0 numpy==1.26.0 \
 	ninja==1.11.1 rich==13.0.0 typing-extensions==4.12.2 deepspeed==0.16.0 \
 	pytest==8.0.0 pytest-xdist==3.5.0 hypothesis==6.100.0 sru==2.6.0 tensorboard==2.17.1 ruff==0.17.6 \
 	onnx==1.17.0 onnxscript==0.6.0 onnxruntime==1.21.0 \

@@ -8,10 +8,11 @@ next; `# ...` comments are dropped). Each is checked by what it runs:
   an unknown group, option or key fails; sweep values (`a,b`, `choice(...)`) are composed one
   by one. The cheap ones also run for real, in-process, in a scratch folder, with `debug=tiny`
   appended (`NOT_RUN` names the ones that only compose, and why).
-- the tool commands (`bench`, `build`, `fidelity`, `gpu-check`, `generate`, `export`): their
-  arguments are parsed by the command's own parser (argparse, its subcommands' parsers too for
-  `bench op|decode|export|compile|documents`, or the `GenerateSettings` /
-  `ExportSettings` key=value parser), which stops there; `generate` and `export` of a tiny
+- the tool commands (`bench`, `build`, `fidelity`, `gpu-check`, `generate`, `export`, `prepare`):
+  their arguments are parsed by the command's own parser (argparse, its subcommands' parsers too
+  for `bench op|decode|export|compile|documents|data`, or the `GenerateSettings` /
+  `ExportSettings` / `PrepareSettings` key=value parser, with prepare's data overrides composed),
+  which stops there; `generate` and `export` of a tiny
   run also run for real.
 - `make`, `pip install`, `bash examples/...`, `sbatch examples/...`: the Makefile target, the
   extras in pyproject.toml, the script (bash -n) exist.
@@ -47,7 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOC_FILES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
 
 TRAINER = ("fit", "validate", "test")
-TOOLS = ("bench", "build", "fidelity", "gpu-check", "generate", "export")
+TOOLS = ("bench", "build", "fidelity", "gpu-check", "generate", "export", "prepare")
 
 # Placeholder in a documented command -> what the test puts there ({run}: the tiny run's folder).
 PLACEHOLDERS = {
@@ -70,6 +71,7 @@ NOT_RUN = {
     "trainer=ddp ": "needs GPUs",
     "trainer=gpu": "needs a GPU",
     "experiment=enwik8": "needs the enwik8 data",
+    "data=shards": "reads the folder a documented `prepare` writes (tests/app/test_prepare_cli.py runs both)",
 }
 # Documented runs that run for real only in the `slow` tier: multiruns (several tiny fits each)
 # and a compiled fit (tens of seconds of compiling).
@@ -199,7 +201,7 @@ def parse_tool_arguments(command: str, arguments: list[str], monkeypatch) -> Non
     from sru_lightning.app import cli
 
     module = importlib.import_module(cli.TOOL_COMMANDS[command][0])
-    if hasattr(module, "parse_settings"):  # generate, export: key=value settings
+    if hasattr(module, "parse_settings"):  # generate, export, prepare: key=value settings
         real = module.parse_settings
 
         def parse_then_stop(argv):

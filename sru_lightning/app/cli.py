@@ -1,5 +1,5 @@
 """`python -m sru_lightning <command> [overrides]`: Hydra-configured fit/validate/test, plus
-the package's tool commands (bench, build, fidelity, gpu-check, generate, export, serve)."""
+the package's tool commands (bench, build, fidelity, gpu-check, generate, export, prepare, serve)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from sru_lightning._resources import conf_dir
+from sru_lightning.app.hydra_errors import configuration_error as _configuration_error
+from sru_lightning.app.hydra_errors import unparsable_override as _unparsable_override
 from sru_lightning.app.usage import PROG, print_error
 
 TRAINER_COMMANDS = {
@@ -32,6 +34,10 @@ TOOL_COMMANDS = {
     "export": (
         "sru_lightning.app.export_command",
         "export a checkpoint to ONNX, torch.export or AOTInductor (format=... out=...)",
+    ),
+    "prepare": (
+        "sru_lightning.app.prepare_command",
+        "tokenize a corpus once into token shards that fit reads by memory map (data=... out=...)",
     ),
     "serve": (
         "sru_lightning.app.serve",
@@ -239,54 +245,3 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     if any(status != "completed" for status in statuses):
         return 1  # the run said why (interrupted, failed)
     return 0
-
-
-def _configuration_error(error: BaseException) -> str | None:
-    """Hydra's composition errors (unknown key, missing option) as one line; None for anything else."""
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    if not isinstance(error, (HydraException, OmegaConfBaseException)):
-        return None
-    parts: list[str] = []
-    for cause in (error, error.__cause__):
-        if cause is None:
-            continue
-        options: list[str] = []
-        for line in str(cause).splitlines():
-            text = line.strip()
-            if text.startswith("Config search path") or text.startswith("provider="):
-                break
-            if not text or text.startswith(("full_key:", "object_type=", "reference_type=")):
-                continue
-            if line.startswith("\t"):
-                options.append(text)
-                continue
-            if options:
-                parts[-1] += " " + ", ".join(options)
-                options = []
-            if text not in parts:
-                parts.append(text.rstrip("."))
-        if options:
-            parts[-1] += " " + ", ".join(options)
-    return "; ".join(parts) or type(error).__name__
-
-
-def _unparsable_override(overrides: list[str]) -> str | None:
-    """Hydra's parse error names the bad token but not the override; name it here."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-    from hydra.errors import OverrideParseException
-
-    parser = OverridesParser.create()
-    for override in overrides:
-        if override.startswith("-") or "=" not in override:
-            continue  # Hydra's own flags and their values
-        try:
-            parser.parse_overrides([override])
-        except OverrideParseException as error:
-            from sru_lightning.app.override_text import quoting_hint
-
-            message = f"cannot parse override {override!r}: {error.message.splitlines()[0]}"
-            quoted = quoting_hint(override)
-            return message + (f"; Hydra reads such a value only in quotes: {quoted}" if quoted else "")
-    return None

@@ -1,5 +1,6 @@
 """Language-modelling data: contiguous token streams from local corpora, separate documents
-packed into rows with their boundaries, and a DataLoader whose position inside the epoch survives
+packed into rows with their boundaries, corpora prepared once into token shards and read by
+memory map, and a DataLoader whose position inside the epoch survives
 a checkpoint.
 
 The names below are imported on first use, so a module that needs only the token codec
@@ -18,6 +19,9 @@ _EXPORTS = {
     "StdlibDataModule": ".corpora",
     "TextDataModule": ".corpora",
     "DocumentsDataModule": ".documents",
+    "ShardDataModule": ".shard_module",
+    "PreparedCorpus": ".shards",
+    "ShardError": ".shards",
     "EpochSeededRandomSampler": ".sampling",
     "ResumableDataLoader": ".sampling",
     "global_seed": ".sampling",

@@ -42,6 +42,16 @@ def check_tokenizer(owner: str, tokenizer: str | None, vocab_size: int | None) -
         )
 
 
+def check_batch_layout(owner: str, batch_size, seq_len, eval_batch_size) -> None:
+    """Raise ValueError unless `data.batch_size` and `data.seq_len` are positive integers and
+    `data.eval_batch_size` one or null."""
+    for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"{owner}: `data.{name}` must be a positive integer, got {value!r}")
+    if eval_batch_size is not None and (not isinstance(eval_batch_size, int) or eval_batch_size < 1):
+        raise ValueError(f"{owner}: `data.eval_batch_size` must be a positive integer or null, got {eval_batch_size!r}")
+
+
 def encode_ids(codec: TokenCodec, text: str) -> torch.Tensor:
     """The BPE token ids of `text` as a compact tensor (int16 when the vocabulary allows), built
     part by part: a long text's ids never sit in one Python list."""
@@ -90,14 +100,7 @@ class LanguageModelDataModule(pl.LightningDataModule):
         if tokenizer == "bpe":
             self.token_level = "bpe"
         self._codec: TokenCodec | None = None  # a learned (or a checkpoint's) vocabulary
-        for name, value in (("batch_size", batch_size), ("seq_len", seq_len)):
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise ValueError(f"{type(self).__name__}: `data.{name}` must be a positive integer, got {value!r}")
-        if eval_batch_size is not None and (not isinstance(eval_batch_size, int) or eval_batch_size < 1):
-            raise ValueError(
-                f"{type(self).__name__}: `data.eval_batch_size` must be a positive integer or null, "
-                f"got {eval_batch_size!r}"
-            )
+        check_batch_layout(type(self).__name__, batch_size, seq_len, eval_batch_size)
         self.batch_size = batch_size
         self.seq_len = seq_len
         self.eval_batch_size = eval_batch_size or batch_size

@@ -7,6 +7,7 @@ import codecs
 import os
 import sysconfig
 import zipfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
@@ -14,6 +15,9 @@ import torch
 from .base import SPLITS, Corpus, LanguageModelDataModule, _char_corpus, _split_text
 from .streams import Vocabulary, split_by_fractions, word_tokens
 from .tokens import UNKNOWN_WORD
+
+#: Characters `file_pieces` reads at a time from a text file (then up to the end of that line).
+PIECE_CHARS = 1 << 22
 
 
 def _readable_path(path, config_key: str, owner: str, what: str) -> Path:
@@ -61,6 +65,37 @@ def read_text_file(file: Path, encoding: str, owner: str) -> str:
     if "\0" in text:  # NUL decodes in utf-8 and latin-1, but no text holds it
         raise ValueError(binary)
     return text
+
+
+def file_pieces(file: Path, encoding: str, owner: str, piece_chars: int | None = None) -> Iterator[str]:
+    """The text of `file` in pieces of about `piece_chars` characters, each ending at a line break
+    (the last at the file's end), decoded and with line ends translated as `Path.read_text` does.
+    A binary file or text in another encoding is refused as `read_text_file` refuses it."""
+    piece_chars = piece_chars or PIECE_CHARS
+    if file.stat().st_size <= piece_chars:  # the common small file: read whole, with its checks
+        yield read_text_file(file, encoding, owner)
+        return
+    binary = (
+        f"{owner}: {str(file)!r} under `data.path` is a binary file (it holds NUL bytes), not text; "
+        "move it out of data.path (hidden files and folders, named with a leading '.', are skipped)"
+    )
+    try:
+        with open(file, encoding=encoding) as handle:
+            while True:
+                piece = handle.read(piece_chars)
+                if not piece:
+                    return
+                piece += handle.readline()
+                if "\0" in piece:
+                    raise ValueError(binary)
+                yield piece
+    except UnicodeDecodeError as error:
+        raise ValueError(
+            f"{owner}: cannot read {str(file)!r} under `data.path` as {encoding} text ({error.reason}); set "
+            "data.encoding if it is text in another encoding, or move it out of data.path"
+        ) from None
+    except OSError as error:
+        raise ValueError(f"{owner}: cannot read {str(file)!r} under `data.path`: {error}") from error
 
 
 class PydocDataModule(LanguageModelDataModule):

@@ -19,13 +19,15 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
 
 import torch
 from torch.utils.data import IterableDataset
 
 from .base import SPLITS, Corpus, LanguageModelDataModule, encode_ids
-from .corpora import _readable_path, read_text_file, text_files
+from .corpora import _readable_path, file_pieces, read_text_file, text_files
+from .mapped_streams import assign_rows
 from .streams import ContiguousStreams, Vocabulary, unigram_bits_per_token
 from .subwords import text_pieces, train_bpe
 from .tokens import TokenCodec
@@ -77,13 +79,8 @@ class WholeDocumentRows(IterableDataset):
         world_size: int = 1,
     ) -> None:
         super().__init__()
-        total_rows = batch_size * world_size
-        rows: list[list[torch.Tensor]] = [[] for _ in range(total_rows)]
-        lengths = [0] * total_rows
-        for document in sorted(documents, key=len, reverse=True):
-            row = min(range(total_rows), key=lambda r: (lengths[r], r))
-            rows[row].append(document)
-            lengths[row] += document.numel()
+        assignment = assign_rows([document.numel() for document in documents], batch_size * world_size)
+        rows = [[documents[index] for index in row] for row in assignment]
         mine = rows[rank::world_size]
         longest = max([sum(d.numel() for d in row) for row in rows] + [2])
         self.seq_len = seq_len
@@ -168,27 +165,35 @@ class DocumentsDataModule(LanguageModelDataModule):
         return read_text_file(file, self.encoding, "DocumentsDataModule")
 
     def _read_json_lines(self, file: Path) -> list[str]:
-        texts = []
-        # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 ..., which
-        # JSON allows unescaped inside a string.
-        for number, line in enumerate(self._read_file(file).split("\n"), start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise ValueError(
-                    f"DocumentsDataModule: line {number} of `data.path`={str(file)!r} must be a JSON object "
-                    f"(one document per line), got invalid JSON: {error}"
-                ) from None
-            if not isinstance(record, dict) or not isinstance(record.get(self.field), str):
-                got = sorted(record) if isinstance(record, dict) else type(record).__name__
-                raise ValueError(
-                    f"DocumentsDataModule: line {number} of `data.path`={str(file)!r} must be an object with a "
-                    f"string under `data.field`={self.field!r}, got {got}"
-                )
-            texts.append(record[self.field])
-        return texts
+        return list(self.iter_json_lines(file))
+
+    def iter_json_lines(self, file: Path) -> Iterator[str]:
+        """The documents' texts of a JSON Lines file, one line at a time (read in pieces)."""
+        number = 0
+        for piece in file_pieces(file, self.encoding, "DocumentsDataModule"):
+            # Lines end at "\n" only: str.splitlines() would also cut at U+2028, U+0085 ..., which
+            # JSON allows unescaped inside a string. A piece ends at a line's end.
+            for line in piece.removesuffix("\n").split("\n"):
+                number += 1
+                if not line.strip():
+                    continue
+                yield self._json_line_text(line, number, file)
+
+    def _json_line_text(self, line: str, number: int, file: Path) -> str:
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(
+                f"DocumentsDataModule: line {number} of `data.path`={str(file)!r} must be a JSON object "
+                f"(one document per line), got invalid JSON: {error}"
+            ) from None
+        if not isinstance(record, dict) or not isinstance(record.get(self.field), str):
+            got = sorted(record) if isinstance(record, dict) else type(record).__name__
+            raise ValueError(
+                f"DocumentsDataModule: line {number} of `data.path`={str(file)!r} must be an object with a "
+                f"string under `data.field`={self.field!r}, got {got}"
+            )
+        return record[self.field]
 
     # -- corpus -----------------------------------------------------------------------------
     def _split_documents(self) -> dict[str, list[str]]:

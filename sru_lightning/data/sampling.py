@@ -60,7 +60,9 @@ class ResumableDataLoader(DataLoader):
     the next ``iter()`` skips the batches the checkpointed run had already consumed.
     Skipped batches are still loaded (then dropped), which is cheap for in-memory
     datasets; the sampler's order is untouched, so it works with any sampler, including
-    the ``DistributedSampler`` Lightning injects under DDP.
+    the ``DistributedSampler`` Lightning injects under DDP. An iterable dataset that can start
+    at a batch itself (a ``start_at(batch)`` method, as the memory-mapped shard datasets have)
+    is told where to start instead, so nothing before it is read.
     """
 
     def __init__(
@@ -79,9 +81,14 @@ class ResumableDataLoader(DataLoader):
         # does only after it has called `set_epoch` on the sampler.
         start, self._resume_position = self._resume_position, 0
         self._batches_yielded = start
-        batches = super().__iter__()
-        if start:
-            batches = itertools.islice(batches, start, None)
+        start_at = getattr(self.dataset, "start_at", None)
+        if callable(start_at):  # a dataset read by position starts there without reading the rest
+            start_at(start)
+            batches = super().__iter__()
+        else:
+            batches = super().__iter__()
+            if start:
+                batches = itertools.islice(batches, start, None)
         for batch in batches:
             self._batches_yielded += 1
             yield batch

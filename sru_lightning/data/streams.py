@@ -124,9 +124,15 @@ def unigram_bits_per_token(train_ids: torch.Tensor, eval_ids: torch.Tensor, voca
     Add-one smoothing gives tokens unseen in training a finite cost. This is the bar any
     model that reads context must clear.
     """
-    counts = torch.bincount(train_ids.long(), minlength=vocab_size).double() + 1.0
+    train_counts = torch.bincount(train_ids.long(), minlength=vocab_size)
+    return unigram_bits_from_counts(train_counts, torch.bincount(eval_ids.long(), minlength=vocab_size))
+
+
+def unigram_bits_from_counts(train_counts: torch.Tensor, eval_counts: torch.Tensor) -> float:
+    """`unigram_bits_per_token` from each split's count of every token id."""
+    counts = train_counts.double() + 1.0
     log2_probs = torch.log2(counts / counts.sum())
-    eval_counts = torch.bincount(eval_ids.long(), minlength=vocab_size).double()
+    eval_counts = eval_counts.double()
     return float(-(eval_counts * log2_probs).sum() / eval_counts.sum())
 
 

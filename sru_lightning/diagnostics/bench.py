@@ -9,7 +9,8 @@ compiled (``compile_bench``), ``bench documents`` what document boundaries in pa
 (``documents_bench``), ``bench serve`` the completions server under 1, 8 and 64 streaming
 clients (``serve_bench``), ``bench lm`` what the training loop adds to the model's own step, and
 (``--curve``) validation bits per character against wall-clock time for the default, SRU++, LSTM and a
-recipe (``lm_bench``, ``lm_curve``). Each measures in one process, interleaved, so the ratios hold on a shared,
+recipe (``lm_bench``, ``lm_curve``), ``bench data`` corpus preparation and fits from shards against the
+text in memory (``data_bench``). Each measures in one process, interleaved, so the ratios hold on a shared,
 noisy machine.
 """
 
@@ -33,6 +34,8 @@ MODES = {
     "document boundaries (reset flags)",
     "serve": "the completions server (`serve`) under 1, 8 and 64 streaming clients: tokens/s, failed "
     "requests and the server's memory",
+    "data": "`prepare` (MB/s at char level and with BPE) and a fit of the default model from shards against "
+    "the text in memory (peak RSS, time to the first step, tokens/s) on generated corpora of --sizes MB",
     "hold": "holding a run folder: what taking and giving back the hold adds to a fit's start, and --pairs "
     "double starts of two fits into one folder (exactly one must train)",
     "lm": "a fit's step as `fit` runs it (callbacks, logger, progress bar) against the plain forward, backward "
@@ -56,6 +59,14 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
     "compile": {"length": "length", "batch": "batch", **_COMMON},
     "documents": {"length": "length", "batch": "batch", "hidden": "hidden", **_COMMON},
     "serve": {"model": "model", "seconds": "seconds", "tokens": "tokens", "threads": "threads"},
+    "data": {
+        "sizes": "sizes",
+        "repeats": "repeats",
+        "warmup": "warmup",
+        "out": "out",
+        "bpe_mb": "bpe_mb",
+        "memory_mb": "memory_mb",
+    },
     "hold": {"repeats": "repeats", "pairs": "pairs", "threads": "threads"},
     "lm": {
         "model": "model",
@@ -95,6 +106,9 @@ OPTIONS = {
     "runs": ("--runs", "the curve's runs, comma-separated, of sru (the default model), srupp, lstm, recipe"),
     "seeds": ("--seeds", "comma-separated seeds: one fit per run and seed (mean and spread); empty: the config's seed"),
     "out": ("--out", "folder of the curve's run folders"),
+    "sizes": ("--sizes", "comma-separated corpus sizes in MB"),
+    "bpe_mb": ("--bpe-mb", "MB of each corpus the BPE preparation is timed on"),
+    "memory_mb": ("--memory-mb", "the in-memory fit runs for corpora up to this many MB"),
     "pairs": ("--pairs", "double starts: two fits started together into one new folder, this many times"),
 }
 #: What an option means in a subcommand where it is not what OPTIONS says.
@@ -107,19 +121,23 @@ _MEANING_IN = {
     ("repeats", "hold"): "timed takes of a hold",
     ("threads", "hold"): "threads of each fit of a double start",
     ("plot", "lm"): "with --curve: draw validation bits per character against seconds into FILE",
+    ("repeats", "data"): "timed training steps of each fit",
+    ("warmup", "data"): "training steps before them",
+    ("out", "data"): "folder for the corpora, shards and fits (kept); empty: a temporary folder",
 }
 #: Options that count something: at least 1 (--warmup: at least 0).
-_COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget")
+_COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget", "bpe_mb")
 #: Options that count something and may be 0.
 _COUNTS_FROM_ZERO = ("pairs",)
 #: Options whose value is text.
-_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out")
+_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out", "sizes")
 
 
 def _mode_config(mode: str):
     """The config dataclass of `mode`: its fields' defaults are the subcommand's defaults."""
     from sru_lightning.diagnostics import (
         compile_bench,
+        data_bench,
         decode_bench,
         documents_bench,
         export_bench,
@@ -136,6 +154,7 @@ def _mode_config(mode: str):
         "documents": documents_bench.DocumentsBenchConfig,
         "serve": serve_bench.ServeBenchConfig,
         "lm": lm_bench.LMBenchConfig,
+        "data": data_bench.DataBenchConfig,
         "hold": hold_bench.HoldBenchConfig,
     }[mode]
 
@@ -239,6 +258,14 @@ def main(argv=None) -> int:
         print(serve_bench.format_table(config, serve_bench.run_serve_benchmark(config)))
     elif mode == "lm":
         return _bench_lm(config, refuse)
+    elif mode == "data":
+        from sru_lightning.diagnostics import data_bench
+
+        try:
+            data_bench.parse_sizes(config.sizes)
+        except ValueError as error:
+            refuse(str(error))
+        print(data_bench.format_table(config, data_bench.run_data_benchmark(config)))
     elif mode == "hold":
         from sru_lightning.diagnostics import hold_bench
 

@@ -117,3 +117,26 @@ def test_ddp_cpu_matches_one_process_with_the_same_global_batch(tmp_path):
     assert largest < WEIGHT_TOLERANCE, f"weights differ by up to {largest:.2e}"
     # the training really ran in two processes: Lightning's launcher gives rank 1 its own Hydra job
     assert (ddp / "train_ddp_process_1.log").exists()
+
+
+@pytest.mark.slow
+def test_ddp_cpu_from_shards_matches_one_process(tmp_path):
+    # Each rank maps the same prepared files and reads only its own streams.
+    from sru_lightning.data import PydocDataModule
+    from sru_lightning.data.prepare import PrepareOptions, prepare_corpus
+    from sru_lightning.data.sources import reading_of
+
+    module = PydocDataModule()
+    options = PrepareOptions(workers=1, shard_mb=0.1, progress=False)  # several shards per split
+    folder = prepare_corpus(reading_of(module), module.token_level, tmp_path / "shards", options=options).folder
+    shards = ("data=shards", f"data.path={folder}")
+    single = fit_in_this_process(tmp_path / "single", "trainer=cpu", *shards, f"data.batch_size={GLOBAL_BATCH}")
+    ddp = fit(tmp_path / "ddp", "trainer=ddp_cpu", *shards, f"data.batch_size={GLOBAL_BATCH // 2}")
+    expected, got = validation_curve(single), validation_curve(ddp)
+    assert sorted(expected) == sorted(got) and expected
+    for step, value in expected.items():
+        assert got[step] == pytest.approx(value, **VAL_BPC_TOLERANCE), f"val_bpc at step {step}"
+    single_weights, ddp_weights = final_weights(single), final_weights(ddp)
+    largest = max((single_weights[k] - ddp_weights[k]).abs().max().item() for k in single_weights)
+    assert largest < WEIGHT_TOLERANCE, f"weights differ by up to {largest:.2e}"
+    assert (ddp / "train_ddp_process_1.log").exists()

@@ -18,6 +18,7 @@ __all__ = [
     "ChecksSizes",
     "LanguageModelRun",
     "PacksDocuments",
+    "PreparedIds",
     "RunDataModule",
     "SubwordData",
     "TokenUnitData",
@@ -43,6 +44,13 @@ class SubwordData(Protocol):
     """Data with a learned subword vocabulary (None until it has one)."""
 
     tokenizer: Any
+
+
+@runtime_checkable
+class PreparedIds(Protocol):
+    """Data read from token ids prepared ahead (`data=shards`): their vocabulary is fixed."""
+
+    reads_prepared_ids: bool
 
 
 @runtime_checkable

@@ -6,7 +6,7 @@ from __future__ import annotations
 import logging
 
 from .checkpoints import saved_codec
-from .interfaces import AdoptsVocabulary, SubwordData, provides
+from .interfaces import AdoptsVocabulary, PreparedIds, SubwordData, provides
 from .refusals import checkpoint_setting, data_setting, instantiate_setting
 from .starting_point import StartingPoint
 
@@ -19,9 +19,11 @@ def build_data(cfg, command: str, start: StartingPoint):
     """The data module of `cfg.data` and its vocabulary size (the text read here, its problems the user's)."""
     datamodule = instantiate_setting(cfg.data)
     learned = provides(datamodule, SubwordData) and datamodule.tokenizer is not None
-    if start.checkpoint is not None and (command != "fit" or learned):
+    prepared = provides(datamodule, PreparedIds) and datamodule.reads_prepared_ids
+    if start.checkpoint is not None and (command != "fit" or learned or prepared):
         # Token ids mean what they meant in training; a resumed fit with a learned subword
-        # vocabulary takes the checkpoint's rather than learning it again.
+        # vocabulary takes the checkpoint's rather than learning it again, and prepared shards
+        # must hold the checkpoint's vocabulary.
         _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
     with data_setting():  # the data module reads its text on first use
         vocab_size = datamodule.vocab_size

@@ -1,0 +1,121 @@
+"""Pieces of a corpus to provisional token ids, for `prepare`.
+
+Before the whole corpus has been read, its vocabulary is not known (characters sort by code
+point over all the text; words come from the training split alone), so tokens get provisional
+ids, in order of first appearance, mapped to the final ids once every piece has been read.
+Characters are looked up in a table, vectorised, in the main process. Words are split in worker
+processes, each piece against a vocabulary of its own (its words, and per token the index of
+its word), so every core splits; a bounded number of pieces is in flight at a time, so memory
+stays flat.
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+from collections import deque
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+import numpy as np
+
+from .streams import word_tokens
+
+#: Unicode's code points: the size of a per-character lookup table.
+CODE_POINTS = 0x110000
+#: The table's mark of a character not seen yet (so at most 65535 distinct characters).
+UNSEEN = 2**16 - 1
+
+
+def word_symbols(piece: str) -> tuple[list[str], np.ndarray, np.ndarray]:
+    """(the words the piece holds, in order of appearance; per token the index of its word; per
+    word the index of its first token), with the end-of-line token closing each line, as
+    :func:`~sru_lightning.data.streams.word_tokens` splits a text."""
+    local: dict[str, int] = {}
+    ids, firsts = [], []
+    for position, token in enumerate(word_tokens(piece)):
+        index = local.get(token)
+        if index is None:
+            index = local[token] = len(local)
+            firsts.append(position)
+        ids.append(index)
+    return list(local), np.asarray(ids, dtype=np.uint32), np.asarray(firsts, dtype=np.int64)
+
+
+def ordered_map(function: Callable[[Any], Any], items: Iterable[Any], workers: int) -> Iterator[Any]:
+    """`map(function, items)` on `workers` processes, in order, with at most 2 x `workers` items
+    in flight (multiprocessing's own imap reads all of `items` ahead)."""
+    if workers <= 1:
+        yield from map(function, items)
+        return
+    with multiprocessing.get_context().Pool(workers) as pool:
+        pending: deque = deque()
+        for item in items:
+            pending.append(pool.apply_async(function, (item,)))
+            if len(pending) >= 2 * workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()
+
+
+class ProvisionalVocabulary:
+    """Symbols (code points or words) numbered in order of first appearance, and for words the
+    position of the first token of each (what decides whether it is in the training split)."""
+
+    def __init__(self, unit: str) -> None:
+        self.unit = unit
+        # code point -> provisional id; UNSEEN until the character appears
+        self.table = np.full(CODE_POINTS, UNSEEN, dtype=np.uint16) if unit == "char" else None
+        self.words: dict[str, int] = {}
+        self.first_position: list[int] = []
+        self.size = 0
+
+    def char_ids(self, piece: str) -> np.ndarray:
+        """The provisional ids (uint16) of a piece's characters: one table look-up per character,
+        new characters numbered as they appear (vectorised: this is the speed of `prepare`)."""
+        code_points = np.frombuffer(piece.encode("utf-32-le"), dtype=np.uint32)
+        ids = self.table[code_points]
+        unseen = ids == UNSEEN
+        if unseen.any():
+            new = np.unique(code_points[unseen])
+            if self.size + new.size >= UNSEEN:
+                raise ValueError(
+                    f"the text holds more than {UNSEEN - 1} distinct characters; prepare it with data.tokenizer=bpe "
+                    "(a byte-level vocabulary) instead"
+                )
+            self.table[new] = np.arange(self.size, self.size + new.size, dtype=np.uint16)
+            self.size += new.size
+            ids = self.table[code_points]
+        return ids
+
+    def word_ids(self, symbols: list[str], local_ids: np.ndarray, firsts: np.ndarray, position: int) -> np.ndarray:
+        """The provisional ids (uint32) of a piece's words (`symbols`, `local_ids`, `firsts` from
+        :func:`word_symbols`); `position` is the piece's first token's position in the corpus."""
+        mapping = np.empty(len(symbols), dtype=np.uint32)
+        for index, word in enumerate(symbols):
+            known = self.words.get(word)
+            if known is None:
+                known = self.words[word] = self.size
+                self.size += 1
+                self.first_position.append(position + int(firsts[index]))
+            mapping[index] = known
+        return mapping[local_ids] if local_ids.size else np.zeros(0, dtype=np.uint32)
+
+    def char_itos(self) -> tuple[list[str], np.ndarray]:
+        """(the characters sorted by code point, provisional id -> final id)."""
+        code_points = np.flatnonzero(self.table != UNSEEN)
+        final = np.empty(self.size, dtype=np.int64)
+        final[self.table[code_points]] = np.arange(code_points.size)
+        return [chr(point) for point in code_points], final
+
+    def word_itos(self, train_tokens: int, unknown: str) -> tuple[list[str], np.ndarray]:
+        """(the vocabulary: the unknown word, then the training split's words sorted; provisional
+        id -> final id, a word first seen after the training split -> the unknown word)."""
+        in_train = sorted(
+            word for word, index in self.words.items() if self.first_position[index] < train_tokens and word != unknown
+        )
+        itos = [unknown, *in_train]
+        stoi = {word: index for index, word in enumerate(itos)}
+        final = np.zeros(self.size, dtype=np.int64)
+        for word, index in self.words.items():
+            final[index] = stoi.get(word, 0)
+        return itos, final
