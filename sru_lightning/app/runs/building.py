@@ -16,6 +16,7 @@ from sru_lightning.app.usage import UsageError
 
 from .checkpoints import check_fits_model, saved_codec
 from .folder import RunFolder
+from .init_from import init_from_setting, load_initial_weights, put_initial_weights, without_init_from
 from .refusals import check_config_resolves, checkpoint_setting, data_setting, instantiate_setting
 from .run_callbacks import AnnounceRunDirectory, LastValidation
 from .save_run_config import SaveRunConfig, plain_config
@@ -80,9 +81,16 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
         # Token ids mean what they meant in training; a resumed fit with a learned subword
         # vocabulary takes the checkpoint's rather than learning it again.
         _encode_with_the_checkpoints_vocabulary(datamodule, start.loaded)
+    # A new fit may start its network from trained weights, with their vocabulary (runs/init_from.py).
+    initial = None
+    if command == "fit" and ckpt_path is None and init_from_setting(model_config) is not None:
+        initial = load_initial_weights(init_from_setting(model_config), str(cfg.get("resume_dir", "outputs")))
+        _adopt_vocabulary(datamodule, initial.codec, f"the vocabulary of {initial.source!r}")
     with data_setting():  # the data module reads its text on first use
         vocab_size = datamodule.vocab_size
-    model = _build_model(model_config, command, vocab_size, getattr(datamodule, "token_unit", None))
+    model = _build_model(without_init_from(model_config), command, vocab_size, getattr(datamodule, "token_unit", None))
+    if initial is not None:
+        put_initial_weights(model.net, initial)
     if getattr(datamodule, "packs_documents", False) and not getattr(model, "accepts_document_boundaries", True):
         raise UsageError(
             f"data ({data_config.get('_target_')}) packs documents with their boundaries, which "
@@ -276,15 +284,22 @@ def _encode_with_the_checkpoints_vocabulary(datamodule, loaded) -> None:
     vocabulary (a character it lacks is an error; an unknown word is counted as the unknown word)."""
     with checkpoint_setting():
         codec = saved_codec(loaded)
+    if codec is not None:
+        _adopt_vocabulary(datamodule, codec, "the checkpoint's vocabulary")
+
+
+def _adopt_vocabulary(datamodule, codec, whose: str) -> None:
+    """Encode the data with `codec` (an unknown word counts as the unknown word, with a warning)."""
     adopt = getattr(datamodule, "adopt_vocabulary", None)
-    if codec is None or adopt is None:
+    if adopt is None:
         return
     with data_setting():
         unknown = adopt(codec)
     if unknown:
         log.warning(
-            "%d words of the evaluation data are not in the checkpoint's vocabulary of %d words; each counts as %r",
+            "%d words of the data are not in %s of %d words; each counts as %r",
             unknown,
+            whose,
             codec.vocab_size,
             codec.unknown,
         )
