@@ -10,12 +10,14 @@ header) as well as a flat transformers one, so ``AutoConfig.from_pretrained(fold
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from transformers import PreTrainedConfig
 
 from sru_lightning.export.pretrained import MODEL_TYPE
 from sru_lightning.nn.configs import LanguageNetConfig
+from sru_lightning.nn.pretrained import CONFIG_FILE
 
 __all__ = ["SRULightningConfig"]
 
@@ -53,7 +55,14 @@ class SRULightningConfig(PreTrainedConfig):
         # checked form: unknown or missing keys are refused by LanguageNetConfig.from_dict).
         network = kwargs.pop("config", kwargs.pop("network", None))  # `network`: the first format
         if isinstance(network, dict):
-            for name, value in LanguageNetConfig.from_dict(network).to_dict().items():
+            try:
+                fields = LanguageNetConfig.from_dict(network).to_dict()
+            except ValueError as error:
+                where = kwargs.get("name_or_path")
+                if not where:
+                    raise
+                raise ValueError(f"cannot load {str(Path(where) / CONFIG_FILE)!r}: `config`: {error}") from None
+            for name, value in fields.items():
                 setattr(self, name, value)
         for key in _FOLDER_HEADER_KEYS:
             kwargs.pop(key, None)

@@ -57,6 +57,23 @@ class SRULightningPreTrainedModel(PreTrainedModel):
     def _supports_default_dynamic_cache(cls) -> bool:
         return False  # the cache is the recurrent state the forward returns, not a key/value cache
 
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path: str | os.PathLike, *args: Any, **kwargs: Any):
+        """transformers' ``from_pretrained``; a local folder is first read by the package's own
+        reader, so a foreign, damaged or mismatched file (config.json of another model type or
+        with an unknown key, a missing or truncated model.safetensors, a tokenizer.json that does
+        not fit the network) is refused in one line naming it (a ValueError)."""
+        folder = Path(pretrained_model_name_or_path).expanduser()
+        if folder.is_dir():
+            from sru_lightning.export import ExportError
+            from sru_lightning.export.pretrained import from_pretrained
+
+            try:
+                from_pretrained(folder)
+            except ExportError as error:
+                raise ValueError(f"{cls.__name__}.from_pretrained: {error}") from None
+        return super().from_pretrained(pretrained_model_name_or_path, *args, **kwargs)
+
 
 class SRULightningForCausalLM(SRULightningPreTrainedModel, GenerationMixin):
     """Next-token prediction with the package's :class:`~sru_lightning.nn.LanguageNet`.
