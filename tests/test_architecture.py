@@ -178,6 +178,7 @@ LIBRARY_ORDER = (
     ("callbacks", "models"),
     ("data",),
     ("export",),
+    ("hf",),
 )
 
 
@@ -249,7 +250,16 @@ def test_the_library_imports_without_hydra_or_the_application():
 
 
 # What a user of the layers alone must not pay for: each is seconds of import time.
-NOT_FOR_LAYER_USERS = ("torch._dynamo", "lightning", "hydra", "omegaconf", "torchmetrics", "scipy", "safetensors")
+NOT_FOR_LAYER_USERS = (
+    "torch._dynamo",
+    "lightning",
+    "hydra",
+    "omegaconf",
+    "torchmetrics",
+    "scipy",
+    "safetensors",
+    "transformers",
+)
 
 
 @pytest.mark.parametrize(

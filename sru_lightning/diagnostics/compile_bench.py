@@ -51,12 +51,13 @@ def default_model(compile_setting: bool):
     from hydra.utils import instantiate
 
     from sru_lightning._resources import conf_dir
+    from sru_lightning.app.runs.init_from import without_init_from
 
     with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
         cfg = compose("config", overrides=[f"model.compile={str(compile_setting).lower()}"])
     datamodule = instantiate(cfg.data)
     net = instantiate(cfg.model.net, vocab_size=datamodule.vocab_size)
-    model = instantiate(cfg.model, net=net, token_unit=datamodule.token_unit)
+    model = instantiate(without_init_from(cfg.model), net=net, token_unit=datamodule.token_unit)
     return model, datamodule
 
 

@@ -10,7 +10,7 @@ Layout of ``<out>/``::
     model.pt2         format=pt2: a torch.export program; format=aoti: an AOTInductor package
     vocabulary.json   the token codec (level and token list, or at bpe level the tokenizer's
                       JSON under `tokenizer`) that reads prompts and writes text
-    config.json, model.safetensors, tokenizer.json
+    config.json, model.safetensors, tokenizer.json, tokenizer_config.json
                       format=hf: the network's arguments, weights and tokenizer in the Hugging
                       Face layout (:mod:`sru_lightning.export.pretrained`)
 
@@ -42,7 +42,11 @@ MANIFEST_NAME = "manifest.json"
 VOCABULARY_NAME = "vocabulary.json"
 MODEL_FILES = {"onnx": "model.onnx", "pt2": "model.pt2", "aoti": "model.pt2", "hf": pretrained_folder.WEIGHTS_FILE}
 #: The files of format=hf besides its weights (see :mod:`sru_lightning.export.pretrained`).
-PRETRAINED_FILES = {"config": pretrained_folder.CONFIG_FILE, "tokenizer": "tokenizer.json"}
+PRETRAINED_FILES = {
+    "config": pretrained_folder.CONFIG_FILE,
+    "tokenizer": "tokenizer.json",
+    "tokenizer_config": "tokenizer_config.json",
+}
 #: Every name an export folder can own; a manifest claiming another is not one we wrote.
 EXPORT_FILE_NAMES = frozenset({MANIFEST_NAME, VOCABULARY_NAME, *MODEL_FILES.values(), *PRETRAINED_FILES.values()})
 

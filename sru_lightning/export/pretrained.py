@@ -10,10 +10,15 @@ reader) with the tokenizer and the export's manifest added. Layout of ``<out>/``
     config.json        `format_name`, `format_version`, `architecture` ("LanguageNet"),
                        `config` (:class:`~sru_lightning.nn.configs.LanguageNetConfig`),
                        `torch_dtype`, `package_version`, and here `tokenizer` (level, unknown,
-                       end_of_line, vocab_size, file) and `source` (checkpoint and step)
+                       end_of_line, vocab_size, file), `source` (checkpoint and step), and
+                       transformers' `model_type` and `architectures`
+                       (``AutoModelForCausalLM.from_pretrained`` after ``import sru_lightning``)
     model.safetensors  the network's state dict (a tied output layer is stored once)
-    tokenizer.json     the token codec's state; at bpe level the tokenizer's own JSON (the
-                       `tokenizers` package reads it with ``Tokenizer.from_file``)
+    tokenizer.json     the token codec as Hugging Face `tokenizers` JSON at every level
+                       (:mod:`sru_lightning.export.hf_tokenizer`: the codec's ids); folders of
+                       the first format hold the codec's state here, and are read too
+    tokenizer_config.json  what ``AutoTokenizer`` / ``PreTrainedTokenizerFast`` need beside it:
+                       the padding token (after the vocabulary) and left padding
     manifest.json      the export folder's manifest (:mod:`sru_lightning.export.package`): the
                        files the folder owns, so overwrite=true replaces only its own files
 
@@ -43,6 +48,7 @@ from sru_lightning.nn.pretrained import (
 )
 
 from .graph_module import ExportError
+from .hf_tokenizer import codec_state_from_tokenizer_json, tokenizer_config, tokenizer_json
 from .package import (
     EXPORT_FORMAT_VERSION,
     FORMAT_NAME,
@@ -55,11 +61,25 @@ from .package import (
     write_json,
 )
 
-__all__ = ["CONFIG_NAME", "PRETRAINED_FORMAT_NAME", "TOKENIZER_NAME", "from_pretrained", "save_pretrained"]
+__all__ = [
+    "CONFIG_NAME",
+    "MODEL_TYPE",
+    "PRETRAINED_FORMAT_NAME",
+    "TOKENIZER_NAME",
+    "from_pretrained",
+    "save_pretrained",
+    "transformers_keys",
+]
 
 CONFIG_NAME = pretrained_folder.CONFIG_FILE
 WEIGHTS_NAME = MODEL_FILES["hf"]
 TOKENIZER_NAME = PRETRAINED_FILES["tokenizer"]
+TOKENIZER_CONFIG_NAME = PRETRAINED_FILES["tokenizer_config"]
+#: config.json's `model_type`: what transformers' Auto classes find the model class by
+#: (:mod:`sru_lightning.hf` registers it).
+MODEL_TYPE = "sru_lightning"
+#: The transformers class a folder's `architectures` names.
+TRANSFORMERS_ARCHITECTURE = "SRULightningForCausalLM"
 #: config.json's `format_name`: what tells our config.json from any other model's.
 PRETRAINED_FORMAT_NAME = pretrained_folder.FORMAT_NAME
 
@@ -69,6 +89,29 @@ def _networks() -> dict[str, type[torch.nn.Module]]:
     from sru_lightning.nn.language_net import NETWORKS
 
     return {cls.config_class.architecture: cls for cls in NETWORKS.values()}
+
+
+def transformers_keys() -> dict[str, Any]:
+    """The keys of config.json that transformers reads (beside the format's own)."""
+    return {"model_type": MODEL_TYPE, "architectures": [TRANSFORMERS_ARCHITECTURE]}
+
+
+def tokenizer_entry(codec) -> dict[str, Any]:
+    """config.json's `tokenizer`: the codec's level and settings, and the file that holds it."""
+    state = codec.state_dict()
+    return {
+        "level": state["level"],
+        "unknown": state.get("unknown"),
+        "end_of_line": state.get("end_of_line"),
+        "vocab_size": codec.vocab_size,
+        "file": TOKENIZER_NAME,
+    }
+
+
+def write_tokenizer(codec, folder: Path) -> None:
+    """tokenizer.json and tokenizer_config.json of `codec` into `folder`."""
+    (folder / TOKENIZER_NAME).write_text(tokenizer_json(codec), encoding="utf-8")
+    write_json(folder / TOKENIZER_CONFIG_NAME, tokenizer_config(codec))
 
 
 # --------------------------------------------------------------------------------------------
@@ -86,26 +129,19 @@ def save_pretrained(
     is replaced only with `overwrite` and only when it holds nothing but an export's own files."""
     if not isinstance(getattr(net, "pretrained_config", None), LanguageNetConfig):
         raise ExportError(f"format=hf saves a network of {sorted(_networks())}, got {type(net).__qualname__}")
-    extra: dict[str, Any] = {"tokenizer": None, "source": dict(source or {})}
-    tokenizer_file = None
-    if codec is not None:
-        state = codec.state_dict()
-        extra["tokenizer"] = {
-            "level": state["level"],
-            "unknown": state.get("unknown"),
-            "end_of_line": state.get("end_of_line"),
-            "vocab_size": codec.vocab_size,
-            "file": TOKENIZER_NAME,
-        }
-        # At bpe level the file is the tokenizer's own JSON; otherwise the codec's state.
-        tokenizer_file = state["tokenizer"] if state["level"] == "bpe" else json.dumps(state, indent=2) + "\n"
-    files = {"model": WEIGHTS_NAME, "config": CONFIG_NAME, **({"tokenizer": TOKENIZER_NAME} if codec else {})}
+    extra: dict[str, Any] = {
+        "tokenizer": None if codec is None else tokenizer_entry(codec),
+        "source": dict(source or {}),
+        **transformers_keys(),
+    }
+    tokenizer_files = {"tokenizer": TOKENIZER_NAME, "tokenizer_config": TOKENIZER_CONFIG_NAME} if codec else {}
+    files = {"model": WEIGHTS_NAME, "config": CONFIG_NAME, **tokenizer_files}
 
     def fill(folder: Path) -> None:
         started = time.perf_counter()
         write_pretrained(net, folder, extra=extra)
-        if tokenizer_file is not None:
-            (folder / TOKENIZER_NAME).write_text(tokenizer_file, encoding="utf-8")
+        if codec is not None:
+            write_tokenizer(codec, folder)
         manifest = {
             "format_name": FORMAT_NAME,
             "export_format_version": EXPORT_FORMAT_VERSION,
@@ -171,19 +207,17 @@ def load_codec(folder: str | os.PathLike, read: PretrainedFolder | None = None):
         raise _refuse(path, f"the tokenizer file is missing ({CONFIG_NAME} names it)") from None
     except (OSError, ValueError) as error:
         raise _refuse(path, str(error).splitlines()[0]) from None
-    if tokenizer.get("level") == "bpe":
-        state = {
-            "level": "bpe",
-            "itos": None,
-            "unknown": tokenizer.get("unknown"),
-            "end_of_line": tokenizer.get("end_of_line"),
-            "tokenizer": text,
-        }
+    try:
+        document = json.loads(text)
+    except ValueError as error:
+        raise _refuse(path, f"it is not JSON ({error})") from None
+    if isinstance(document, dict) and "level" in document and tokenizer.get("level") != "bpe":
+        state = document  # the first format: the codec's state
     else:
         try:
-            state = json.loads(text)
+            state = codec_state_from_tokenizer_json(text, tokenizer)
         except ValueError as error:
-            raise _refuse(path, f"it is not JSON ({error})") from None
+            raise _refuse(path, str(error)) from None
     return codec_from_state(state, path)
 
 

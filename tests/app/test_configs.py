@@ -12,6 +12,7 @@ from omegaconf import OmegaConf, open_dict
 
 from sru_lightning._resources import conf_dir
 from sru_lightning.app.cli import config_groups
+from sru_lightning.app.runs.init_from import without_init_from
 
 CONF = conf_dir()
 # Groups whose options are picked as `group=option`; callbacks/logger files are also
@@ -97,7 +98,8 @@ def test_each_option_composes_and_names_an_importable_class(group, option, tmp_p
 def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp_path):
     cfg = compose_with(["trainer.max_epochs=1"], tmp_path)
     data = instantiate(cfg.data)
-    model = instantiate(cfg.model, net=instantiate(cfg.model.net, vocab_size=data.vocab_size))
+    # `init_from` is the run's setting (where the network's weights start), not the module's argument
+    model = instantiate(without_init_from(cfg.model), net=instantiate(cfg.model.net, vocab_size=data.vocab_size))
     assert type(model).__name__ == "SRULanguageModel" and model.net.rnn_type == "sru"
     callbacks = [instantiate(node) for node in cfg.callbacks.values()]
     names = {type(c).__name__ for c in callbacks}
@@ -178,7 +180,7 @@ def test_every_model_config_builds_and_runs_when_shrunk(choice, tmp_path):
     if choice == "model=srupp":
         shrink.append("model.net.sru_options.proj_size=4")
     cfg = compose_with([choice, *shrink], tmp_path)
-    model = instantiate(cfg.model, net=instantiate(cfg.model.net, vocab_size=7))
+    model = instantiate(without_init_from(cfg.model), net=instantiate(cfg.model.net, vocab_size=7))
     logits, _ = model(torch.randint(0, 7, (2, 5)))
     assert logits.shape == (2, 5, 7)
     optimizer = model.configure_optimizers()["optimizer"] if cfg.model.lr_scheduler is None else None

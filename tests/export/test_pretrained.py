@@ -48,6 +48,7 @@ def test_a_saved_network_reads_back_to_the_same_logits_and_codec(name, tmp_path)
         "manifest.json",
         "model.safetensors",
         "tokenizer.json",
+        "tokenizer_config.json",
     ]
     loaded, loaded_codec = from_pretrained(folder)
     assert type(loaded) is LanguageNet and not loaded.training and loaded.config == net.config
@@ -124,7 +125,11 @@ def _foreign_config(folder: Path) -> None:
             "config.json",
             "`architecture` must be one of ['LanguageNet'], got 'os.system'",
         ),
-        (lambda f: (f / "tokenizer.json").write_text("[1, 2]"), "tokenizer.json", "is damaged: expected a JSON object"),
+        (
+            lambda f: (f / "tokenizer.json").write_text("[1, 2]"),
+            "tokenizer.json",
+            "it is not a Hugging Face tokenizers file (no `model` object)",
+        ),
     ],
     ids=[
         "no-config",

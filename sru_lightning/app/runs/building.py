@@ -2,7 +2,8 @@
 
 1. where it starts (:mod:`.starting_point`): the checkpoint and the settings it runs with;
 2. the run's own settings (:mod:`.run_settings`): seed, threads, the Trainer's settings checked;
-3. its data (:mod:`.run_data`) and 4. its model (:mod:`.run_model`);
+3. its data (:mod:`.run_data`) and 4. its model (:mod:`.run_model`), started from trained
+   weights when `model.init_from` names them (:mod:`.init_from`);
 5. its callbacks (:mod:`.run_callback_list`, whose docstring lists the ones a run adds) and loggers;
 6. its Trainer (:mod:`.run_trainer`).
 
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .init_from import initial_weights
 from .run_callback_list import run_callbacks
 from .run_data import build_data
 from .run_model import build_model
@@ -31,8 +33,9 @@ def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict
     start = start_attempt(cfg, command, output_dir, overrides, owner)
     cfg = start.cfg
     trainer_settings = apply_run_settings(cfg)
-    datamodule, vocab_size = build_data(cfg, command, start)
-    model = build_model(cfg, command, datamodule, vocab_size, start)
+    initial = initial_weights(cfg, command, start)  # model.init_from: a new fit from trained weights
+    datamodule, vocab_size = build_data(cfg, command, start, initial)
+    model = build_model(cfg, command, datamodule, vocab_size, start, initial)
     loggers = build_loggers(cfg)
     callbacks = run_callbacks(cfg, model, trainer_settings, bool(loggers), output_dir, owner, start)
     trainer = build_trainer(cfg, command, model, datamodule, callbacks, loggers)

@@ -139,9 +139,9 @@ def resolve_checkpoint(
     return None
 
 
-#: Model settings that say how the model runs, not what it is: a run trained with another value
-#: is the same model (`model.compile`).
-HOW_THE_MODEL_RUNS = ("compile",)
+#: Model settings that say how the model runs or where its weights started, not what it is: a run
+#: trained with another value is the same model (`model.compile`, `model.init_from`).
+HOW_THE_MODEL_RUNS = ("compile", "init_from")
 
 
 def _trained_model(model: Any) -> Any:

@@ -9,6 +9,7 @@ from sru_lightning.app.usage import UsageError
 
 from .checkpoints import check_fits_model
 from .folder import RunFolder
+from .init_from import InitialWeights, put_initial_weights, without_init_from
 from .interfaces import LanguageModelRun, PacksDocuments, TokenUnitData, provides
 from .refusals import checkpoint_setting, instantiate_setting
 from .starting_point import StartingPoint
@@ -16,11 +17,16 @@ from .starting_point import StartingPoint
 __all__ = ["build_model"]
 
 
-def build_model(cfg, command: str, datamodule, vocab_size: int, start: StartingPoint):
-    """The LightningModule of `cfg.model` for `datamodule`; a model that cannot train or evaluate
-    on that data, or start from that checkpoint, is refused in one line."""
+def build_model(
+    cfg, command: str, datamodule, vocab_size: int, start: StartingPoint, initial: InitialWeights | None = None
+):
+    """The LightningModule of `cfg.model` for `datamodule`, its network started from `initial`
+    weights (`model.init_from`) if given; a model that cannot train or evaluate on that data, or
+    start from that checkpoint, is refused in one line."""
     token_unit = datamodule.token_unit if provides(datamodule, TokenUnitData) else None
-    model = _instantiate(cfg.model, command, vocab_size, token_unit)
+    model = _instantiate(without_init_from(cfg.model), command, vocab_size, token_unit)
+    if initial is not None:
+        put_initial_weights(model.net, initial)
     packs = provides(datamodule, PacksDocuments) and datamodule.packs_documents
     if packs and provides(model, LanguageModelRun) and not model.accepts_document_boundaries:
         raise UsageError(
