@@ -82,9 +82,9 @@ class LitDataModule(ShardDataModule):
                 needed = (batch_size * world_size + 1) * self.seq_len
                 size_key = "data.batch_size" if split == "train" else "data.eval_batch_size"
                 raise ValueError(
-                    f"{type(self).__name__}: the {split} split of {self.describe_source()} has {tokens} tokens, too "
-                    f"few for {batch_size} streams x {world_size} process(es) x data.seq_len={self.seq_len}: it needs at "
-                    f"least {needed}; lower {size_key} / data.seq_len or prepare more text"
+                    f"{type(self).__name__}: the {split} split of {self.describe_source()} has {tokens} tokens, "
+                    f"too few for {batch_size} streams x {world_size} process(es) x data.seq_len={self.seq_len}: it "
+                    f"needs at least {needed}; lower {size_key} / data.seq_len or prepare more text"
                 )
 
     def setup(self, stage: str | None = None) -> None:

@@ -3,8 +3,9 @@
 A split's tokens are LitData blocks of `seq_len` tokens, in order (:mod:`.litdata_format`). The
 split is cut into `batch_size x world_size` streams of `blocks_per_row` consecutive blocks
 (one block is kept back for the last target); stream ``i`` starts at block
-``i * blocks_per_row``. A batch holds one window of each of this rank's `batch_size` streams, and the next batch the next window of the same streams, so the
-recurrent state carried from one batch to the next has read exactly the tokens before.
+``i * blocks_per_row``. A batch holds one window of each of this rank's `batch_size` streams,
+and the next batch the next window of the same streams, so the recurrent state carried from one
+batch to the next has read exactly the tokens before.
 
 LitData does the reading: the streams of row `r` of every rank form one `subset` of the split,
 which LitData shares between the ranks (rank `q` gets its `q`-th stream: the rows `r *

@@ -71,8 +71,8 @@ class ShardDataModule(pl.LightningDataModule):
             if given is not None and given != own:
                 raise ValueError(
                     f"{type(self).__name__}: `data.{key}`={given!r} conflicts with {self.describe_source()}, "
-                    f"prepared at {prepared} (data.{key}={own!r}); leave data.tokenizer and data.vocab_size unset (the index "
-                    "sets them), or prepare the corpus again with the vocabulary you want"
+                    f"prepared at {prepared} (data.{key}={own!r}); leave data.tokenizer and data.vocab_size unset "
+                    "(the index sets them), or prepare the corpus again with the vocabulary you want"
                 )
 
     # -- what the index says ----------------------------------------------------------------
@@ -133,8 +133,8 @@ class ShardDataModule(pl.LightningDataModule):
         if codec.state_dict() != self._codec.state_dict():
             raise ValueError(
                 f"{type(self).__name__}: the checkpoint's vocabulary ({codec.level} level, {codec.vocab_size} tokens) "
-                f"is not the one of {self.describe_source()} ({self.token_level} level, {self.vocab_size} tokens), so their "
-                "ids mean other tokens; use shards prepared from the checkpoint's data settings (its run's "
+                f"is not the one of {self.describe_source()} ({self.token_level} level, {self.vocab_size} tokens), "
+                "so their ids mean other tokens; use shards prepared from the checkpoint's data settings (its run's "
                 ".hydra/config.yaml), or the in-memory data it was trained on"
             )
         return 0
