@@ -45,9 +45,11 @@ $(VENV)/.installed-run: $(VENV)/bin/python pyproject.toml
 	$(PIP) install --quiet --no-build-isolation -e .
 	touch $@
 
-# Everything else: the tests' tools, charts, DeepSpeed, the sweepers, the docs site.
+# Everything else: the tests' tools, charts, DeepSpeed, the sweepers, the docs site, LitData.
+# TORCH_SPEC again: litdata requires torchvision, and pip would otherwise take the newest one
+# and upgrade torch past the pinned build to match it.
 $(VENV)/.installed: $(VENV)/.installed-run
-	$(PIP) install --quiet --no-build-isolation -e ".[test,bench,deepspeed,sweepers,docs]"
+	$(PIP) install --quiet --no-build-isolation -e ".[test,bench,deepspeed,sweepers,docs,data]" "$(TORCH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -93,14 +95,14 @@ FLOOR_PINS = lightning==2.6.0 torchmetrics==1.3.0.post0 hydra-core==1.3.2 omegac
 	onnx==1.17.0 onnxscript==0.6.0 onnxruntime==1.21.0 \
 	hydra-optuna-sweeper==1.3.0 hydra-joblib-launcher==1.2.0 hydra-submitit-launcher==1.2.0 \
 	safetensors==0.8.0 huggingface_hub==2.4.0 tokenizers==0.23.3 fastapi==0.165.0 uvicorn==0.55.0 \
-	matplotlib==3.8.4 mkdocs==1.6.0 mkdocs-material==9.5.0 mkdocstrings==0.30.0 mkdocstrings-python==1.17.0
+	litdata==0.2.76 matplotlib==3.8.4 mkdocs==1.6.0 mkdocs-material==9.5.0 mkdocstrings==0.30.0 mkdocstrings-python==1.17.0
 
 $(FLOOR_VENV)/.installed: pyproject.toml Makefile
 	rm -rf $(FLOOR_VENV)
 	$(PYTHON) -m venv $(FLOOR_VENV)
 	$(FLOOR_PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(FLOOR_PY) -m pip install --quiet "$(TORCH_SPEC)"
-	$(FLOOR_PY) -m pip install --quiet -e ".[test,bench,deepspeed,sweepers,docs]" "$(TORCH_SPEC)" $(FLOOR_PINS)
+	$(FLOOR_PY) -m pip install --quiet -e ".[test,bench,deepspeed,sweepers,docs,data]" "$(TORCH_SPEC)" $(FLOOR_PINS)
 	$(FLOOR_PY) tests/helpers/warm_caches.py
 	touch $@
 
