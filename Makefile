@@ -24,6 +24,11 @@ VENV ?= .venv
 TORCH_SPEC ?= torch==2.13.0
 CUDA_ARCH ?=
 PIP = $(VENV)/bin/python -m pip
+# LitData, installed apart from the extras (see $(VENV)/.installed); keep in step with the `data`
+# extra of pyproject.toml.
+LITDATA_SPEC = litdata>=0.2.76
+LITDATA_FLOOR = 0.2.76
+LITDATA_DEPS = lightning-utilities filelock boto3 requests "urllib3>=1.26" tifffile obstore
 PY = $(VENV)/bin/python
 # pytest-xdist: one worker more than the cores (at most 16): the process tests spend part of
 # their time waiting on the processes they start. Each test file runs on one worker (2-process
@@ -45,10 +50,15 @@ $(VENV)/.installed-run: $(VENV)/bin/python pyproject.toml
 	$(PIP) install --quiet --no-build-isolation -e .
 	touch $@
 
-# Everything else: the tests' tools, charts, DeepSpeed, the sweepers, the docs site, the
-# Hugging Face ecosystem (transformers, PEFT, the evaluation harness).
+# Everything else: the tests' tools, charts, DeepSpeed, the sweepers, the docs site, the Hugging
+# Face ecosystem (transformers, PEFT, the evaluation harness) and LitData (the `data` extra).
+# litdata requires torchvision for its image helpers, which token streams never import, and PyPI's
+# torchvision cannot be imported beside the CPU torch build (nor installed without replacing it by
+# a newer one): litdata goes in without its dependencies, and the ones it uses beside it.
 $(VENV)/.installed: $(VENV)/.installed-run
-	$(PIP) install --quiet --no-build-isolation -e ".[test,bench,deepspeed,sweepers,docs,hf]"
+	$(PIP) install --quiet --no-build-isolation -e ".[test,bench,deepspeed,sweepers,docs,hf]" "$(TORCH_SPEC)"
+	$(PIP) install --quiet --no-deps "$(LITDATA_SPEC)"
+	$(PIP) install --quiet $(LITDATA_DEPS) "$(TORCH_SPEC)"
 	touch $@
 
 setup: $(VENV)/.installed
@@ -103,6 +113,8 @@ $(FLOOR_VENV)/.installed: pyproject.toml Makefile
 	$(FLOOR_PY) -m pip install --quiet --upgrade pip "setuptools>=77" wheel
 	$(FLOOR_PY) -m pip install --quiet "$(TORCH_SPEC)"
 	$(FLOOR_PY) -m pip install --quiet -e ".[test,bench,deepspeed,sweepers,docs,hf]" "$(TORCH_SPEC)" $(FLOOR_PINS)
+	$(FLOOR_PY) -m pip install --quiet --no-deps litdata==$(LITDATA_FLOOR)
+	$(FLOOR_PY) -m pip install --quiet $(LITDATA_DEPS) "$(TORCH_SPEC)"
 	$(FLOOR_PY) tests/helpers/warm_caches.py
 	touch $@
 

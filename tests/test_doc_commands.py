@@ -72,6 +72,7 @@ NOT_RUN = {
     "trainer=gpu": "needs a GPU",
     "experiment=enwik8": "needs the enwik8 data",
     "data=shards": "reads the folder a documented `prepare` writes (tests/app/test_prepare_cli.py runs both)",
+    "data=litdata": "reads the folder `prepare format=litdata` writes (tests/app/test_prepare_cli.py runs both)",
 }
 # Documented runs that run for real only in the `slow` tier: multiruns (several tiny fits each)
 # and a compiled fit (tens of seconds of compiling).

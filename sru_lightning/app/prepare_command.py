@@ -15,6 +15,7 @@ from sru_lightning.app.usage import UsageError, command_prog, print_error
 PROG = command_prog("prepare")
 #: Overrides composed by Hydra, as `fit` composes them: the data group and experiments.
 HYDRA_PREFIXES = ("data=", "data.", "+data.", "++data.", "experiment=")
+FORMATS = ("shards", "litdata")
 
 
 @dataclass
@@ -22,11 +23,13 @@ class PrepareSettings:
     """The command's own settings (`key=value`); the data settings are Hydra's."""
 
     out: str = ""  # the folder to write (required)
+    format: str = "shards"  # shards (read by memory map: data=shards) or litdata (LitData's: data=litdata)
     overwrite: bool = False  # replace a corpus prepared in `out` before (one holding only its own files)
     workers: int = 0  # processes that encode; 0: every core
     shard_mb: float = 256  # size of a token shard
     bpe_sample_mb: int = 200  # with data.tokenizer=bpe: the first MB of the training split it learns from
     progress: bool = True  # progress bars on stderr (when it is a terminal)
+    chunk_tokens: int = 1 << 24  # with format=litdata: tokens per LitData chunk (data.seq_len must divide it)
 
 
 def usage() -> str:
@@ -38,12 +41,15 @@ def usage() -> str:
         "in pieces, never whole; the shards hold the ids the in-memory data module would compute, so",
         "`fit data=shards data.path=<out>` trains on the same batches. The folder is written beside",
         "`out` under a hidden name and renamed when complete; docs/corpus.md describes its index.",
+        "format=litdata writes LitData's format instead (the `data` extra), which `fit data=litdata",
+        "data.path=<out or s3://...>` streams on any number of machines.",
     ]
     examples = [
         f"{PROG} data=text data.path=corpus.txt out=corpus-shards",
         f"{PROG} data=text data.path=corpus.txt data.tokenizer=bpe data.vocab_size=8000 out=corpus-bpe",
         f"{PROG} experiment=enwik8 data.path=/data/enwik8 out=enwik8-shards",
         "python -m sru_lightning fit data=shards data.path=corpus-shards",
+        f"{PROG} data=text data.path=corpus.txt out=corpus-litdata format=litdata",
     ]
     return command_usage(PROG, "Prepare a corpus once into token shards.", PrepareSettings, notes, examples)
 
@@ -85,13 +91,24 @@ def parse_settings(argv: Sequence[str]) -> tuple[PrepareSettings, object]:
     settings, _ = parse_key_values(own, PrepareSettings, UsageError)
     if not settings.out:
         raise UsageError("`out` is required: the folder to write, e.g. out=corpus-shards")
-    for key, least in (("workers", 0), ("shard_mb", 1e-3), ("bpe_sample_mb", 1)):
+    if settings.format not in FORMATS:
+        raise UsageError(f"`format` must be one of {', '.join(FORMATS)}, got {settings.format!r}")
+    if settings.format == "litdata":
+        from sru_lightning.data.litdata_format import require_litdata
+
+        try:
+            require_litdata("format=litdata")
+        except ValueError as error:
+            raise UsageError(str(error)) from None
+    for key, least in (("workers", 0), ("shard_mb", 1e-3), ("bpe_sample_mb", 1), ("chunk_tokens", 1)):
         if getattr(settings, key) < least:
             raise UsageError(f"`{key}` must be at least {least:g}, got {getattr(settings, key)}")
     data_config = compose_data(overrides)
-    if str(data_config.get("_target_", "")).endswith("ShardDataModule"):
+    target = str(data_config.get("_target_", ""))
+    if target.endswith(("ShardDataModule", "LitDataModule")):
+        given = "shards" if target.endswith("ShardDataModule") else "litdata"
         raise UsageError(
-            "prepare reads a corpus (data=pydoc, stdlib, text, documents or enwik8), got data=shards, which is "
+            f"prepare reads a corpus (data=pydoc, stdlib, text, documents or enwik8), got data={given}, which is "
             "prepared already"
         )
     return settings, data_config
@@ -131,17 +148,22 @@ def _prepare(data_config, settings: PrepareSettings, overrides: list[str]):
     datamodule = instantiate_setting(data_config)
     options = PrepareOptions(settings.workers, settings.shard_mb, settings.bpe_sample_mb, settings.progress)
     source = {"data": OmegaConf.to_container(data_config, resolve=True), "overrides": overrides}
-    try:
-        reading = reading_of(datamodule)
+
+    def prepare_into(out, overwrite: bool):
         return prepare_corpus(
-            reading,
+            reading_of(datamodule),
             datamodule.token_level,
-            settings.out,
+            out,
             bpe_vocab_size=getattr(datamodule, "bpe_vocab_size", None),
-            overwrite=settings.overwrite,
+            overwrite=overwrite,
             options=options,
             source=source,
         )
+
+    try:
+        if settings.format == "litdata":
+            return _prepare_litdata(prepare_into, settings)
+        return prepare_into(settings.out, settings.overwrite)
     except OSError as error:
         where = f" {error.filename}" if error.filename else ""
         raise UsageError(
@@ -152,15 +174,44 @@ def _prepare(data_config, settings: PrepareSettings, overrides: list[str]):
         raise UsageError(str(error)) from None
 
 
+def _prepare_litdata(prepare_into, settings: PrepareSettings):
+    """Shards first (beside `out`, hidden, removed after), then LitData's format from them."""
+    import shutil
+    import tempfile
+    import time
+    from pathlib import Path
+
+    from sru_lightning.data.litdata_format import check_out, write_litdata
+    from sru_lightning.data.prepare import Prepared
+    from sru_lightning.data.shards import PreparedCorpus
+
+    started = time.perf_counter()
+    out = Path(settings.out).expanduser().absolute()
+    check_out(out, settings.overwrite)  # before the work, not after it
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.shards-", dir=out.parent))
+    try:
+        prepared = prepare_into(scratch / "shards", False)
+        index = write_litdata(
+            PreparedCorpus(prepared.folder), out, chunk_tokens=settings.chunk_tokens, overwrite=settings.overwrite
+        )
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return Prepared(out, index, prepared.read_units, time.perf_counter() - started, prepared.extra)
+
+
 def _report(prepared) -> None:
     index = prepared.index
     splits = " / ".join(f"{name} {split['tokens']:,}" for name, split in index["splits"].items())
-    shard_count = sum(len(split["shards"]) for split in index["splits"].values())
+    if "chunk_tokens" in index:  # format=litdata
+        written = f"LitData format, chunks of {index['chunk_tokens']:,} tokens"
+    else:
+        written = f"{sum(len(split['shards']) for split in index['splits'].values())} shard(s)"
     rate = prepared.read_units / max(prepared.seconds, 1e-9) / 1e6
     unit = "MB" if index["token_level"] == "byte" else "M chars"
     print(
         f"{PROG}: {prepared.read_units / 1e6:.1f} {unit} -> {prepared.folder} ({index['token_level']} level, "
-        f"{index['vocab_size']} tokens as {index['dtype']}; tokens {splits}; {shard_count} shard(s)) in "
+        f"{index['vocab_size']} tokens as {index['dtype']}; tokens {splits}; {written}) in "
         f"{prepared.seconds:.1f} s ({rate:.1f} {unit}/s)",
         file=sys.stderr,
     )

@@ -1,6 +1,6 @@
 """Language-modelling data: contiguous token streams from local corpora, separate documents
 packed into rows with their boundaries, corpora prepared once into token shards and read by
-memory map, and a DataLoader whose position inside the epoch survives
+memory map or streamed by LitData, and a DataLoader whose position inside the epoch survives
 a checkpoint.
 
 The names below are imported on first use, so a module that needs only the token codec
@@ -20,6 +20,7 @@ _EXPORTS = {
     "TextDataModule": ".corpora",
     "DocumentsDataModule": ".documents",
     "ShardDataModule": ".shard_module",
+    "LitDataModule": ".litdata_module",
     "PreparedCorpus": ".shards",
     "ShardError": ".shards",
     "EpochSeededRandomSampler": ".sampling",

@@ -70,9 +70,9 @@ class ShardDataModule(pl.LightningDataModule):
         for key, given, own in (("tokenizer", tokenizer, self.tokenizer), ("vocab_size", vocab_size, self.vocab_size)):
             if given is not None and given != own:
                 raise ValueError(
-                    f"ShardDataModule: `data.{key}`={given!r} conflicts with {self.describe_source()}, prepared at "
-                    f"{prepared} (data.{key}={own!r}); leave data.tokenizer and data.vocab_size unset (the index "
-                    "sets them), or prepare the corpus again with the vocabulary you want"
+                    f"{type(self).__name__}: `data.{key}`={given!r} conflicts with {self.describe_source()}, "
+                    f"prepared at {prepared} (data.{key}={own!r}); leave data.tokenizer and data.vocab_size unset "
+                    "(the index sets them), or prepare the corpus again with the vocabulary you want"
                 )
 
     # -- what the index says ----------------------------------------------------------------
@@ -132,9 +132,9 @@ class ShardDataModule(pl.LightningDataModule):
         cannot be encoded again. Returns 0 (no word became unknown)."""
         if codec.state_dict() != self._codec.state_dict():
             raise ValueError(
-                f"ShardDataModule: the checkpoint's vocabulary ({codec.level} level, {codec.vocab_size} tokens) is not "
-                f"the one of {self.describe_source()} ({self.token_level} level, {self.vocab_size} tokens), so their "
-                "ids mean other tokens; use shards prepared from the checkpoint's data settings (its run's "
+                f"{type(self).__name__}: the checkpoint's vocabulary ({codec.level} level, {codec.vocab_size} tokens) "
+                f"is not the one of {self.describe_source()} ({self.token_level} level, {self.vocab_size} tokens), "
+                "so their ids mean other tokens; use shards prepared from the checkpoint's data settings (its run's "
                 ".hydra/config.yaml), or the in-memory data it was trained on"
             )
         return 0

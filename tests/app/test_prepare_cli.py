@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -198,3 +199,84 @@ def test_a_full_disk_or_ctrl_c_during_prepare_is_one_line_and_leaves_nothing(tmp
     status, _, err = run(capsys, "prepare", "data=text", f"data.path={corpus}", "out=shards")
     assert status == 130 and "interrupted (Ctrl+C): nothing was written to 'shards'" in err
     assert sorted(path.name for path in tmp_path.iterdir()) == ["prose.txt"]  # no folder, no hidden staging
+
+
+# --------------------------------------------------------------------------------------------
+# format=litdata and data=litdata
+def prepare_litdata(capsys, corpus: Path, out: str) -> Path:
+    pytest.importorskip("litdata", reason="the `data` extra (litdata) is not installed")
+    status, stdout, err = run(
+        capsys, "prepare", "data=text", f"data.path={corpus}", f"out={out}", "format=litdata", "chunk_tokens=4096"
+    )
+    assert status == 0, err[-2000:]
+    assert re.search(r"-> .* \(char level, .*; LitData format, chunks of 4,096 tokens\)", err), err
+    return Path(stdout.strip())
+
+
+@pytest.mark.slow
+def test_a_fit_from_litdata_resumes_exactly_from_its_loader_state(tmp_path, corpus, capsys):
+    folder = prepare_litdata(capsys, corpus, "lit")
+    lit = ("data=litdata", f"data.path={folder}")
+    status, _, err = run(capsys, "fit", *EXACT, *lit, "trainer.max_steps=6", "hydra.run.dir=whole")
+    assert status == 0, err[-2000:]
+    assert run(capsys, "fit", *EXACT, *lit, "trainer.max_steps=3", "hydra.run.dir=parts")[0] == 0
+    status, _, err = run(capsys, "fit", *EXACT, *lit, "trainer.max_steps=6", "ckpt_path=parts", "hydra.run.dir=parts")
+    assert status == 0, err[-2000:]
+    whole, parts = checkpoint(tmp_path / "whole"), checkpoint(tmp_path / "parts")
+    assert whole["global_step"] == parts["global_step"] == 6
+    for key, value in whole["state_dict"].items():
+        assert torch.equal(value, parts["state_dict"][key]), key
+    (saved,) = parts["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert saved["num_samples_yielded"] == {0: [6] * 8}  # LitData's own count: 4 rows and their next blocks
+    assert "max_cache_size" not in err  # LitData's notice of its default cache budget, once per reader
+
+
+@pytest.mark.slow
+def test_two_ddp_ranks_from_litdata_match_one_process(tmp_path, corpus, capsys):
+    from helpers import preloaded
+
+    folder = prepare_litdata(capsys, corpus, "lit")
+    settings = [*EXACT, "data=litdata", f"data.path={folder}", "trainer.max_steps=4", "model.net.dropout=0"]
+    status, _, err = run(capsys, "fit", *settings, "data.batch_size=4", "hydra.run.dir=single")
+    assert status == 0, err[-2000:]
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    command = ["-m", "sru_lightning", "fit", *settings, "trainer=ddp_cpu", "data.batch_size=2", "hydra.run.dir=ddp"]
+    completed = preloaded.run(
+        [sys.executable, *command],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        preload_children=True,
+    )
+    assert completed.returncode == 0, completed.stdout[-2000:] + completed.stderr[-3000:]
+    single, ddp = checkpoint(tmp_path / "single"), checkpoint(tmp_path / "ddp")
+    largest = max((single["state_dict"][k] - ddp["state_dict"][k]).abs().max().item() for k in single["state_dict"])
+    assert largest < 1e-5, f"weights differ by up to {largest:.2e}"
+    assert (tmp_path / "ddp" / "train_ddp_process_1.log").exists()  # the second rank really ran
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", ["prepare", "fit"])
+def test_without_litdata_both_commands_name_the_extra_in_one_line(tmp_path, corpus, command):
+    from helpers import preloaded
+
+    arguments = {
+        "prepare": ["prepare", "data=text", f"data.path={corpus}", "out=lit", "format=litdata"],
+        "fit": ["fit", *TINY_RUN, "data=litdata", f"data.path={tmp_path}"],
+    }[command]
+    # an entry of None in sys.modules makes `import litdata` raise ImportError, as when it is not installed
+    script = "import sys, runpy; sys.modules['litdata'] = None; sys.argv = ['sru_lightning', *sys.argv[1:]]; "
+    script += "runpy.run_module('sru_lightning', run_name='__main__')"
+    env = dict(os.environ)
+    root = Path(__file__).resolve().parents[2]
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(root), env.get("PYTHONPATH")]))
+    completed = preloaded.run(
+        [sys.executable, "-c", script, *arguments], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300
+    )
+    line = one_line_refusal(completed.returncode, completed.stderr)
+    assert "needs LitData, which is not installed: install the `data` extra (pip install 'sru_lightning[data]')" in line
+    assert not (tmp_path / "lit").exists()
