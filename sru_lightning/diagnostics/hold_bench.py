@@ -85,8 +85,14 @@ _FIT = ["-m", "sru_lightning", "fit", "debug=tiny", "logger=none", "callbacks.ri
 _SETTINGS = (["trainer.max_steps=3"], ["trainer.max_steps=3", "model.net.hidden_size=24", "seed=7"])
 
 
+#: The refusals a second fit into the folder may meet: the first's hold while it runs, or, when
+#: the machine started the second only after the first had ended, the first's checkpoints.
+REFUSALS = {"held": "no other run is writing", "after": "already holds checkpoints of an earlier run"}
+
+
 def double_start(folder: Path, threads: int) -> str:
-    """Two fits into `folder` at once; '' when exactly one run is in it afterwards, else what went wrong."""
+    """Two fits into `folder` at once; `held` or `after` (:data:`REFUSALS`) when exactly one run is
+    in it afterwards and the other was refused in one line, else what went wrong."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
     processes = [
         subprocess.Popen(
@@ -106,7 +112,8 @@ def double_start(folder: Path, threads: int) -> str:
         return f"exit statuses {statuses}" + (f" ({failed[0][-200:]})" if failed else "")
     trained, (_, refused_err) = (0, ended[1]) if ended[0][0] == 0 else (1, ended[0])
     errors = [line for line in refused_err.splitlines() if "error:" in line]
-    if len(errors) != 1 or "no other run is writing" not in errors[0] or "Traceback" in refused_err:
+    kinds = [kind for kind, text in REFUSALS.items() if len(errors) == 1 and text in errors[0]]
+    if not kinds or "Traceback" in refused_err:
         return f"the refusal was not one line: {refused_err[-300:]!r}"
     hidden = 24 if trained == 1 else 16
     config_text = (folder / RunFolder.HYDRA_DIR / RunFolder.CONFIG_FILE).read_text()
@@ -118,7 +125,7 @@ def double_start(folder: Path, threads: int) -> str:
         return "a checkpoint is not the trained run's"
     if len(history) != 1 or (folder / RunFolder.HOLD_FILE).exists():
         return f"history holds {len(history)} attempts" if len(history) != 1 else "the hold was left behind"
-    return ""
+    return kinds[0]
 
 
 def run_hold_benchmark(config: HoldBenchConfig) -> tuple[HoldTimes, list[str]]:
@@ -130,8 +137,12 @@ def run_hold_benchmark(config: HoldBenchConfig) -> tuple[HoldTimes, list[str]]:
     return times, problems
 
 
+def failed_pairs(problems: list[str]) -> int:
+    return sum(1 for problem in problems if problem not in REFUSALS)
+
+
 def format_table(config: HoldBenchConfig, times: HoldTimes, problems: list[str]) -> str:
-    clean = sum(1 for problem in problems if not problem)
+    held, after = (sum(1 for problem in problems if problem == kind) for kind in REFUSALS)
     lines = [
         f"holding a run folder (median of {config.repeats}):",
         f"  take a free folder        {times.take_ms:8.3f} ms",
@@ -140,6 +151,9 @@ def format_table(config: HoldBenchConfig, times: HoldTimes, problems: list[str])
         f"  a fit's start pays        {times.take_ms + times.release_ms:8.3f} ms (take + give back)",
     ]
     if problems:
-        lines.append(f"two fits started together into one folder: {clean} of {len(problems)} pairs left one run")
-        lines += [f"  pair {index}: {problem}" for index, problem in enumerate(problems) if problem]
+        lines.append(
+            f"two fits started together into one folder: {held + after} of {len(problems)} pairs left one run, "
+            f"the other refused in one line ({held} by the first's hold, {after} after the first had ended)"
+        )
+        lines += [f"  pair {index}: {problem}" for index, problem in enumerate(problems) if problem not in REFUSALS]
     return "\n".join(lines)

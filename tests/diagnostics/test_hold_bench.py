@@ -32,6 +32,14 @@ def test_a_pair_that_left_two_runs_fails_the_benchmark(capsys, monkeypatch):
     assert "0 of 2 pairs left one run" in out and "pair 1: exit statuses [0, 0]" in out
 
 
+def test_pairs_refused_by_the_hold_or_after_the_first_ended_both_left_one_run(capsys, monkeypatch):
+    outcomes = iter(["held", "after", "held"])
+    monkeypatch.setattr(hold_bench, "double_start", lambda folder, threads: next(outcomes))
+    assert bench.main(["hold", "--pairs", "3", "--repeats", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "3 of 3 pairs left one run, the other refused in one line (2 by the first's hold, 1 after" in out
+
+
 @pytest.mark.slow
 def test_a_double_start_leaves_one_run(tmp_path):
-    assert hold_bench.double_start(tmp_path / "run", threads=1) == ""
+    assert hold_bench.double_start(tmp_path / "run", threads=1) in hold_bench.REFUSALS
