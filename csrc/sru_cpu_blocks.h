@@ -85,8 +85,9 @@ SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, 
       const __m512 values = _mm512_loadu_ps(source + i);
       const __m512i word = _mm512_castps_si512(values);
       const __m512i bias = _mm512_add_epi32(half_ulp, _mm512_and_si512(_mm512_srli_epi32(word, 16), one));
-      __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(word, bias), 16);
-      rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q), quiet_nan);
+      // The shift writes the lanes holding a number; the others keep the quiet NaN.
+      const __mmask16 number = _mm512_cmp_ps_mask(values, values, _CMP_ORD_Q);
+      const __m512i rounded = _mm512_mask_srli_epi32(quiet_nan, number, _mm512_add_epi32(word, bias), 16);
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_cvtepi32_epi16(rounded));
     }
 #elif SRU_LEVEL_ID == 1
@@ -131,6 +132,81 @@ SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, 
     for (; i < n; ++i) target[i] = static_cast<c10::Half>(source[i]);
   } else {
     for (; i < n; ++i) target[i] = static_cast<T>(source[i]);
+  }
+}
+
+// Where a block's U lies for the step loops, in the accumulation type: value j of column i is
+// u[i * stride + j * plane]. Float and double storage are read where they lie (k values per
+// column, interleaved), and so is float16, widened in place order. bfloat16 at the AVX-512
+// levels is widened into planes of kBlock values (all U0 of the block, then all U1, ...): a
+// bfloat16 is the top half of a float, so one word permutation per plane and 16 columns both
+// gathers U_j and widens it (widen_planes), where the interleaved layout needs a widening and
+// then two float permutations per plane in the loop.
+template <typename T, int K>
+struct ULayout {
+#if SRU_LEVEL_ID >= 2
+  static constexpr bool planar = std::is_same_v<T, c10::BFloat16>;
+#else
+  static constexpr bool planar = false;
+#endif
+  static constexpr int64_t stride = planar ? 1 : K;
+  static constexpr int64_t plane = planar ? kBlock : 1;
+};
+
+#if SRU_LEVEL_ID >= 2
+// The word permutations of widen_planes: for plane j, word 2i + 1 of the result (the upper
+// half of float lane i) takes U_j of column i, word K * i + j of the group's 16 columns.
+template <int K>
+struct PlaneIndices {
+  alignas(64) uint16_t words[K][32];
+  constexpr PlaneIndices() : words{} {
+    for (int j = 0; j < K; ++j) {
+      for (int i = 0; i < 16; ++i) words[j][2 * i + 1] = static_cast<uint16_t>(K * i + j);
+    }
+  }
+};
+template <int K>
+inline constexpr PlaneIndices<K> kPlaneIndices{};
+
+// bfloat16 values of n columns, K per column, into K planes of kBlock floats.
+template <int K>
+SRU_LEVEL_FN void widen_planes(const uint16_t* __restrict__ bits, int64_t n, float* __restrict__ planes) {
+  static_assert(K == 3 || K == 4, "16 columns of U fill at most two 512-bit registers");
+  constexpr __mmask32 kUpperWords = 0xAAAAAAAAu;  // the lower word of every lane stays zero
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const uint16_t* group = bits + i * K;
+    const __m512i first = _mm512_loadu_si512(group);  // words 0..31
+    const __m512i second = K == 4 ? _mm512_loadu_si512(group + 32)
+                                  : _mm512_zextsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(group + 32)));
+    for (int j = 0; j < K; ++j) {
+      const __m512i index = _mm512_load_si512(kPlaneIndices<K>.words[j]);
+      _mm512_storeu_si512(planes + j * kBlock + i, _mm512_maskz_permutex2var_epi16(kUpperWords, first, index, second));
+    }
+  }
+  for (; i < n; ++i) {
+    for (int j = 0; j < K; ++j) {
+      const uint32_t word = static_cast<uint32_t>(bits[i * K + j]) << 16;
+      std::memcpy(planes + j * kBlock + i, &word, sizeof(float));
+    }
+  }
+}
+#endif
+
+// The block's U (n columns) in the accumulation type, laid out as ULayout<T, K> says: the
+// storage itself for float and double, else widened into `scratch` (K * kBlock values).
+template <typename T, int K>
+SRU_LEVEL_FN const accumulate_t<T>* widened_u(const T* source, int64_t n, accumulate_t<T>* scratch) {
+  if constexpr (ULayout<T, K>::planar) {
+#if SRU_LEVEL_ID >= 2
+    widen_planes<K>(reinterpret_cast<const uint16_t*>(source), n, scratch);
+#endif
+    return scratch;
+  } else if constexpr (is_half_storage<T>) {
+    widen(source, n * K, scratch);
+    return scratch;
+  } else {
+    return source;
   }
 }
 
@@ -224,7 +300,8 @@ SRU_LEVEL_FN void gather_step(const RecurrenceDims& dims, const RecurrenceInputs
                               int64_t offset, int64_t n, A scale, A* __restrict__ skip, A* __restrict__ wf,
                               A* __restrict__ wr) {
   if (dims.skip_from_u) {
-    for (int64_t i = 0; i < n; ++i) skip[i] = u[i * K + K - 1];
+    using Layout = ULayout<T, K>;
+    for (int64_t i = 0; i < n; ++i) skip[i] = u[i * Layout::stride + (K - 1) * Layout::plane];
   } else if (dims.skip_from_x) {
     widen(a.x + offset, n, skip);
     for (int64_t i = 0; i < n; ++i) skip[i] *= scale;
@@ -241,17 +318,17 @@ SRU_LEVEL_FN void gather_step(const RecurrenceDims& dims, const RecurrenceInputs
   }
 }
 
-// The forward step over one block in the accumulation type: reads U, writes h, updates the
-// state c in place.
-template <typename A, int K, ExpAccuracy Accuracy>
+// The forward step over one block in the accumulation type: reads U (value j of column i at
+// u[i * S + j * P], see ULayout), writes h, updates the state c in place.
+template <typename A, int S, int P, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void forward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                const A* __restrict__ br, const A* __restrict__ mask, A* __restrict__ c,
                                A* __restrict__ h) {
   for (int64_t i = 0; i < n; ++i) {
     A c_new, h_new;
-    forward_step<A, Accuracy>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
-                              c[i], c_new, h_new);
+    forward_step<A, Accuracy>(u[i * S], u[i * S + P], u[i * S + 2 * P], skip[i], wf[i], wr[i], bf[i], br[i],
+                              mask[i], c[i], c_new, h_new);
     c[i] = c_new;
     h[i] = h_new;
   }
@@ -270,11 +347,12 @@ SRU_LEVEL_FN void forward_block_step(const RecurrenceDims& dims, const ForwardAr
   A* c = arena.get(slot, kState);
   A* wf = arena.get(slot, kForgetWeight);
   A* wr = arena.get(slot, kResetWeight);
-  const A* u = widened(a.U + offset * K, n * K, u_scratch);
+  using Layout = ULayout<T, K>;
+  const A* u = widened_u<T, K>(a.U + offset * K, n, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   A* h = output_buffer(a.h + offset, h_scratch);
-  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
-                                      arena.get(slot, kResetBias), arena.get(slot, kMask), c, h);
+  forward_loop<A, Layout::stride, Layout::plane, exp_accuracy<T>>(
+      n, u, skip, wf, wr, arena.get(slot, kForgetBias), arena.get(slot, kResetBias), arena.get(slot, kMask), c, h);
   finish_output(h, n, a.h + offset);
   if (a.c_all != nullptr) store(c, n, a.c_all + offset);
 }
@@ -328,11 +406,12 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
   }
 }
 
-// The backward step over one block in the accumulation type: reads U, c_{t-1} and grad_h,
+// The backward step over one block in the accumulation type: reads U (laid out as in
+// forward_loop), c_{t-1} and grad_h,
 // writes grad_U's first three values per column, carries grad_c and the weight_c/bias
 // gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
 // g_skip, g_wf and g_wr.
-template <typename A, int K, ExpAccuracy Accuracy>
+template <typename A, int K, int S, int P, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                 const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                 const A* __restrict__ br, const A* __restrict__ mask, const A* __restrict__ c_prev,
@@ -345,8 +424,8 @@ SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __r
   A* __restrict__ sum_br = sums + 3 * kBlock;
   for (int64_t i = 0; i < n; ++i) {
     StepGradients<A> g;
-    backward_step<A, Accuracy>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
-                               c_prev[i], grad_h[i], grad_c[i], g);
+    backward_step<A, Accuracy>(u[i * S], u[i * S + P], u[i * S + 2 * P], skip[i], wf[i], wr[i], bf[i], br[i],
+                               mask[i], c_prev[i], grad_h[i], grad_c[i], g);
     grad_c[i] = g.c_prev;
     grad_u[i * K] = g.u0;
     grad_u[i * K + 1] = g.u1;
@@ -382,11 +461,12 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   } else {
     load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
   }
-  const A* u = widened(a.U + offset * K, n * K, u_scratch);
+  using Layout = ULayout<T, K>;
+  const A* u = widened_u<T, K>(a.U + offset * K, n, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
   A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
-  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+  backward_loop<A, K, Layout::stride, Layout::plane, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
                                        arena.get(slot, kResetBias), arena.get(slot, kMask), c_prev, grad_h,
                                        arena.get(slot, kState), grad_u, g_skip, g_wf, g_wr,
                                        arena.get(slot, kForgetWeightSum));

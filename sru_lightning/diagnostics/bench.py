@@ -48,6 +48,7 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
         **_COMMON,
         "include_peer": "include_peer",
         "plot": "plot",
+        "levels": "levels",
     },
     "decode": {"tokens": "tokens", **_COMMON},
     "export": {"tokens": "steps", "length": "length", "batch": "batch", **_COMMON},
@@ -92,6 +93,11 @@ OPTIONS = {
     "runs": ("--runs", "the curve's runs, comma-separated, of sru (the default model), srupp, lstm, recipe"),
     "seeds": ("--seeds", "comma-separated seeds: one fit per run and seed (mean and spread); empty: the config's seed"),
     "out": ("--out", "folder of the curve's run folders"),
+    "levels": (
+        "--levels",
+        "CPU vector levels of the op's fp32/bf16/fp16 table, each timed in its own process: all (every level "
+        "this processor runs), none, or names separated by commas",
+    ),
 }
 #: What an option means in a subcommand where it is not what OPTIONS says.
 _MEANING_IN = {
@@ -105,7 +111,7 @@ _MEANING_IN = {
 #: Options that count something: at least 1 (--warmup: at least 0).
 _COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens", "seconds", "budget")
 #: Options whose value is text.
-_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out")
+_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out", "levels")
 
 
 def _mode_config(mode: str):
@@ -204,6 +210,9 @@ def main(argv=None) -> int:
     if warmup < 0:
         refuse(f"--warmup must be >= 0, got {warmup}")
     problem = op_bench.plot_problem(args.plot) if getattr(args, "plot", None) else None
+    if problem:
+        refuse(problem)
+    problem = op_bench.levels_problem(args.levels) if "levels" in reads else None
     if problem:
         refuse(problem)
     config = _mode_config(mode)(**{field: getattr(args, option) for option, field in reads.items()})
