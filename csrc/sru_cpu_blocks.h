@@ -68,27 +68,63 @@ SRU_LEVEL_FN void widen(const T* __restrict__ source, int64_t n, accumulate_t<T>
   }
 }
 
+// The bfloat16 bits of a float: rounded to nearest even on the bits, a NaN to the quiet NaN
+// c10 uses (the vector code below does the same on 16 or 32 values at once).
+SRU_LEVEL_FN uint16_t bfloat16_bits(float value) {
+  uint32_t word;
+  std::memcpy(&word, &value, sizeof(float));
+  const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
+  return value != value ? uint16_t(0x7FC0) : static_cast<uint16_t>(rounded);
+}
+
+#if SRU_LEVEL_ID >= 2
+#if SRU_LEVEL_ID == 2
+// Each float lane with its bfloat16 rounding in the upper word (the lower word is left over).
+SRU_LEVEL_FN __m512i rounded_in_upper_words(__m512 values) {
+  const __m512i word = _mm512_castps_si512(values);
+  const __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(word, 16), _mm512_set1_epi32(1));
+  // The sum is written to the lanes holding a number; the others keep the quiet NaN.
+  const __mmask16 number = _mm512_cmp_ps_mask(values, values, _CMP_ORD_Q);
+  return _mm512_mask_add_epi32(_mm512_set1_epi32(0x7FC00000), number, word,
+                               _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+}
+
+// Word w of the result: the upper word of lane w of the first source (w < 16), or of lane
+// w - 16 of the second.
+struct UpperWordIndices {
+  alignas(64) uint16_t words[32];
+  constexpr UpperWordIndices() : words{} {
+    for (int w = 0; w < 32; ++w) words[w] = static_cast<uint16_t>(w < 16 ? 2 * w + 1 : 32 + 2 * (w - 16) + 1);
+  }
+};
+inline constexpr UpperWordIndices kUpperWordIndices{};
+#endif
+
+// Two vectors of 16 floats as 32 bfloat16 words, the first vector's in words 0..15.
+SRU_LEVEL_FN __m512i bfloat16_pair(__m512 first, __m512 second) {
+#if SRU_LEVEL_ID == 3
+  const __m512bh pair = _mm512_cvtne2ps_pbh(second, first);
+  return reinterpret_cast<const __m512i&>(pair);
+#else
+  return _mm512_permutex2var_epi16(rounded_in_upper_words(first), _mm512_load_si512(kUpperWordIndices.words),
+                                   rounded_in_upper_words(second));
+#endif
+}
+#endif
+
 template <typename T>
 SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, T* __restrict__ target) {
   int64_t i = 0;
   if constexpr (std::is_same_v<T, c10::BFloat16>) {
     uint16_t* __restrict__ bits = reinterpret_cast<uint16_t*>(target);
-#if SRU_LEVEL_ID == 3
-    for (; i + 16 <= n; i += 16) {
-      const __m256bh narrowed = _mm512_cvtneps_pbh(_mm512_loadu_ps(source + i));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), reinterpret_cast<const __m256i&>(narrowed));
+#if SRU_LEVEL_ID >= 2
+    for (; i + 32 <= n; i += 32) {
+      _mm512_storeu_si512(bits + i, bfloat16_pair(_mm512_loadu_ps(source + i), _mm512_loadu_ps(source + i + 16)));
     }
-#elif SRU_LEVEL_ID == 2
-    const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-    const __m512i quiet_nan = _mm512_set1_epi32(0x7FC0);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 values = _mm512_loadu_ps(source + i);
-      const __m512i word = _mm512_castps_si512(values);
-      const __m512i bias = _mm512_add_epi32(half_ulp, _mm512_and_si512(_mm512_srli_epi32(word, 16), one));
-      // The shift writes the lanes holding a number; the others keep the quiet NaN.
-      const __mmask16 number = _mm512_cmp_ps_mask(values, values, _CMP_ORD_Q);
-      const __m512i rounded = _mm512_mask_srli_epi32(quiet_nan, number, _mm512_add_epi32(word, bias), 16);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_cvtepi32_epi16(rounded));
+    if (i + 16 <= n) {
+      const __m512i pair = bfloat16_pair(_mm512_loadu_ps(source + i), _mm512_setzero_ps());
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_castsi512_si256(pair));
+      i += 16;
     }
 #elif SRU_LEVEL_ID == 1
     const __m256i half_ulp = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
@@ -108,14 +144,7 @@ SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, 
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), packed);
     }
 #endif
-    // Round to nearest even on the bits, a NaN to the quiet NaN c10 uses (the vector code
-    // above does the same on 8 or 16 values at once).
-    for (; i < n; ++i) {
-      uint32_t word;
-      std::memcpy(&word, source + i, sizeof(float));
-      const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
-      bits[i] = source[i] != source[i] ? uint16_t(0x7FC0) : static_cast<uint16_t>(rounded);
-    }
+    for (; i < n; ++i) bits[i] = bfloat16_bits(source[i]);
   } else if constexpr (std::is_same_v<T, c10::Half>) {
 #if SRU_LEVEL_ID >= 1
     constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
@@ -236,6 +265,58 @@ SRU_LEVEL_FN accumulate_t<T>* output_buffer(T* target, accumulate_t<T>* scratch)
 template <typename T>
 SRU_LEVEL_FN void finish_output(const accumulate_t<T>* buffer, int64_t n, T* target) {
   if constexpr (is_half_storage<T>) narrow(buffer, n, target);
+}
+
+#if SRU_LEVEL_ID >= 2
+// The word permutations of narrow_planes: word w of the output (U_j of column c, w = K * c + j)
+// from the pair of planes 0 and 1 (words 16 * j + c) or of planes 2 and 3 (32 + 16 * (j - 2) + c).
+template <int K>
+struct InterleaveIndices {
+  alignas(64) uint16_t words[2][32];
+  constexpr InterleaveIndices() : words{} {
+    for (int w = 0; w < 64; ++w) {
+      const int c = w / K, j = w % K;
+      if (c < 16) words[w / 32][w % 32] = static_cast<uint16_t>(j < 2 ? 16 * j + c : 32 + 16 * (j - 2) + c);
+    }
+  }
+};
+template <int K>
+inline constexpr InterleaveIndices<K> kInterleaveIndices{};
+
+// K planes of kBlock floats (n columns) into bfloat16 values, K per column: the inverse of
+// widen_planes, two planes narrowed into one register and the pairs interleaved by word.
+template <int K>
+SRU_LEVEL_FN void narrow_planes(const float* __restrict__ planes, int64_t n, uint16_t* __restrict__ bits) {
+  int64_t i = 0;
+  for (; i + 16 <= n; i += 16) {
+    const __m512i low = bfloat16_pair(_mm512_loadu_ps(planes + i), _mm512_loadu_ps(planes + kBlock + i));
+    const __m512i high = bfloat16_pair(_mm512_loadu_ps(planes + 2 * kBlock + i),
+                                       K == 4 ? _mm512_loadu_ps(planes + 3 * kBlock + i) : _mm512_setzero_ps());
+    uint16_t* group = bits + i * K;
+    _mm512_storeu_si512(group, _mm512_permutex2var_epi16(low, _mm512_load_si512(kInterleaveIndices<K>.words[0]), high));
+    const __m512i rest = _mm512_permutex2var_epi16(low, _mm512_load_si512(kInterleaveIndices<K>.words[1]), high);
+    if constexpr (K == 4) {
+      _mm512_storeu_si512(group + 32, rest);
+    } else {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(group + 32), _mm512_castsi512_si256(rest));
+    }
+  }
+  for (; i < n; ++i) {
+    for (int j = 0; j < K; ++j) bits[i * K + j] = bfloat16_bits(planes[j * kBlock + i]);
+  }
+}
+#endif
+
+// The block's U-shaped output (n columns, laid out as ULayout<T, K> says) into the storage.
+template <typename T, int K>
+SRU_LEVEL_FN void finish_u_output(const accumulate_t<T>* buffer, int64_t n, T* target) {
+  if constexpr (ULayout<T, K>::planar) {
+#if SRU_LEVEL_ID >= 2
+    narrow_planes<K>(buffer, n, reinterpret_cast<uint16_t*>(target));
+#endif
+  } else {
+    finish_output(buffer, n * K, target);
+  }
 }
 
 template <typename T, typename A>
@@ -406,12 +487,11 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
   }
 }
 
-// The backward step over one block in the accumulation type: reads U (laid out as in
-// forward_loop), c_{t-1} and grad_h,
-// writes grad_U's first three values per column, carries grad_c and the weight_c/bias
-// gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
+// The backward step over one block in the accumulation type: reads U and writes grad_U's
+// first three values per column (both laid out as in forward_loop), reads c_{t-1} and grad_h,
+// carries grad_c and the weight_c/bias gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
 // g_skip, g_wf and g_wr.
-template <typename A, int K, int S, int P, ExpAccuracy Accuracy>
+template <typename A, int S, int P, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                 const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                 const A* __restrict__ br, const A* __restrict__ mask, const A* __restrict__ c_prev,
@@ -427,9 +507,9 @@ SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __r
     backward_step<A, Accuracy>(u[i * S], u[i * S + P], u[i * S + 2 * P], skip[i], wf[i], wr[i], bf[i], br[i],
                                mask[i], c_prev[i], grad_h[i], grad_c[i], g);
     grad_c[i] = g.c_prev;
-    grad_u[i * K] = g.u0;
-    grad_u[i * K + 1] = g.u1;
-    grad_u[i * K + 2] = g.u2;
+    grad_u[i * S] = g.u0;
+    grad_u[i * S + P] = g.u1;
+    grad_u[i * S + 2 * P] = g.u2;
     g_skip[i] = g.skip;
     g_wf[i] = g.wf;
     g_wr[i] = g.wr;
@@ -466,14 +546,14 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
   A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
-  backward_loop<A, K, Layout::stride, Layout::plane, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+  backward_loop<A, Layout::stride, Layout::plane, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
                                        arena.get(slot, kResetBias), arena.get(slot, kMask), c_prev, grad_h,
                                        arena.get(slot, kState), grad_u, g_skip, g_wf, g_wr,
                                        arena.get(slot, kForgetWeightSum));
   if (K == 4) {
-    for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = dims.skip_from_u ? g_skip[i] : A(0);
+    for (int64_t i = 0; i < n; ++i) grad_u[i * Layout::stride + 3 * Layout::plane] = dims.skip_from_u ? g_skip[i] : A(0);
   }
-  finish_output(grad_u, n * K, a.grad_U + offset * K);
+  finish_u_output<T, K>(grad_u, n, a.grad_U + offset * K);
   if (a.grad_x != nullptr) {
     alignas(64) A grad_x_scratch[kBlock];
     A* __restrict__ grad_x = output_buffer(a.grad_x + offset, grad_x_scratch);

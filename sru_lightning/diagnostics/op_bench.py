@@ -241,8 +241,9 @@ def _run_benchmark(config: BenchConfig) -> BenchResult:
 
     result.saved_bytes = measure_saved_bytes(config)
     sru = models["SRU (sru_lightning)"]
-    result.step = measure_step_breakdown(sru, x, train["SRU (sru_lightning)"], config.repeats, config.warmup,
-                                         config.statistic)
+    result.step = measure_step_breakdown(
+        sru, x, train["SRU (sru_lightning)"], config.repeats, config.warmup, config.statistic
+    )
     return result
 
 

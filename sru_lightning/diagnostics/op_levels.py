@@ -98,15 +98,23 @@ def _ensure_libraries(levels: tuple[str, ...]) -> None:
 
 
 def measure_levels(
-    levels: tuple[str, ...], *, length: int, batch: int, hidden: int, threads: int, repeats: int, warmup: int,
+    levels: tuple[str, ...],
+    *,
+    length: int,
+    batch: int,
+    hidden: int,
+    threads: int,
+    repeats: int,
+    warmup: int,
     statistic: str = "min",
 ) -> tuple[list[LevelTimings], list[str]]:
     """Each level's timings, from a process capped to it (the processor's widest: no cap), and
     notes on the levels that could not be measured."""
     from sru_lightning.ops.cpu_levels import CAP_ENV
 
-    settings = dict(length=length, batch=batch, hidden=hidden, threads=threads, repeats=repeats, warmup=warmup,
-                    statistic=statistic)
+    settings = dict(
+        length=length, batch=batch, hidden=hidden, threads=threads, repeats=repeats, warmup=warmup, statistic=statistic
+    )
     widest = processor_levels()[0]
     _ensure_libraries(levels)
     results, notes = [], []

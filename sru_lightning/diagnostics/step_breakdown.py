@@ -55,8 +55,15 @@ def _layer_phases(layer, x: torch.Tensor, grad_h: torch.Tensor):
         U_leaf = U.detach().requires_grad_(True)
         skip = x.detach().requires_grad_(True)
         h, _ = functional.sru_recurrence(
-            U_leaf, skip, layer.weight_c, layer.bias, None, scale_x=layer.scale_x if layer.rescale else None,
-            bidirectional=layer.bidirectional, has_skip_term=layer.has_skip_term, policy=layer.recurrence_policy,
+            U_leaf,
+            skip,
+            layer.weight_c,
+            layer.bias,
+            None,
+            scale_x=layer.scale_x if layer.rescale else None,
+            bidirectional=layer.bidirectional,
+            has_skip_term=layer.has_skip_term,
+            policy=layer.recurrence_policy,
         )
         return U_leaf, h
 
@@ -89,8 +96,11 @@ def measure_step_breakdown(stack, x: torch.Tensor, whole_step, repeats: int, war
     generator = torch.Generator().manual_seed(2)
     shape = x.shape
     layers = [
-        _layer_phases(layer, torch.randn(shape, generator=generator).to(x.dtype),
-                      torch.randn(shape, generator=generator).to(x.dtype))
+        _layer_phases(
+            layer,
+            torch.randn(shape, generator=generator).to(x.dtype),
+            torch.randn(shape, generator=generator).to(x.dtype),
+        )
         for layer in stack.rnn_lst
     ]
     samples: dict[str, list[float]] = {phase: [] for phase in (*PHASES, "step")}
@@ -127,4 +137,3 @@ def breakdown_lines(breakdown: StepBreakdown, title: str) -> list[str]:
     columns = (("phase", "<30"), ("ms", ">9"), ("x step", ">9"), ("x GEMM", ">9"))
     cells = [(name, f"{ms:.2f}", f"{ms / step:.3f}", f"{ms / floor:.3f}") for name, ms in rows]
     return [title, *fixed_width_lines(columns, cells)]
-
