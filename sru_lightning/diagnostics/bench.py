@@ -2,8 +2,9 @@
 only the options it reads (``bench <subcommand> --help``); ``bench`` alone runs ``bench op``.
 
 ``bench op [--length 128 --batch 32 --hidden 256 --layers 2 --dtype fp32|bf16|fp16 --threads 2
---plot chart.png]`` times an SRU stack against nn.LSTM, nn.GRU, the GEMM floor and the ``sru``
-package (``op_bench``); ``bench decode`` text generation (``decode_bench``), ``bench export`` the
+--levels all --plot chart.png]`` times an SRU stack against nn.LSTM, nn.GRU, the GEMM floor and
+the ``sru`` package, its training step by phase, and the recurrence op in fp32/bf16/fp16 at each
+CPU vector level (``op_bench``); ``bench decode`` text generation (``decode_bench``), ``bench export`` the
 exported models (``export_bench``), ``bench compile`` the default language model eagerly and
 compiled (``compile_bench``), ``bench documents`` what document boundaries in packed rows cost
 (``documents_bench``), ``bench serve`` the completions server under 1, 8 and 64 streaming
