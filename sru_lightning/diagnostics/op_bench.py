@@ -157,7 +157,11 @@ def run_benchmark(config: BenchConfig) -> BenchResult:
     with intra_op_threads(config.threads):
         result = _run_benchmark(config)
     levels = selected_levels(config.levels)
-    if levels:
+    from sru_lightning.ops.build import extension_available
+
+    if levels and not extension_available():
+        result.notes.append("the level table times the C++ kernels, which this process could not load: left out")
+    elif levels:
         result.levels, notes = op_levels.measure_levels(
             levels,
             length=config.length,
@@ -315,8 +319,9 @@ def format_table(result: BenchResult) -> str:
     except Exception as error:  # the extension could not be built: the reference ran
         lines.append(f"CPU recurrence kernels unavailable ({type(error).__name__}); the reference ran")
     if result.step is not None:
+        layers = f"{cfg.layers} layer" + ("s" if cfg.layers != 1 else "")
         lines.append("")
-        lines.extend(breakdown_lines(result.step, f"SRU training step by phase, {cfg.layers} layers, {cfg.dtype}:"))
+        lines.extend(breakdown_lines(result.step, f"SRU training step by phase, {layers}, {cfg.dtype}:"))
     if result.levels:
         lines.append("")
         lines.append(

@@ -315,3 +315,17 @@ def test_each_subcommand_runs_with_its_own_defaults_and_the_options_given(words,
     monkeypatch.setattr(target, "format_table", lambda result: "table")
     assert bench.main(words) == 0
     assert {name: getattr(seen[0], name) for name in expected} == expected
+
+
+def test_level_table_is_left_out_with_a_note_without_the_kernels(monkeypatch):
+    from sru_lightning.ops import build
+
+    monkeypatch.setattr(build, "extension_available", lambda: False)
+    config = op_bench.BenchConfig(
+        length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0, threads=1, include_peer=False, levels="all"
+    )
+    result = op_bench.run_benchmark(config)
+    assert result.levels == []
+    table = op_bench.format_table(result)
+    assert "note: the level table times the C++ kernels, which this process could not load: left out" in table
+    assert "SRU training step by phase, 1 layer, fp32:" in table
