@@ -41,11 +41,10 @@ VectorLevel processor_level() {
       supported = VectorLevel::avx2;
     }
     if (supported == VectorLevel::avx2 && __builtin_cpu_supports("avx512f") &&
-        __builtin_cpu_supports("avx512vl")) {
+        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512bw")) {
       supported = VectorLevel::avx512;
     }
-    if (supported == VectorLevel::avx512 && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512bf16")) {
+    if (supported == VectorLevel::avx512 && __builtin_cpu_supports("avx512bf16")) {
       supported = VectorLevel::avx512_bf16;
     }
     return std::min(supported, level_cap());

@@ -1,4 +1,4 @@
-// The CPU kernels for processors with AVX-512 (F and VL) (the block loops: sru_cpu_blocks.h).
+// The CPU kernels for processors with AVX-512 (F, VL and BW) (the block loops: sru_cpu_blocks.h).
 #include "sru_cpu_levels.h"
 #ifdef SRU_X86_LEVELS
 #define SRU_LEVEL_ID 2

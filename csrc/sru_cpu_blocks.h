@@ -8,11 +8,12 @@
 // inline into the loops (GCC refuses to inline a wider-target function into a plain one).
 //
 // Half storage (bf16, fp16): each block step widens its U, x, grad_h and per-step weight_c
-// values into small float arrays, runs the float loops of the float32 kernels over them
+// values into small float arrays (sru_cpu_conversions.h), runs the float loops of the float32 kernels over them
 // (with the gate exponential matched to the storage's precision, see sru_step.h), and
 // narrows h, c, the gradients on store. Float and double storage skip the copies.
 //
-// No include guard and no includes: the level file includes sru_cpu_levels.h first.
+// No include guard: the level file includes sru_cpu_levels.h first; this file includes only
+// sru_cpu_conversions.h, which reads the same level macros.
 
 namespace sru_lightning {
 namespace {
@@ -21,160 +22,7 @@ using namespace cpu_blocks;
 
 #define SRU_LEVEL_FN SRU_ALWAYS_INLINE SRU_LEVEL_TARGET
 
-template <typename T>
-constexpr bool is_half_storage = !std::is_same_v<T, accumulate_t<T>>;
-
-// The exponential of the gates, as accurate as the storage keeps (sru_step.h).
-template <typename T>
-constexpr ExpAccuracy exp_accuracy = is_half_storage<T> ? ExpAccuracy::half_storage : ExpAccuracy::float_storage;
-
-// Storage values to the accumulation type. Conversions round like c10's (round to nearest
-// even); the vector instructions used where present give the same bits, except that the
-// AVX-512 BF16 narrowing (level 3) flushes float denormals (|v| < 1.2e-38) to zero.
-template <typename T>
-SRU_LEVEL_FN void widen(const T* __restrict__ source, int64_t n, accumulate_t<T>* __restrict__ target) {
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    // A bfloat16 is the top half of a float: zero-extend its bits and shift them up.
-    const uint16_t* __restrict__ bits = reinterpret_cast<const uint16_t*>(source);
-#if SRU_LEVEL_ID >= 2
-    for (; i + 16 <= n; i += 16) {
-      const __m512i words = _mm512_cvtepu16_epi32(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(bits + i)));
-      _mm512_storeu_si512(target + i, _mm512_slli_epi32(words, 16));
-    }
-#elif SRU_LEVEL_ID == 1
-    for (; i + 8 <= n; i += 8) {
-      const __m256i words = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(bits + i)));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(target + i), _mm256_slli_epi32(words, 16));
-    }
-#endif
-    for (; i < n; ++i) {
-      const uint32_t word = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(target + i, &word, sizeof(float));
-    }
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-#if SRU_LEVEL_ID >= 2
-    for (; i + 16 <= n; i += 16) {
-      _mm512_storeu_ps(target + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(source + i))));
-    }
-#elif SRU_LEVEL_ID == 1
-    for (; i + 8 <= n; i += 8) {
-      _mm256_storeu_ps(target + i, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(source + i))));
-    }
-#endif
-    for (; i < n; ++i) target[i] = static_cast<float>(source[i]);
-  } else {
-    for (; i < n; ++i) target[i] = static_cast<accumulate_t<T>>(source[i]);
-  }
-}
-
-template <typename T>
-SRU_LEVEL_FN void narrow(const accumulate_t<T>* __restrict__ source, int64_t n, T* __restrict__ target) {
-  int64_t i = 0;
-  if constexpr (std::is_same_v<T, c10::BFloat16>) {
-    uint16_t* __restrict__ bits = reinterpret_cast<uint16_t*>(target);
-#if SRU_LEVEL_ID == 3
-    for (; i + 16 <= n; i += 16) {
-      const __m256bh narrowed = _mm512_cvtneps_pbh(_mm512_loadu_ps(source + i));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), reinterpret_cast<const __m256i&>(narrowed));
-    }
-#elif SRU_LEVEL_ID == 2
-    const __m512i half_ulp = _mm512_set1_epi32(0x7FFF), one = _mm512_set1_epi32(1);
-    const __m512i quiet_nan = _mm512_set1_epi32(0x7FC0);
-    for (; i + 16 <= n; i += 16) {
-      const __m512 values = _mm512_loadu_ps(source + i);
-      const __m512i word = _mm512_castps_si512(values);
-      const __m512i bias = _mm512_add_epi32(half_ulp, _mm512_and_si512(_mm512_srli_epi32(word, 16), one));
-      __m512i rounded = _mm512_srli_epi32(_mm512_add_epi32(word, bias), 16);
-      rounded = _mm512_mask_mov_epi32(rounded, _mm512_cmp_ps_mask(values, values, _CMP_UNORD_Q), quiet_nan);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), _mm512_cvtepi32_epi16(rounded));
-    }
-#elif SRU_LEVEL_ID == 1
-    const __m256i half_ulp = _mm256_set1_epi32(0x7FFF), one = _mm256_set1_epi32(1);
-    const __m256i quiet_nan = _mm256_set1_epi32(0x7FC0);
-    for (; i + 16 <= n; i += 16) {
-      __m256i halves[2];
-      for (int part = 0; part < 2; ++part) {
-        const __m256 values = _mm256_loadu_ps(source + i + 8 * part);
-        const __m256i word = _mm256_castps_si256(values);
-        const __m256i bias = _mm256_add_epi32(half_ulp, _mm256_and_si256(_mm256_srli_epi32(word, 16), one));
-        const __m256i rounded = _mm256_srli_epi32(_mm256_add_epi32(word, bias), 16);
-        const __m256i nan = _mm256_castps_si256(_mm256_cmp_ps(values, values, _CMP_UNORD_Q));
-        halves[part] = _mm256_blendv_epi8(rounded, quiet_nan, nan);
-      }
-      // packus interleaves the 128-bit lanes of its two sources; the permute restores order.
-      const __m256i packed = _mm256_permute4x64_epi64(_mm256_packus_epi32(halves[0], halves[1]), 0xD8);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(bits + i), packed);
-    }
-#endif
-    // Round to nearest even on the bits, a NaN to the quiet NaN c10 uses (the vector code
-    // above does the same on 8 or 16 values at once).
-    for (; i < n; ++i) {
-      uint32_t word;
-      std::memcpy(&word, source + i, sizeof(float));
-      const uint32_t rounded = (word + 0x7FFFu + ((word >> 16) & 1u)) >> 16;
-      bits[i] = source[i] != source[i] ? uint16_t(0x7FC0) : static_cast<uint16_t>(rounded);
-    }
-  } else if constexpr (std::is_same_v<T, c10::Half>) {
-#if SRU_LEVEL_ID >= 1
-    constexpr int kRound = _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC;
-#endif
-#if SRU_LEVEL_ID >= 2
-    for (; i + 16 <= n; i += 16) {
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(target + i), _mm512_cvtps_ph(_mm512_loadu_ps(source + i), kRound));
-    }
-#elif SRU_LEVEL_ID == 1
-    for (; i + 8 <= n; i += 8) {
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(target + i), _mm256_cvtps_ph(_mm256_loadu_ps(source + i), kRound));
-    }
-#endif
-    for (; i < n; ++i) target[i] = static_cast<c10::Half>(source[i]);
-  } else {
-    for (; i < n; ++i) target[i] = static_cast<T>(source[i]);
-  }
-}
-
-// Values read in the accumulation type: the storage itself for float and double, else the
-// storage widened into `scratch`.
-template <typename T>
-SRU_LEVEL_FN const accumulate_t<T>* widened(const T* source, int64_t n, accumulate_t<T>* scratch) {
-  if constexpr (is_half_storage<T>) {
-    widen(source, n, scratch);
-    return scratch;
-  } else {
-    return source;
-  }
-}
-
-// Where a loop writes an output: the output itself for float and double, else `scratch`,
-// which finish_output then narrows into the output.
-template <typename T>
-SRU_LEVEL_FN accumulate_t<T>* output_buffer(T* target, accumulate_t<T>* scratch) {
-  if constexpr (is_half_storage<T>) {
-    return scratch;
-  } else {
-    return target;
-  }
-}
-
-template <typename T>
-SRU_LEVEL_FN void finish_output(const accumulate_t<T>* buffer, int64_t n, T* target) {
-  if constexpr (is_half_storage<T>) narrow(buffer, n, target);
-}
-
-template <typename T, typename A>
-SRU_LEVEL_FN void load(const T* __restrict__ source, int64_t n, A* __restrict__ target, A fallback) {
-  if (source == nullptr) {
-    for (int64_t i = 0; i < n; ++i) target[i] = fallback;
-  } else {
-    widen(source, n, target);
-  }
-}
-
-template <typename T, typename A>
-SRU_LEVEL_FN void store(const A* __restrict__ source, int64_t n, T* __restrict__ target) {
-  narrow(source, n, target);
-}
+#include "sru_cpu_conversions.h"
 
 // Asks for the cache lines of `count` values at `source` ahead of their use: each block
 // step reads its inputs in one burst, too short for the hardware prefetcher to run ahead.
@@ -224,7 +72,8 @@ SRU_LEVEL_FN void gather_step(const RecurrenceDims& dims, const RecurrenceInputs
                               int64_t offset, int64_t n, A scale, A* __restrict__ skip, A* __restrict__ wf,
                               A* __restrict__ wr) {
   if (dims.skip_from_u) {
-    for (int64_t i = 0; i < n; ++i) skip[i] = u[i * K + K - 1];
+    using Layout = ULayout<T, K>;
+    for (int64_t i = 0; i < n; ++i) skip[i] = u[i * Layout::stride + (K - 1) * Layout::plane];
   } else if (dims.skip_from_x) {
     widen(a.x + offset, n, skip);
     for (int64_t i = 0; i < n; ++i) skip[i] *= scale;
@@ -241,17 +90,17 @@ SRU_LEVEL_FN void gather_step(const RecurrenceDims& dims, const RecurrenceInputs
   }
 }
 
-// The forward step over one block in the accumulation type: reads U, writes h, updates the
-// state c in place.
-template <typename A, int K, ExpAccuracy Accuracy>
+// The forward step over one block in the accumulation type: reads U (value j of column i at
+// u[i * S + j * P], see ULayout), writes h, updates the state c in place.
+template <typename A, int S, int P, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void forward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                const A* __restrict__ br, const A* __restrict__ mask, A* __restrict__ c,
                                A* __restrict__ h) {
   for (int64_t i = 0; i < n; ++i) {
     A c_new, h_new;
-    forward_step<A, Accuracy>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
-                              c[i], c_new, h_new);
+    forward_step<A, Accuracy>(u[i * S], u[i * S + P], u[i * S + 2 * P], skip[i], wf[i], wr[i], bf[i], br[i],
+                              mask[i], c[i], c_new, h_new);
     c[i] = c_new;
     h[i] = h_new;
   }
@@ -270,11 +119,12 @@ SRU_LEVEL_FN void forward_block_step(const RecurrenceDims& dims, const ForwardAr
   A* c = arena.get(slot, kState);
   A* wf = arena.get(slot, kForgetWeight);
   A* wr = arena.get(slot, kResetWeight);
-  const A* u = widened(a.U + offset * K, n * K, u_scratch);
+  using Layout = ULayout<T, K>;
+  const A* u = widened_u<T, K>(a.U + offset * K, n, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   A* h = output_buffer(a.h + offset, h_scratch);
-  forward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
-                                      arena.get(slot, kResetBias), arena.get(slot, kMask), c, h);
+  forward_loop<A, Layout::stride, Layout::plane, exp_accuracy<T>>(
+      n, u, skip, wf, wr, arena.get(slot, kForgetBias), arena.get(slot, kResetBias), arena.get(slot, kMask), c, h);
   finish_output(h, n, a.h + offset);
   if (a.c_all != nullptr) store(c, n, a.c_all + offset);
 }
@@ -328,11 +178,11 @@ SRU_LEVEL_FN void forward_blocks(const RecurrenceDims& dims, const ForwardArgs<T
   }
 }
 
-// The backward step over one block in the accumulation type: reads U, c_{t-1} and grad_h,
-// writes grad_U's first three values per column, carries grad_c and the weight_c/bias
-// gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
+// The backward step over one block in the accumulation type: reads U and writes grad_U's
+// first three values per column (both laid out as in forward_loop), reads c_{t-1} and grad_h,
+// carries grad_c and the weight_c/bias gradient sums, and leaves the gradients of the skip term and of a per-step weight_c in
 // g_skip, g_wf and g_wr.
-template <typename A, int K, ExpAccuracy Accuracy>
+template <typename A, int S, int P, ExpAccuracy Accuracy>
 SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __restrict__ skip,
                                 const A* __restrict__ wf, const A* __restrict__ wr, const A* __restrict__ bf,
                                 const A* __restrict__ br, const A* __restrict__ mask, const A* __restrict__ c_prev,
@@ -345,12 +195,12 @@ SRU_LEVEL_FN void backward_loop(int64_t n, const A* __restrict__ u, const A* __r
   A* __restrict__ sum_br = sums + 3 * kBlock;
   for (int64_t i = 0; i < n; ++i) {
     StepGradients<A> g;
-    backward_step<A, Accuracy>(u[i * K], u[i * K + 1], u[i * K + 2], skip[i], wf[i], wr[i], bf[i], br[i], mask[i],
-                               c_prev[i], grad_h[i], grad_c[i], g);
+    backward_step<A, Accuracy>(u[i * S], u[i * S + P], u[i * S + 2 * P], skip[i], wf[i], wr[i], bf[i], br[i],
+                               mask[i], c_prev[i], grad_h[i], grad_c[i], g);
     grad_c[i] = g.c_prev;
-    grad_u[i * K] = g.u0;
-    grad_u[i * K + 1] = g.u1;
-    grad_u[i * K + 2] = g.u2;
+    grad_u[i * S] = g.u0;
+    grad_u[i * S + P] = g.u1;
+    grad_u[i * S + 2 * P] = g.u2;
     g_skip[i] = g.skip;
     g_wf[i] = g.wf;
     g_wr[i] = g.wr;
@@ -382,18 +232,19 @@ SRU_LEVEL_FN void backward_block_step(const RecurrenceDims& dims, const Backward
   } else {
     load(a.c0 == nullptr ? nullptr : a.c0 + blk.column, n, c_prev, A(0));
   }
-  const A* u = widened(a.U + offset * K, n * K, u_scratch);
+  using Layout = ULayout<T, K>;
+  const A* u = widened_u<T, K>(a.U + offset * K, n, u_scratch);
   gather_step<T, A, K>(dims, a, u, offset, n, scale, skip, wf, wr);
   const A* grad_h = widened(a.grad_h + offset, n, grad_h_scratch);
   A* grad_u = output_buffer(a.grad_U + offset * K, grad_u_scratch);
-  backward_loop<A, K, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
+  backward_loop<A, Layout::stride, Layout::plane, exp_accuracy<T>>(n, u, skip, wf, wr, arena.get(slot, kForgetBias),
                                        arena.get(slot, kResetBias), arena.get(slot, kMask), c_prev, grad_h,
                                        arena.get(slot, kState), grad_u, g_skip, g_wf, g_wr,
                                        arena.get(slot, kForgetWeightSum));
   if (K == 4) {
-    for (int64_t i = 0; i < n; ++i) grad_u[i * K + 3] = dims.skip_from_u ? g_skip[i] : A(0);
+    for (int64_t i = 0; i < n; ++i) grad_u[i * Layout::stride + 3 * Layout::plane] = dims.skip_from_u ? g_skip[i] : A(0);
   }
-  finish_output(grad_u, n * K, a.grad_U + offset * K);
+  finish_u_output<T, K>(grad_u, n, a.grad_U + offset * K);
   if (a.grad_x != nullptr) {
     alignas(64) A grad_x_scratch[kBlock];
     A* __restrict__ grad_x = output_buffer(a.grad_x + offset, grad_x_scratch);

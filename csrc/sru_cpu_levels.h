@@ -24,7 +24,7 @@
 #define SRU_X86_LEVELS 1
 #include <immintrin.h>
 #define SRU_TARGET_AVX2 __attribute__((target("avx2,fma,f16c")))
-#define SRU_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,f16c")))
+#define SRU_TARGET_AVX512 __attribute__((target("avx512f,avx512vl,avx512bw,avx2,fma,f16c")))
 #define SRU_TARGET_AVX512_BF16 __attribute__((target("avx512f,avx512vl,avx512bw,avx512bf16,avx2,fma,f16c")))
 #endif
 #define SRU_ALWAYS_INLINE inline __attribute__((always_inline))

@@ -2,8 +2,9 @@
 only the options it reads (``bench <subcommand> --help``); ``bench`` alone runs ``bench op``.
 
 ``bench op [--length 128 --batch 32 --hidden 256 --layers 2 --dtype fp32|bf16|fp16 --threads 2
---plot chart.png]`` times an SRU stack against nn.LSTM, nn.GRU, the GEMM floor and the ``sru``
-package (``op_bench``); ``bench decode`` text generation (``decode_bench``), ``bench export`` the
+--levels all --plot chart.png]`` times an SRU stack against nn.LSTM, nn.GRU, the GEMM floor and
+the ``sru`` package, its training step by phase, and the recurrence op in fp32/bf16/fp16 at each
+CPU vector level (``op_bench``); ``bench decode`` text generation (``decode_bench``), ``bench export`` the
 exported models (``export_bench``), ``bench compile`` the default language model eagerly and
 compiled (``compile_bench``), ``bench documents`` what document boundaries in packed rows cost
 (``documents_bench``), ``bench serve`` the completions server under 1, 8 and 64 streaming
@@ -53,6 +54,7 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
         **_COMMON,
         "include_peer": "include_peer",
         "plot": "plot",
+        "levels": "levels",
     },
     "decode": {"tokens": "tokens", **_COMMON},
     "export": {"tokens": "steps", "length": "length", "batch": "batch", **_COMMON},
@@ -110,6 +112,11 @@ OPTIONS = {
     "bpe_mb": ("--bpe-mb", "MB of each corpus the BPE preparation is timed on"),
     "memory_mb": ("--memory-mb", "the in-memory fit runs for corpora up to this many MB"),
     "pairs": ("--pairs", "double starts: two fits started together into one new folder, this many times"),
+    "levels": (
+        "--levels",
+        "CPU vector levels of the op's fp32/bf16/fp16 table, each timed in its own process: all (every level "
+        "this processor runs), none, or names separated by commas",
+    ),
 }
 #: What an option means in a subcommand where it is not what OPTIONS says.
 _MEANING_IN = {
@@ -130,7 +137,7 @@ _COUNTS = ("length", "batch", "hidden", "layers", "threads", "repeats", "tokens"
 #: Options that count something and may be 0.
 _COUNTS_FROM_ZERO = ("pairs",)
 #: Options whose value is text.
-_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out", "sizes")
+_TEXTS = ("model", "extra", "recipe", "runs", "seeds", "out", "sizes", "levels")
 
 
 def _mode_config(mode: str):
@@ -237,6 +244,9 @@ def main(argv=None) -> int:
         if option in reads and value < 0:
             refuse(f"--{option} must be >= 0, got {value}")
     problem = op_bench.plot_problem(args.plot) if getattr(args, "plot", None) else None
+    if problem:
+        refuse(problem)
+    problem = op_bench.levels_problem(args.levels) if "levels" in reads else None
     if problem:
         refuse(problem)
     config = _mode_config(mode)(**{field: getattr(args, option) for option, field in reads.items()})

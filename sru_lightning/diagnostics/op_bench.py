@@ -5,9 +5,10 @@ meaningful on a shared, noisy machine.
 It prints the best (or median) time of forward+backward and of inference for each model with its
 weights and input in ``--dtype``, the ratios to nn.LSTM, nn.GRU and the GEMM floor (the same input
 matmuls alone, forward and backward) in that dtype, and the bytes autograd saves for an SRU stack
-under the half policy (bf16 autocast on CPU) relative to float32. For a half dtype it also times
-the recurrence op alone (one layer, forward+backward) in that dtype and in float32 and prints the
-ratio.
+under the half policy (bf16 autocast on CPU) relative to float32. Then the SRU stack's training
+step by phase (:mod:`.step_breakdown`), and the recurrence op alone (one layer, forward+backward)
+in float32, bfloat16 and float16 storage at each CPU vector level of ``--levels``, each level in
+a process of its own (:mod:`.op_levels`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sru_lightning.diagnostics import op_levels
+from sru_lightning.diagnostics.op_levels import LevelTimings
+from sru_lightning.diagnostics.step_breakdown import StepBreakdown, breakdown_lines, measure_step_breakdown
 from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -42,6 +46,9 @@ class BenchConfig:
     # Noise on a shared machine only ever adds time, so the best of N estimates the cost
     # itself (as timeit does); "median" shows the typical time instead.
     statistic: str = "min"
+    # CPU vector levels of the op's storage-dtype table: "all" (every level this processor
+    # runs), "none", or names separated by commas.
+    levels: str = "all"
 
 
 @dataclass
@@ -50,7 +57,8 @@ class BenchResult:
     train_ms: dict[str, float] = field(default_factory=dict)  # forward + backward
     inference_ms: dict[str, float] = field(default_factory=dict)
     saved_bytes: dict[str, int] = field(default_factory=dict)  # SRU stack, fp32 / half policy
-    kernel_ms: dict[str, float] = field(default_factory=dict)  # recurrence op alone, per storage dtype
+    step: StepBreakdown | None = None  # the SRU stack's training step by phase
+    levels: list[LevelTimings] = field(default_factory=list)  # the op alone per level and storage dtype
     notes: list[str] = field(default_factory=list)
 
     def ratio(self, table: str, model: str, baseline: str) -> float | None:
@@ -147,7 +155,53 @@ def _make_inference_step(model: nn.Module, x: torch.Tensor):
 def run_benchmark(config: BenchConfig) -> BenchResult:
     """Time every model, interleaved round by round; keep the best (or median) time of each."""
     with intra_op_threads(config.threads):
-        return _run_benchmark(config)
+        result = _run_benchmark(config)
+    levels = selected_levels(config.levels)
+    from sru_lightning.ops.build import extension_available
+
+    if levels and not extension_available():
+        result.notes.append("the level table times the C++ kernels, which this process could not load: left out")
+    elif levels:
+        result.levels, notes = op_levels.measure_levels(
+            levels,
+            length=config.length,
+            batch=config.batch,
+            hidden=config.hidden,
+            threads=config.threads,
+            repeats=config.repeats,
+            warmup=config.warmup,
+            statistic=config.statistic,
+        )
+        result.notes.extend(notes)
+    return result
+
+
+def levels_problem(levels: str) -> str | None:
+    """Why `--levels` cannot be read (checked before the benchmark runs), or None."""
+    from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
+
+    if levels in ("all", "none"):
+        return None
+    names = [name.strip() for name in levels.split(",")]
+    unknown = [name for name in names if name not in CPU_VECTOR_LEVELS]
+    if unknown or not names:
+        return (
+            f"--levels must be all, none, or vector levels separated by commas from {', '.join(CPU_VECTOR_LEVELS)}, "
+            f"got {levels!r}"
+        )
+    return None
+
+
+def selected_levels(levels: str) -> tuple[str, ...]:
+    """The levels `--levels` names, widest first ("all": every level this processor runs)."""
+    from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
+
+    if levels == "none":
+        return ()
+    if levels == "all":
+        return op_levels.processor_levels()
+    names = {name.strip() for name in levels.split(",")}
+    return tuple(level for level in reversed(CPU_VECTOR_LEVELS) if level in names)
 
 
 def _run_benchmark(config: BenchConfig) -> BenchResult:
@@ -190,43 +244,11 @@ def _run_benchmark(config: BenchConfig) -> BenchResult:
         target[name] = statistic_of(config.statistic)(times)
 
     result.saved_bytes = measure_saved_bytes(config)
-    if dtype in (torch.bfloat16, torch.float16):
-        result.kernel_ms = measure_kernel(config, (config.dtype, "fp32"))
+    sru = models["SRU (sru_lightning)"]
+    result.step = measure_step_breakdown(
+        sru, x, train["SRU (sru_lightning)"], config.repeats, config.warmup, config.statistic
+    )
     return result
-
-
-def measure_kernel(config: BenchConfig, dtype_names) -> dict[str, float]:
-    """Best (or median) forward+backward time of the recurrence op alone, one layer of the
-    benchmark's size (k = 3, skip term from x), for each storage dtype, timed interleaved."""
-    from sru_lightning.ops import functional
-    from sru_lightning.ops.testing import make_case
-
-    steps = {}
-    for name in dtype_names:
-        (U, x, weight_c, bias, c0), kwargs = make_case(
-            config.length, config.batch, config.hidden, dtype=DTYPES[name], seed=0
-        )
-        leaves = [t.requires_grad_(True) for t in (U, x, weight_c, bias, c0)]
-        grad_h = torch.randn(config.length, config.batch, config.hidden).to(DTYPES[name])
-
-        def step(leaves=leaves, kwargs=kwargs, grad_h=grad_h):
-            for leaf in leaves:
-                leaf.grad = None
-            h, _ = functional.sru_recurrence(*leaves, **kwargs)
-            h.backward(grad_h)
-
-        steps[name] = step
-    samples: dict[str, list[float]] = {name: [] for name in steps}
-    for step in steps.values():
-        for _ in range(config.warmup):
-            step()
-    for _ in range(config.repeats):
-        for name, step in steps.items():
-            start = time.perf_counter()
-            step()
-            samples[name].append((time.perf_counter() - start) * 1e3)
-    pick = statistic_of(config.statistic)
-    return {name: pick(times) for name, times in samples.items()}
 
 
 def measure_saved_bytes(config: BenchConfig) -> dict[str, int]:
@@ -283,12 +305,6 @@ def format_table(result: BenchResult) -> str:
         f"dtype={cfg.dtype} threads={cfg.threads} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats})",
         *fixed_width_lines(COLUMNS, [_row(result, name) for name in names]),
     ]
-    if result.kernel_ms:
-        half, fp32 = result.kernel_ms[cfg.dtype], result.kernel_ms["fp32"]
-        lines.append(
-            f"recurrence op alone, fwd+bwd, one layer: {cfg.dtype} {half:.2f} ms, fp32 {fp32:.2f} ms, "
-            f"{cfg.dtype}/fp32 {half / fp32:.3f}"
-        )
     if result.saved_bytes:
         fp32 = result.saved_bytes["fp32"]
         half = result.saved_bytes["half (bf16 autocast)"]
@@ -302,6 +318,17 @@ def format_table(result: BenchResult) -> str:
         lines.append(f"CPU recurrence kernels: {cpu_vector_level()} vector code")
     except Exception as error:  # the extension could not be built: the reference ran
         lines.append(f"CPU recurrence kernels unavailable ({type(error).__name__}); the reference ran")
+    if result.step is not None:
+        layers = f"{cfg.layers} layer" + ("s" if cfg.layers != 1 else "")
+        lines.append("")
+        lines.extend(breakdown_lines(result.step, f"SRU training step by phase, {layers}, {cfg.dtype}:"))
+    if result.levels:
+        lines.append("")
+        lines.append(
+            f"recurrence op alone, one layer, fwd+bwd ms by storage dtype; each level in its own process "
+            f"({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats}):"
+        )
+        lines.extend(fixed_width_lines(op_levels.LEVEL_COLUMNS, op_levels.level_rows(result.levels)))
     lines.extend(f"note: {note}" for note in result.notes)
     return "\n".join(lines)
 

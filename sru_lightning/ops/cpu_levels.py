@@ -26,8 +26,8 @@ CAP_ENV = "SRU_LIGHTNING_CPU_VECTORS"
 LEVEL_FEATURES = {
     "baseline": (),
     "avx2": ("avx2", "fma", "f16c"),
-    "avx512": ("avx512f", "avx512vl"),
-    "avx512_bf16": ("avx512bw", "avx512_bf16"),
+    "avx512": ("avx512f", "avx512vl", "avx512bw"),
+    "avx512_bf16": ("avx512_bf16",),
 }
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sru_lightning.diagnostics import bench, op_bench
+from sru_lightning.diagnostics import bench, op_bench, op_levels, step_breakdown
 
 TINY = [
     "--length",
@@ -22,6 +22,8 @@ TINY = [
     "1",
     "--threads",
     "1",
+    "--levels",
+    "none",
 ]
 
 
@@ -45,21 +47,106 @@ def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
     lstm_columns, gru_columns = rows["nn.LSTM"].split(), rows["nn.GRU"].split()
     assert lstm_columns[2] == "1.000" and lstm_columns[-2] == "1.000"  # its own ratios
     assert gru_columns[3] == "1.000" and gru_columns[-1] == "1.000"
-    assert "recurrence op alone" not in output  # float32 has no half/fp32 ratio to show
+    assert "recurrence op alone" not in output  # --levels none
     assert "saved for backward, SRU stack" in output and "ratio" in output
     assert chart.exists() and chart.stat().st_size > 1000
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
-def test_half_dtype_bench_reports_same_dtype_ratios_and_the_kernel_ratio(capsys, dtype):
+def test_half_dtype_bench_reports_same_dtype_ratios(capsys, dtype):
     assert bench.main(TINY + ["--no-peer", "--dtype", dtype]) == 0
     output = capsys.readouterr().out
     assert f"dtype={dtype}" in output.splitlines()[0]
     rows = {line.split("  ")[0].strip(): line.split() for line in output.splitlines()[2:]}
     assert rows["nn.LSTM"][2] == "1.000" and rows["GEMM floor"][5] == "1.000"  # "GEMM floor" is two words
-    kernel = next(line for line in output.splitlines() if line.startswith("recurrence op alone"))
-    half_ms, fp32_ms, ratio = (float(kernel.split()[i]) for i in (7, 10, 13))
-    assert ratio == pytest.approx(half_ms / fp32_ms, rel=0.05)  # the times are printed rounded
+
+
+def _step_table(output: str) -> dict[str, list[float]]:
+    lines = output.splitlines()
+    first = lines.index(next(line for line in lines if line.startswith("SRU training step by phase"))) + 2
+    rows = {}
+    for line in lines[first:]:
+        if not line.strip():
+            break
+        name, numbers = line[:30].strip(), line[30:].split()
+        rows[name] = [float(number) for number in numbers]
+    return rows
+
+
+def test_bench_breaks_the_training_step_into_its_phases(capsys):
+    assert bench.main(["op", *TINY, "--no-peer"]) == 0
+    output = capsys.readouterr().out
+    assert "SRU training step by phase, 2 layers, fp32:" in output
+    rows = _step_table(output)
+    phases = [name for name in rows if name in step_breakdown.PHASES]
+    assert phases == list(step_breakdown.PHASES)
+    step, floor = rows["whole step"][0], rows["GEMM floor (the products)"][0]
+    summed = sum(rows[name][0] for name in phases)
+    assert rows["sum of the phases"][0] == pytest.approx(summed, abs=0.05)  # printed to 0.01 ms each
+    assert rows["rest of the step"][0] == pytest.approx(step - rows["sum of the phases"][0], abs=0.02)
+    products = [name for name in phases if not name.startswith("recurrence")]
+    assert floor == pytest.approx(sum(rows[name][0] for name in products), abs=0.05)
+    assert rows["whole step"][1:] == [1.0, pytest.approx(step / floor, rel=0.01, abs=0.002)]
+
+
+def test_step_breakdown_sums_its_phases():
+    breakdown = step_breakdown.StepBreakdown(
+        {phase: float(index + 1) for index, phase in enumerate(step_breakdown.PHASES)}, step_ms=20.0
+    )
+    assert breakdown.phases_ms == 15.0
+    assert breakdown.floor_ms == 1.0 + 4.0 + 5.0  # projection forward and its two gradients
+    lines = step_breakdown.breakdown_lines(breakdown, "title")
+    assert lines[0] == "title" and lines[-2].split() == ["whole", "step", "20.00", "1.000", "2.000"]
+
+
+def test_level_table_divides_each_level_s_own_times():
+    timings = op_levels.LevelTimings(
+        "avx2",
+        {
+            "fp32": {"forward": 1.0, "backward": 3.0, "total": 4.0},
+            "bf16": {"forward": 1.5, "backward": 1.5, "total": 3.0},
+            "fp16": {"forward": 1.0, "backward": 1.0, "total": 2.0},
+        },
+    )
+    assert op_levels.level_rows([timings]) == [
+        ("avx2", "4.000", "3.000", "2.000", "0.750", "0.500", "1.500", "1.500", "1.500")
+    ]
+
+
+@pytest.mark.slow  # starts a process per level
+def test_bench_times_the_op_in_each_storage_dtype_at_the_running_level(capsys):
+    from sru_lightning.ops.op import cpu_vector_level
+
+    level = cpu_vector_level()
+    assert bench.main(["op", *TINY[:-2], "--no-peer", "--levels", level]) == 0
+    output = capsys.readouterr().out
+    lines = output.splitlines()
+    title = next(index for index, line in enumerate(lines) if line.startswith("recurrence op alone"))
+    assert lines[title + 1].split()[:4] == ["level", "fp32", "ms", "bf16"]
+    row = lines[title + 2].split()
+    assert row[0] == level and "note:" not in output
+    fp32, bf16, fp16 = (float(value) for value in row[1:4])
+    assert float(row[4]) == pytest.approx(bf16 / fp32, rel=0.02, abs=0.002)
+    assert float(row[6]) == pytest.approx(bf16 / fp16, rel=0.02, abs=0.002)
+
+
+def test_bench_refuses_an_unknown_vector_level(capsys):
+    with pytest.raises(SystemExit) as raised:
+        bench.main(["op", "--levels", "avx512,sse9"])
+    assert raised.value.code == 2
+    assert (
+        "--levels must be all, none, or vector levels separated by commas from baseline, avx2, avx512, "
+        "avx512_bf16, got 'avx512,sse9'" in capsys.readouterr().err
+    )
+
+
+def test_levels_all_are_the_processor_s_widest_first():
+    from sru_lightning.ops import cpu_levels
+
+    levels = op_bench.selected_levels("all")
+    assert levels[0] == cpu_levels.processor_level() and levels[-1] == "baseline"
+    assert op_bench.selected_levels("baseline,avx2") == ("avx2", "baseline")
+    assert op_bench.selected_levels("none") == ()
 
 
 def test_half_policy_saves_less_than_fp32():
@@ -228,3 +315,17 @@ def test_each_subcommand_runs_with_its_own_defaults_and_the_options_given(words,
     monkeypatch.setattr(target, "format_table", lambda result: "table")
     assert bench.main(words) == 0
     assert {name: getattr(seen[0], name) for name in expected} == expected
+
+
+def test_level_table_is_left_out_with_a_note_without_the_kernels(monkeypatch):
+    from sru_lightning.ops import build
+
+    monkeypatch.setattr(build, "extension_available", lambda: False)
+    config = op_bench.BenchConfig(
+        length=2, batch=1, hidden=4, layers=1, repeats=1, warmup=0, threads=1, include_peer=False, levels="all"
+    )
+    result = op_bench.run_benchmark(config)
+    assert result.levels == []
+    table = op_bench.format_table(result)
+    assert "note: the level table times the C++ kernels, which this process could not load: left out" in table
+    assert "SRU training step by phase, 1 layer, fp32:" in table

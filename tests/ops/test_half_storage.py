@@ -4,11 +4,11 @@ Each level runs in its own process, capped by SRU_LIGHTNING_CPU_VECTORS. Hidden 
 40 give a full block of 64 columns, a partial one, and partial vector blocks of the widening
 and narrowing code (70 = 4 x 16 + 6, 40 = 2 x 16 + 8). Per storage dtype and variant:
 
-* forward h and c_last equal the float32 kernel on the same (widened) inputs, rounded once to
-  the storage dtype, nearly everywhere: the half path runs the float32 step loops and only
-  narrows on store, but with a gate exponential accurate to 3e-6 instead of 6e-9. So a few
-  values round to the neighbouring half value, and none differs by more than one unit in the
-  last place of max(|value|, 1) (h = skip + (c - skip) * r can cancel to a small value);
+* forward h and c_last, and the gradients of one step, equal the float32 kernel on the same
+  (widened) inputs, rounded once to the storage dtype, nearly everywhere: the half path runs
+  the float32 step loops and only narrows on store, but with a gate exponential accurate to
+  3e-6 instead of 6e-9. So a few values round to the neighbouring half value, and none differs
+  by more than one unit in the last place of max(|value|, 1) (h = skip + (c - skip) * r can cancel to a small value);
 * outputs and gradients stay within the documented bounds (test_ops_cpp.STORAGE_BOUNDS) of a
   float64 reference on the same rounded inputs;
 * NaN and Inf reach exactly the outputs they reach in float32 storage.
@@ -59,6 +59,17 @@ def within_one_unit(value, value32):
     return bool(((value.float() - value32).abs() <= unit).all())
 
 
+def grads_of_one_step(tensors, kwargs, storage):
+    # The gradients for weights of h and c_last drawn in `storage`, the same values in either run.
+    leaves = [None if t is None else t.detach().clone().requires_grad_(True) for t in tensors]
+    h, c_last = kernel(*leaves, **kwargs)
+    generator = torch.Generator().manual_seed(1)
+    weights = [torch.randn(t.shape, generator=generator).to(storage).to(t.dtype) for t in (h, c_last)]
+    wanted = [t for t in leaves if t is not None]
+    found = iter(torch.autograd.grad((h, c_last), wanted, weights, allow_unused=True))
+    return [None if t is None else next(found) for t in leaves]
+
+
 checked = 0
 for storage, (output_bound, grad_bound) in BOUNDS.items():
     for hidden in (70, 40):
@@ -74,6 +85,17 @@ for storage, (output_bound, grad_bound) in BOUNDS.items():
             for value, value32 in ((h, h32), (c_last, c32)):
                 assert within_one_unit(value, value32), where
                 assert (value == value32.to(storage)).float().mean() > 0.95, where
+            # One step: c_prev is c0, the same values in both storages, so the gradients too
+            # are the float32 kernel's rounded once to the storage (bfloat16 U and grad_U take
+            # another layout than float16's at the AVX-512 levels: this checks its rounding).
+            step_tensors = [None if t is None else t[:1] if t.dim() == 3 else t for t in tensors]  # (L, B, ...)
+            step_kwargs = {k: (v[:1] if k == "mask_pad" and v is not None else v) for k, v in kwargs.items()}
+            step_grads = grads_of_one_step(step_tensors, step_kwargs, storage)
+            step_grads32 = grads_of_one_step(*cast(step_tensors, step_kwargs, torch.float32), storage)
+            for grad, grad32 in zip(step_grads, step_grads32):
+                if grad is not None:
+                    assert within_one_unit(grad, grad32), where
+                    assert (grad == grad32.to(storage)).float().mean() > 0.95, where
             rounded, rounded_kwargs = cast(tensors, kwargs, torch.float64)
             h_ref, c_ref, grads_ref = run_with_grads(ops.sru_recurrence_reference, rounded, rounded_kwargs)
             assert relative_error(h, h_ref, floor=1.0) < output_bound, where

@@ -16,7 +16,8 @@ __all__ = [
     "provides",
     "AdoptsVocabulary",
     "ChecksSizes",
-    "LanguageModelRun",
+    "KeepsDocumentsApart",
+    "NamesItsMetrics",
     "PacksDocuments",
     "PreparedIds",
     "RunDataModule",
@@ -75,14 +76,17 @@ class ChecksSizes(Protocol):
 
 
 @runtime_checkable
-class LanguageModelRun(Protocol):
-    """The LightningModule of a language-model run: the network it trains, its metric names, and
-    whether it keeps packed documents apart."""
-
-    net: Any
-    accepts_document_boundaries: bool
+class NamesItsMetrics(Protocol):
+    """A model that names its bits-per-token metric of a stage (`val_bpc`, `val_bpw`, ...)."""
 
     def bits_name(self, stage: str) -> str: ...
+
+
+@runtime_checkable
+class KeepsDocumentsApart(Protocol):
+    """A model that says whether it keeps documents packed in one row apart."""
+
+    accepts_document_boundaries: bool
 
 
 _MISSING = object()

@@ -3,14 +3,14 @@ names its config's callbacks and sweep follow."""
 
 from __future__ import annotations
 
-from .interfaces import LanguageModelRun, provides
+from .interfaces import NamesItsMetrics, provides
 
 __all__ = ["bits_name", "metric_names_followed", "optimized_metric_name"]
 
 
 def bits_name(model, stage: str) -> str:
     """The model's bits-per-token metric of `stage`: `val_bpc`, or `val_bpw` for word-level data."""
-    return model.bits_name(stage) if provides(model, LanguageModelRun) else f"{stage}_bpc"
+    return model.bits_name(stage) if provides(model, NamesItsMetrics) else f"{stage}_bpc"
 
 
 def metric_names_followed(node, model) -> dict[str, str]:

@@ -10,7 +10,7 @@ from sru_lightning.app.usage import UsageError
 from .checkpoints import check_fits_model
 from .folder import RunFolder
 from .init_from import InitialWeights, put_initial_weights, without_init_from
-from .interfaces import LanguageModelRun, PacksDocuments, TokenUnitData, provides
+from .interfaces import KeepsDocumentsApart, PacksDocuments, TokenUnitData, provides
 from .refusals import checkpoint_setting, instantiate_setting
 from .starting_point import StartingPoint
 
@@ -28,7 +28,7 @@ def build_model(
     if initial is not None:
         put_initial_weights(model.net, initial)
     packs = provides(datamodule, PacksDocuments) and datamodule.packs_documents
-    if packs and provides(model, LanguageModelRun) and not model.accepts_document_boundaries:
+    if packs and provides(model, KeepsDocumentsApart) and not model.accepts_document_boundaries:
         raise UsageError(
             f"data ({cfg.data.get('_target_')}) packs documents with their boundaries, which "
             f"model.net.rnn={getattr(model.net, 'rnn_type', None)!r} cannot keep apart: use model=sru or model=srupp"
