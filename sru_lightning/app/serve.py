@@ -50,7 +50,8 @@ def usage() -> str:
     from sru_lightning.app.key_value import command_usage
 
     notes = [
-        "POST /v1/completions {prompt, max_tokens, temperature, top_k, seed, stream}; GET /health.",
+        "POST /v1/completions {prompt, max_tokens, temperature, top_k, top_p, n, stop, seed, stream, logprobs};",
+        "GET /v1/models; GET /health.",
         "temperature=0 is greedy (the text of `generate ... temperature=0`).",
     ]
     example = f"{PROG} model=outputs/<date>/<time> port=8000 max_streams=64"
