@@ -103,7 +103,9 @@ def load_model(settings: ServeSettings):
     try:
         path, checkpoint, model, codec = load_trained(settings.model, settings.resume_dir, "serve")
     except UsageError as error:  # generate's loader names its own setting
-        raise UsageError(str(error).replace("`ckpt_path", "`model")) from None
+        raise UsageError(
+            str(error).replace("`ckpt_path", "`model").replace("point ckpt_path at", "point model at")
+        ) from None
     network = model.net.to(settings.device)  # the network steps; the LightningModule trains it
     return network, codec, f"{path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)"
 

@@ -16,6 +16,8 @@ noisy machine.
 
 from __future__ import annotations
 
+import sys
+
 from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.diagnostics import op_bench
 from sru_lightning.diagnostics.tables import STATISTIC_NAMES
@@ -255,7 +257,12 @@ def main(argv=None) -> int:
     elif mode == "serve":
         from sru_lightning.diagnostics import serve_bench
 
-        print(serve_bench.format_table(config, serve_bench.run_serve_benchmark(config)))
+        try:
+            results = serve_bench.run_serve_benchmark(config)
+        except serve_bench.ServerRefused as refusal:  # the server's own line names the setting
+            print(refusal, file=sys.stderr)
+            return 2
+        print(serve_bench.format_table(config, results))
     elif mode == "lm":
         return _bench_lm(config, refuse)
     elif mode == "data":
