@@ -16,6 +16,8 @@ next; `# ...` comments are dropped). Each is checked by what it runs:
   run also run for real.
 - `make`, `pip install`, `bash examples/...`, `sbatch examples/...`: the Makefile target, the
   extras in pyproject.toml, the script (bash -n) exist.
+- `python -m sru_lightning.hf.lm_eval ...`: the evaluation harness's own parser accepts the
+  arguments, and the model they name is registered.
 - `python examples/<script>.py ...`: the script's own `parse_args(argv)` accepts the arguments
   (tests/precision/test_fabric.py runs examples/fabric_loop.py for real).
 - `python examples/lightning_cli.py ...`: its arguments are parsed by the script's LightningCLI
@@ -323,6 +325,23 @@ def check_example_script(script: str, arguments: list[str]) -> None:
         pytest.fail(f"`{script} {' '.join(arguments)}` did not get past its parser (exit status {exit.code})")
 
 
+def check_harness_arguments(arguments: list[str], monkeypatch) -> None:
+    """`python -m sru_lightning.hf.lm_eval ...`: the harness's own parser accepts the arguments
+    (it stops there) and the model they name is registered."""
+    pytest.importorskip("lm_eval", reason="the evaluation harness needs the `hf` extra")
+    from lm_eval._cli import HarnessCLI
+    from lm_eval.api.registry import get_model
+
+    import sru_lightning.hf.harness  # noqa: F401  (registers --model sru_lightning)
+
+    monkeypatch.setattr(sys, "argv", ["lm_eval", *arguments])
+    try:
+        parsed = HarnessCLI().parse_args()
+    except SystemExit as exit:  # argparse's usage error
+        pytest.fail(f"`lm_eval {' '.join(arguments)}` did not get past its parser (exit status {exit.code})")
+    get_model(parsed.model)
+
+
 def check_statically(command: Command, monkeypatch) -> None:
     """The check every documented command gets (nothing runs but parsers and Hydra's compose)."""
     words = shlex.split(substitute(command.text, {"run": "outputs/run", "scratch": "/tmp"}))
@@ -358,6 +377,9 @@ def check_statically(command: Command, monkeypatch) -> None:
         return
     if program == "python" and len(words) > 1 and words[1].startswith("examples/") and words[1].endswith(".py"):
         check_example_script(words[1], words[2:])
+        return
+    if words[:3] == ["python", "-m", "sru_lightning.hf.lm_eval"]:
+        check_harness_arguments(words[3:], monkeypatch)
         return
     argv = sru_argv(words)
     assert argv is not None, f"no check for this kind of command; add one to {Path(__file__).name}"

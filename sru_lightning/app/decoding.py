@@ -20,12 +20,18 @@ from sru_lightning.app.usage import UsageError
 __all__ = ["GenerationStats", "generate_text", "sample", "sample_rows"]
 
 
-def sample(logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator) -> torch.Tensor:
+def sample(
+    logits: torch.Tensor, temperature: float, top_k: int, generator: torch.Generator, top_p: float = 1.0
+) -> torch.Tensor:
     """Next token ids (B,) from logits (B, vocab): greedy at temperature 0, else sampled from
-    softmax(logits / temperature) restricted to the `top_k` likeliest tokens (0 = all)."""
+    softmax(logits / temperature) restricted to the `top_k` likeliest tokens (0 = all) and then
+    to the smallest set of likeliest tokens whose probability reaches `top_p` (1 = all; nucleus
+    sampling)."""
     if temperature == 0:
         return logits.argmax(dim=-1)
     logits = logits.float() / temperature
+    if top_p < 1.0:
+        return _sample_nucleus(logits, top_k, top_p, generator)
     if 0 < top_k < logits.size(-1):
         values, indices = logits.topk(top_k, dim=-1)
         choice = torch.multinomial(torch.softmax(values, dim=-1), 1, generator=generator)
@@ -33,27 +39,45 @@ def sample(logits: torch.Tensor, temperature: float, top_k: int, generator: torc
     return torch.multinomial(torch.softmax(logits, dim=-1), 1, generator=generator).squeeze(-1)
 
 
+def _sample_nucleus(logits: torch.Tensor, top_k: int, top_p: float, generator: torch.Generator) -> torch.Tensor:
+    """A draw among the likeliest tokens (at most `top_k`, 0 = all) whose probabilities, taken in
+    order, first reach `top_p`: a token is kept when the tokens likelier than it hold less than
+    `top_p` (so the likeliest is always kept)."""
+    kept = top_k if 0 < top_k < logits.size(-1) else logits.size(-1)
+    values, indices = logits.topk(kept, dim=-1)  # sorted, likeliest first
+    probabilities = torch.softmax(values, dim=-1)
+    before = probabilities.cumsum(dim=-1) - probabilities
+    probabilities = probabilities.masked_fill(before >= top_p, 0.0)
+    choice = torch.multinomial(probabilities, 1, generator=generator)
+    return indices.gather(-1, choice).squeeze(-1)
+
+
 def sample_rows(
-    logits: torch.Tensor, temperatures: list[float], top_ks: list[int], generators: list[torch.Generator | None]
+    logits: torch.Tensor,
+    temperatures: list[float],
+    top_ks: list[int],
+    generators: list[torch.Generator | None],
+    top_ps: list[float] | None = None,
 ) -> torch.Tensor:
     """Next token ids (B,) of B independent requests: row r is exactly
-    ``sample(logits[r:r+1], temperatures[r], top_ks[r], generators[r])``, with the work that does
-    not depend on a row's generator done once for the batch (the greedy rows' argmax, the
+    ``sample(logits[r:r+1], temperatures[r], top_ks[r], generators[r], top_ps[r])``, with the work
+    that does not depend on a row's generator done once for the batch (the greedy rows' argmax, the
     softmax of the rows sampled from the whole vocabulary)."""
     rows = range(logits.size(0))
+    top_ps = top_ps if top_ps is not None else [1.0] * logits.size(0)
     tokens = torch.empty(logits.size(0), dtype=torch.long, device=logits.device)
     greedy = [row for row in rows if temperatures[row] == 0]
     if greedy:
         tokens[greedy] = logits[greedy].argmax(dim=-1)
-    whole = [row for row in rows if temperatures[row] != 0 and not 0 < top_ks[row] < logits.size(-1)]
+    sampled = [row for row in rows if temperatures[row] != 0]
+    whole = [row for row in sampled if not 0 < top_ks[row] < logits.size(-1) and top_ps[row] >= 1.0]
     if whole:
         scale = torch.tensor([temperatures[row] for row in whole], dtype=torch.float32, device=logits.device)
         probabilities = torch.softmax(logits[whole].float() / scale[:, None], dim=-1)
         for index, row in enumerate(whole):
             tokens[row] = torch.multinomial(probabilities[index : index + 1], 1, generator=generators[row])[0, 0]
-    for row in rows:
-        if temperatures[row] != 0 and 0 < top_ks[row] < logits.size(-1):
-            tokens[row] = sample(logits[row : row + 1], temperatures[row], top_ks[row], generators[row])[0]
+    for row in sorted(set(sampled) - set(whole)):
+        tokens[row] = sample(logits[row : row + 1], temperatures[row], top_ks[row], generators[row], top_ps[row])[0]
     return tokens
 
 

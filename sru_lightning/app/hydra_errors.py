@@ -1,7 +1,35 @@
 """Hydra's refusals of a command line told in one line: an override it cannot parse, and a
-composition error (an unknown key or option), for every command that composes the config."""
+composition error (an unknown key or option, a key that moved), for every command that composes
+the config."""
 
 from __future__ import annotations
+
+import dataclasses
+import re
+
+#: Hydra's refusal of an override of a key the config lacks (its first line names the key, its
+#: next one the override to append it with: "To append to your config use +<key>=<value>").
+_NOT_OVERRIDDEN = re.compile(r"Could not override '(?P<key>[^']+)'")
+
+
+def moved_network_key(message: str) -> str | None:
+    """The refusal of an override of a network setting under its old place (`model.hidden_size=`,
+    now `model.net.hidden_size=`), naming the new one; None for any other message. The network's
+    settings are :class:`~sru_lightning.nn.configs.LanguageNetConfig`'s fields."""
+    from sru_lightning.nn.configs import LanguageNetConfig
+
+    match = _NOT_OVERRIDDEN.search(message)
+    if match is None:
+        return None
+    key = match.group("key")
+    parts = key.split(".")
+    network_keys = {field.name for field in dataclasses.fields(LanguageNetConfig)}
+    if len(parts) < 2 or parts[0] != "model" or parts[1] not in network_keys:
+        return None
+    moved = "model.net." + ".".join(parts[1:])
+    value = re.search(r"use \+" + re.escape(key) + r"=(?P<value>.*)$", message, re.MULTILINE)
+    override = f"{moved}={value.group('value').strip()}" if value else f"{moved}=..."
+    return f"`{key}` is a setting of the network, which moved to `{moved}`: use {override}"
 
 
 def configuration_error(error: BaseException) -> str | None:
@@ -11,6 +39,9 @@ def configuration_error(error: BaseException) -> str | None:
 
     if not isinstance(error, (HydraException, OmegaConfBaseException)):
         return None
+    moved = moved_network_key(str(error))
+    if moved is not None:
+        return moved
     parts: list[str] = []
     for cause in (error, error.__cause__):
         if cause is None:

@@ -50,7 +50,8 @@ def usage() -> str:
     from sru_lightning.app.key_value import command_usage
 
     notes = [
-        "POST /v1/completions {prompt, max_tokens, temperature, top_k, seed, stream}; GET /health.",
+        "POST /v1/completions {prompt, max_tokens, temperature, top_k, top_p, n, stop, seed, stream, logprobs};",
+        "GET /v1/models; GET /health.",
         "temperature=0 is greedy (the text of `generate ... temperature=0`).",
     ]
     example = f"{PROG} model=outputs/<date>/<time> port=8000 max_streams=64"
@@ -102,7 +103,9 @@ def load_model(settings: ServeSettings):
     try:
         path, checkpoint, model, codec = load_trained(settings.model, settings.resume_dir, "serve")
     except UsageError as error:  # generate's loader names its own setting
-        raise UsageError(str(error).replace("`ckpt_path", "`model")) from None
+        raise UsageError(
+            str(error).replace("`ckpt_path", "`model").replace("point ckpt_path at", "point model at")
+        ) from None
     network = model.net.to(settings.device)  # the network steps; the LightningModule trains it
     return network, codec, f"{path} (step {checkpoint.get('global_step', '?')}, {codec.level} level)"
 

@@ -17,6 +17,8 @@ noisy machine.
 
 from __future__ import annotations
 
+import sys
+
 from sru_lightning.app.usage import CommandParser, command_prog
 from sru_lightning.diagnostics import op_bench
 from sru_lightning.diagnostics.tables import STATISTIC_NAMES
@@ -27,6 +29,8 @@ MODES = {
     "and inference, and the bytes autograd saves (the default)",
     "decode": "step-by-step text generation of the default model (conf/model/sru.yaml) against the "
     "same-size LSTM (conf/model/lstm.yaml) and SRU++",
+    "hf": "transformers' generate() on the default model's export folder against the package's own decoding "
+    "(`generate`'s loop) at batch 1 and 16",
     "export": "the default SRU, SRU++ and LSTM language models eagerly, as AOTInductor packages and in "
     "onnxruntime: a decoding step at batch 1 and a sequence of --length x --batch",
     "compile": "the default language model's training step and inference eagerly and with torch.compile "
@@ -57,6 +61,7 @@ MODE_OPTIONS: dict[str, dict[str, str]] = {
         "levels": "levels",
     },
     "decode": {"tokens": "tokens", **_COMMON},
+    "hf": {"tokens": "tokens", **_COMMON},
     "export": {"tokens": "steps", "length": "length", "batch": "batch", **_COMMON},
     "compile": {"length": "length", "batch": "batch", **_COMMON},
     "documents": {"length": "length", "batch": "batch", "hidden": "hidden", **_COMMON},
@@ -148,6 +153,7 @@ def _mode_config(mode: str):
         decode_bench,
         documents_bench,
         export_bench,
+        hf_bench,
         hold_bench,
         lm_bench,
         serve_bench,
@@ -156,6 +162,7 @@ def _mode_config(mode: str):
     return {
         "op": op_bench.BenchConfig,
         "decode": decode_bench.DecodeBenchConfig,
+        "hf": hf_bench.HFBenchConfig,
         "export": export_bench.ExportBenchConfig,
         "compile": compile_bench.CompileBenchConfig,
         "documents": documents_bench.DocumentsBenchConfig,
@@ -254,6 +261,10 @@ def main(argv=None) -> int:
         from sru_lightning.diagnostics import decode_bench
 
         print(decode_bench.format_table(decode_bench.run_decode_benchmark(config)))
+    elif mode == "hf":
+        from sru_lightning.diagnostics import hf_bench
+
+        print(hf_bench.format_table(hf_bench.run_hf_benchmark(config)))
     elif mode == "export":
         from sru_lightning.diagnostics import export_bench
 
@@ -265,7 +276,12 @@ def main(argv=None) -> int:
     elif mode == "serve":
         from sru_lightning.diagnostics import serve_bench
 
-        print(serve_bench.format_table(config, serve_bench.run_serve_benchmark(config)))
+        try:
+            results = serve_bench.run_serve_benchmark(config)
+        except serve_bench.ServerRefused as refusal:  # the server's own line names the setting
+            print(refusal, file=sys.stderr)
+            return 2
+        print(serve_bench.format_table(config, results))
     elif mode == "lm":
         return _bench_lm(config, refuse)
     elif mode == "data":

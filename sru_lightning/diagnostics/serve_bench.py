@@ -46,7 +46,13 @@ class LevelResult:
         return self.tokens / self.seconds if self.seconds > 0 else 0.0
 
 
+class ServerRefused(Exception):
+    """`serve` refused its settings (exit status 2): its one-line error, which names the setting."""
+
+
 def start_server(config: ServeBenchConfig, max_streams: int) -> tuple[subprocess.Popen, int]:
+    """The started server and its port; ServerRefused with the server's own line when it refuses
+    its settings (a model it cannot load), RuntimeError when it fails otherwise."""
     from sru_lightning.app.serve import READY_PREFIX
 
     command = [sys.executable, "-m", "sru_lightning", "serve", f"model={config.model}", "port=0"]
@@ -59,6 +65,9 @@ def start_server(config: ServeBenchConfig, max_streams: int) -> tuple[subprocess
             port = int(line.split(READY_PREFIX)[1].split()[0].rsplit(":", 1)[1])
             return process, port
     process.wait()
+    said = [line.rstrip() for line in lines if line.strip()]
+    if process.returncode == 2 and said:
+        raise ServerRefused(said[-1])
     raise RuntimeError("the server did not start:\n" + "".join(lines[-10:]))
 
 

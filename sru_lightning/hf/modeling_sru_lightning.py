@@ -172,7 +172,9 @@ class SRULightningForCausalLM(SRULightningPreTrainedModel, GenerationMixin):
         return CausalLMOutputWithPast(loss=loss, logits=logits, cache=cache)
 
     def _check_ids(self, tokens: Tensor) -> None:
-        if tokens.numel() and (int(tokens.max()) >= self.config.vocab_size or int(tokens.min()) < 0):
+        # One test of the whole batch (a generation step pays for it every token); the range is
+        # computed only to word the refusal.
+        if bool(((tokens < 0) | (tokens >= self.config.vocab_size)).any()):
             raise ValueError(
                 f"{type(self).__name__}: `input_ids` must be in [0, {self.config.vocab_size}) where the attention "
                 f"mask is 1, got ids from {int(tokens.min())} to {int(tokens.max())}"
@@ -204,6 +206,14 @@ class SRULightningForCausalLM(SRULightningPreTrainedModel, GenerationMixin):
         return logits, final
 
     # -- generation ---------------------------------------------------------------------------
+    def generate(self, *args: Any, **kwargs: Any):
+        """transformers' ``generate``, run under ``torch.inference_mode`` (as the package's own
+        decoding is) rather than ``no_grad`` alone: a step of a small recurrent model is short
+        enough that autograd's bookkeeping of every tensor is a fifth of it on a CPU (``bench hf``).
+        The ids it returns are inference tensors, like everything decoding makes."""
+        with torch.inference_mode():
+            return super().generate(*args, **kwargs)
+
     def prepare_inputs_for_generation(
         self,
         input_ids: torch.LongTensor,

@@ -34,3 +34,35 @@ def test_sampling_rows_together_draws_what_each_row_draws_alone():
         generators = [torch.Generator().manual_seed(seed + r) for r in range(7)]
         together = sample_rows(logits, temperatures, top_ks, generators).tolist()
         assert together == alone, seed
+
+
+def test_top_p_draws_only_from_the_smallest_set_of_likeliest_tokens_reaching_it():
+    # probabilities 0.5, 0.3, 0.15, 0.05: top_p=0.7 keeps the first two (0.5 < 0.7 <= 0.8)
+    logits = torch.tensor([[0.5, 0.3, 0.15, 0.05]]).log()
+    generator = torch.Generator().manual_seed(0)
+    draws = {int(sample(logits, 1.0, 0, generator, top_p=0.7)) for _ in range(300)}
+    assert draws == {0, 1}
+    assert {int(sample(logits, 1.0, 0, generator, top_p=0.5)) for _ in range(100)} == {0}
+    assert {int(sample(logits, 1.0, 0, generator, top_p=0.01)) for _ in range(100)} == {0}
+    assert {int(sample(logits, 1.0, 0, generator, top_p=0.81)) for _ in range(500)} == {0, 1, 2}
+    # with top_k, the nucleus is taken among the top_k tokens' renormalised probabilities
+    assert {int(sample(logits, 1.0, 3, generator, top_p=0.99)) for _ in range(500)} == {0, 1, 2}
+    # top_p=1 draws what sampling without it draws
+    one = [int(sample(logits, 1.0, 0, torch.Generator().manual_seed(s), top_p=1.0)) for s in range(20)]
+    assert one == [int(sample(logits, 1.0, 0, torch.Generator().manual_seed(s))) for s in range(20)]
+
+
+def test_rows_with_top_p_draw_together_what_they_draw_alone():
+    logits = torch.randn(5, 50, generator=torch.Generator().manual_seed(4)) * 3
+    temperatures, top_ks, top_ps = [0.8, 1.0, 1.2, 0, 1.0], [0, 0, 5, 0, 0], [0.9, 1.0, 0.5, 0.3, 0.2]
+    for seed in range(10):
+        alone = [
+            int(
+                sample(
+                    logits[r : r + 1], temperatures[r], top_ks[r], torch.Generator().manual_seed(seed + r), top_ps[r]
+                )
+            )
+            for r in range(5)
+        ]
+        generators = [torch.Generator().manual_seed(seed + r) for r in range(5)]
+        assert sample_rows(logits, temperatures, top_ks, generators, top_ps).tolist() == alone, seed

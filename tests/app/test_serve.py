@@ -1,7 +1,8 @@
 """`python -m sru_lightning serve` as a real process on a loopback port: greedy text equals
 `generate`'s, alone and batched with other streams; a seed gives the same text whatever else is in
 the batch; bad requests get their 4xx and the server serves on; a client that leaves frees its
-slot; max_streams refuses one more with 503; SIGTERM finishes the open streams and exits 0."""
+slot; max_streams refuses one more with 503; SIGTERM finishes the open streams and exits 0; the
+`openai` package's client reads it, with the fields OpenAI clients send."""
 
 from __future__ import annotations
 
@@ -173,8 +174,9 @@ BAD_BODIES = [
     (b'{"prompt": "a", "max_tokens": -1}', "`max_tokens` must be an integer from 1 to 1000000, got -1"),
     (b'{"prompt": "a", "max_tokens": 1000001}', "got 1000001"),
     (b'{"prompt": "a",', "the body must be a JSON object, got malformed JSON"),
-    (b'{"prompt": ["a"]}', '`prompt` must be a string, got ["a"]'),
-    (b'{"prompt": "a", "temperature": "0"}', "`temperature` must be a number"),
+    (b'{"prompt": [["a"]]}', "`prompt` must be a string, a list of strings, a list of token ids or a list of"),
+    (b'{"prompt": "a", "frequency_penalty": 0.5}', "`frequency_penalty` must be 0 (this server applies no penal"),
+    (b'{"prompt": "a", "temperature": "0"}', "`temperature` must be a finite number"),
 ]
 
 
@@ -250,3 +252,76 @@ def test_an_export_folder_serves_generates_greedy_text(run_dir, tmp_path):
         assert [result[1]["choices"][0]["text"] for result in results] == [expected] * 4
     finally:
         assert server.stop() == 0
+
+
+# -- the `openai` package's client -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    openai = pytest.importorskip("openai", reason="the OpenAI client tests need the `hf` extra")
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def test_the_openai_client_lists_the_model_and_completes(client, run_dir):
+    (model,) = client.models.list().data
+    assert model.id == run_dir.name and client.models.retrieve(run_dir.name).id == run_dir.name
+    completion = client.completions.create(model=model.id, prompt="The ", max_tokens=30, temperature=0)
+    assert completion.choices[0].text == generate_text(run_dir, "The ", 30, 0.0)
+    assert completion.usage.completion_tokens == 30
+
+
+def test_stop_ends_the_text_before_the_stop_string(client, run_dir):
+    greedy = generate_text(run_dir, "The ", 60, 0.0)
+    stop = greedy[20:22]  # a piece of the text it will write: the text ends where it first appears
+    completion = client.completions.create(model="m", prompt="The ", max_tokens=60, temperature=0, stop=[stop, "@@@"])
+    (choice,) = completion.choices
+    assert (choice.text, choice.finish_reason) == (greedy[: greedy.find(stop)], "stop")
+    streamed = client.completions.create(model="m", prompt="The ", max_tokens=60, temperature=0, stop=stop, stream=True)
+    chunks = list(streamed)
+    assert "".join(chunk.choices[0].text for chunk in chunks) == choice.text
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
+def test_list_prompts_and_n_choices_are_streams_of_one_batch(client, run_dir, server):
+    prompts = ["The ", "a"]
+    steps_before = server.health()["steps"]
+    completion = client.completions.create(model="m", prompt=prompts, n=3, max_tokens=40, temperature=0.9, seed=5)
+    choices = sorted(completion.choices, key=lambda choice: choice.index)
+    assert [choice.index for choice in choices] == list(range(6))
+    # choice c of each prompt draws with seed + c: `generate`'s sample for that seed
+    expected = [generate_text(run_dir, prompt, 40, 0.9, seed=5 + c) for prompt in prompts for c in range(3)]
+    assert [choice.text for choice in choices] == expected
+    assert completion.usage.prompt_tokens == 5 and completion.usage.completion_tokens == 6 * 40
+    assert server.health()["steps"] - steps_before < 6 * 40  # the six streams stepped together
+    stream = client.completions.create(
+        model="m", prompt=prompts, n=3, max_tokens=40, temperature=0.9, seed=5, stream=True
+    )
+    texts = ["" for _ in range(6)]
+    for chunk in stream:
+        for choice in chunk.choices:
+            texts[choice.index] += choice.text
+    assert texts == expected
+
+
+def test_logprobs_and_top_p(client, run_dir):
+    completion = client.completions.create(model="m", prompt="The ", max_tokens=20, temperature=0, logprobs=2)
+    (choice,) = completion.choices
+    logprobs = choice.logprobs
+    assert "".join(logprobs.tokens) == choice.text
+    assert len(logprobs.token_logprobs) == 20 and all(value <= 0 for value in logprobs.token_logprobs)
+    for token, value, top in zip(logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs):
+        assert 1 <= len(top) <= 2 and max(top.values()) == pytest.approx(value)  # greedy: the likeliest
+        assert top.get(token, value) == pytest.approx(value)
+    # a nucleus so small that it holds the likeliest token alone: greedy text at any temperature
+    nucleus = client.completions.create(model="m", prompt="The ", max_tokens=20, temperature=1.5, top_p=1e-6)
+    assert nucleus.choices[0].text == choice.text
+
+
+def test_a_field_it_cannot_honour_is_refused_naming_it(client):
+    import openai
+
+    with pytest.raises(openai.BadRequestError, match=r"`presence_penalty` must be 0 .*got 0\.5"):
+        client.completions.create(model="m", prompt="a", max_tokens=2, presence_penalty=0.5)
+    neutral = client.completions.create(model="m", prompt="a", max_tokens=2, presence_penalty=0, frequency_penalty=0)
+    assert neutral.usage.completion_tokens == 2

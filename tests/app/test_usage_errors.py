@@ -58,6 +58,20 @@ TRAINER_CASES = [
     ("fit", "trainer.precision", ["trainer.precision=8-true"], "`trainer.precision` must be"),
     ("fit", "trainer.gradient_clip_val", ["trainer.gradient_clip_val=abc"], "`trainer.gradient_clip_val` must be"),
     ("fit", "trainer.<unknown>", ["trainer.nokey=1"], "Could not override 'trainer.nokey'"),
+    (
+        "fit",
+        "model.net.hidden_size",
+        ["model.hidden_size=32"],
+        "`model.hidden_size` is a setting of the network, which moved to `model.net.hidden_size`: use "
+        "model.net.hidden_size=32",
+    ),
+    (
+        "validate",
+        "model.net.sru_options.rescale",
+        ["model.sru_options.rescale=false"],
+        "which moved to `model.net.sru_options.rescale`: use model.net.sru_options.rescale=false",
+    ),
+    ("fit", "model.<unknown>", ["model.nokey=1"], "Could not override 'model.nokey'"),
     ("fit", "model", ["model=nope"], "Could not find 'model/nope'"),
     ("fit", "model.net.rnn", ["model.net.rnn=gru"], "`rnn` must be one of"),
     ("fit", "model.net.hidden_size", ["model.net.hidden_size=0"], "`hidden_size` must be a positive integer"),
@@ -164,6 +178,12 @@ TOOL_CASES = [
     ("bench", "--batch", ["--batch", "0"], "--batch must be >= 1"),
     ("bench", "--layers", ["op", "--layers", "0"], "--layers must be >= 1"),
     ("bench", "--repeats", ["compile", "--repeats", "0"], "--repeats must be >= 1"),
+    (  # the server's own refusal, alone (not inside the benchmark's traceback)
+        "bench",
+        "--model",
+        ["serve", "--model", "{empty_dir}", "--seconds", "1"],
+        "serve: error: `model` is the directory",
+    ),
     ("bench", "--warmup", ["--warmup", "x"], "argument --warmup: invalid int value"),
     ("bench", "--tokens", ["decode", "--tokens", "0"], "--tokens must be >= 1"),
     ("bench", "--tokens", ["documents", "--tokens", "5"], "--tokens is an option of `bench decode`, `bench export`"),

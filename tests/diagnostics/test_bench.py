@@ -190,6 +190,18 @@ def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_gen
     assert float(rows["SRU (model=sru)"][-4]) > 0
 
 
+def test_hf_bench_times_transformers_generate_against_the_packages_decoding(capsys):
+    pytest.importorskip("transformers", reason="bench hf needs the `hf` extra: pip install 'sru_lightning[hf]'")
+    assert bench.main(["hf", "--tokens", "4", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("transformers generate() against the package's decoding: default model (hidden 256")
+    rows = {line.split()[0]: line.split() for line in lines[2:4]}
+    assert set(rows) == {"1", "16"}
+    for _, package, transformers, ratio, _goal in rows.values():
+        # the tokens/s are printed whole: the ratio of the printed figures is close to the printed ratio
+        assert float(ratio) == pytest.approx(float(transformers) / float(package), rel=0.05)
+
+
 def test_documents_bench_times_packed_against_padded_and_the_op_with_and_without_boundaries(capsys):
     arguments = ["documents", "--length", "16", "--batch", "2", "--hidden", "8", "--repeats", "2", "--warmup", "0"]
     assert bench.main(arguments) == 0
@@ -240,7 +252,7 @@ def test_documents_bench_rows_never_exceed_the_length():
         (
             ["--tokens", "5"],
             "bench op: error: unrecognized arguments: --tokens 5; --tokens is an option of `bench decode`, "
-            "`bench export`",
+            "`bench hf`, `bench export`",
         ),
         (["compile", "--tokens", "5"], "bench compile: error: unrecognized arguments: --tokens 5;"),
         (
@@ -301,6 +313,7 @@ def test_each_subcommands_help_lists_only_its_options_with_its_defaults():
         (["export", "--tokens", "5"], "export_bench", "run_export_benchmark", dict(steps=5, threads=1)),
         (["compile"], "compile_bench", "run_compile_benchmark", dict(length=64, batch=16, threads=2)),
         (["decode", "--tokens", "5"], "decode_bench", "run_decode_benchmark", dict(tokens=5, threads=2)),
+        (["hf"], "hf_bench", "run_hf_benchmark", dict(tokens=200, threads=2, repeats=10)),
         (["op"], "op_bench", "run_benchmark", dict(length=128, batch=32, layers=2, include_peer=True)),
         ([], "op_bench", "run_benchmark", dict(length=128, hidden=256, dtype="fp32")),  # `bench` alone
         (["--no-peer", "--length", "8"], "op_bench", "run_benchmark", dict(length=8, include_peer=False)),

@@ -1,5 +1,6 @@
 """The HTTP face of the scheduler: an OpenAI-style ``POST /v1/completions`` (whole or streamed as
-server-sent events) and ``GET /health``, on FastAPI (served by uvicorn).
+server-sent events; one stream per choice, every prompt `n` times), ``GET /v1/models`` and
+``GET /health``, on FastAPI (served by uvicorn).
 
 Tokens cross from the scheduler thread to the event loop once per scheduler round: `emit` only
 collects, and the scheduler's `after_step` hands the round's pieces to the loop in one call, so a
@@ -20,6 +21,9 @@ from typing import Any
 from .requests import CompletionRequest, RequestError, error_body, parse_completion_request
 from .scheduler import Scheduler, SchedulerClosed, SchedulerFull, Stream
 
+#: What a choice's stream hands the event loop: (choice index, text, finish_reason, logprobs).
+Piece = tuple[int, str, str | None, list[dict[str, Any]] | None]
+
 #: Seconds a whole (not streamed) completion waits between checks that its client is still there.
 DISCONNECT_POLL_S = 0.5
 
@@ -29,13 +33,15 @@ class Outbox:
 
     def __init__(self) -> None:
         self.loop: asyncio.AbstractEventLoop | None = None
-        self._items: list[tuple[asyncio.Queue, str, str | None]] = []
+        self._items: list[tuple[asyncio.Queue, Piece]] = []
         self._lock = threading.Lock()
 
-    def emitter(self, queue: asyncio.Queue):
-        def emit(text: str, finish_reason: str | None) -> None:
+    def emitter(self, queue: asyncio.Queue, index: int = 0):
+        """The `emit` of choice `index`, whose pieces go to `queue`."""
+
+        def emit(text: str, finish_reason: str | None, logprobs: list[dict[str, Any]] | None = None) -> None:
             with self._lock:
-                self._items.append((queue, text, finish_reason))
+                self._items.append((queue, (index, text, finish_reason, logprobs)))
 
         return emit
 
@@ -46,9 +52,9 @@ class Outbox:
             self.loop.call_soon_threadsafe(_deliver, items)
 
 
-def _deliver(items: list[tuple[asyncio.Queue, str, str | None]]) -> None:
-    for queue, text, finish_reason in items:
-        queue.put_nowait((text, finish_reason))
+def _deliver(items: list[tuple[asyncio.Queue, Piece]]) -> None:
+    for queue, piece in items:
+        queue.put_nowait(piece)
 
 
 def build_app(scheduler: Scheduler, outbox: Outbox, model_name: str, max_tokens_cap: int):
@@ -81,15 +87,31 @@ def build_app(scheduler: Scheduler, outbox: Outbox, model_name: str, max_tokens_
         code = 503 if stats["draining"] else 200
         return JSONResponse({"status": status, "model": model_name, **stats}, status_code=code)
 
+    created = int(time.time())
+    model_card = {"id": model_name, "object": "model", "created": created, "owned_by": "sru_lightning"}
+
+    @app.get("/v1/models")
+    async def models():
+        return JSONResponse({"object": "list", "data": [model_card]})
+
+    @app.get("/v1/models/{name:path}")
+    async def model(name: str):
+        if name != model_name:
+            return refuse(404, f"`model` {name!r} is not served here; this server serves {model_name!r}", "model")
+        return JSONResponse(model_card)
+
     @app.post("/v1/completions")
     async def completions(request: Request):
         try:
-            parsed = parse_completion_request(await request.body(), scheduler.codec, max_tokens_cap)
+            parsed = parse_completion_request(
+                await request.body(), scheduler.codec, max_tokens_cap, scheduler.max_streams
+            )
         except RequestError as error:
             return refuse(error.status, error.message, error.param, error.kind)
         queue: asyncio.Queue = asyncio.Queue()
+        requests = parsed.streams()
         try:
-            stream = scheduler.submit(parsed, outbox.emitter(queue))
+            streams = scheduler.submit_all(requests, [outbox.emitter(queue, each.index) for each in requests])
         except SchedulerFull as error:
             return refuse(503, str(error), kind="server_busy", headers={"Retry-After": "1"})
         except SchedulerClosed as error:
@@ -97,79 +119,135 @@ def build_app(scheduler: Scheduler, outbox: Outbox, model_name: str, max_tokens_
         identity = f"cmpl-{uuid.uuid4().hex}"
         head = {"id": identity, "object": "text_completion", "created": int(time.time()), "model": model_name}
         if parsed.stream:
-            events = _events(stream, queue, head)
+            events = _events(parsed, streams, queue, head)
             return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache"})
-        return await _whole(request, stream, queue, head, refuse)
+        return await _whole(request, parsed, streams, queue, head, refuse)
 
     return app
 
 
-def _usage(request: CompletionRequest, generated: int) -> dict[str, int]:
-    prompt = len(request.prompt_ids)
+def _usage(request: CompletionRequest, streams: list[Stream]) -> dict[str, int]:
+    prompt = sum(len(ids) for ids in request.prompt_ids)  # each prompt once, whatever `n`
+    generated = sum(stream.generated for stream in streams)
     return {"prompt_tokens": prompt, "completion_tokens": generated, "total_tokens": prompt + generated}
 
 
-def _choice(text: str, finish_reason: str | None) -> dict[str, Any]:
-    return {"text": text, "index": 0, "logprobs": None, "finish_reason": finish_reason}
+def _choice(index: int, text: str, finish_reason: str | None, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    return {"text": text, "index": index, "logprobs": logprobs, "finish_reason": finish_reason}
 
 
-async def _events(stream: Stream, queue: asyncio.Queue, head: dict[str, Any]) -> AsyncIterator[str]:
-    """`data: {chunk}` per token (one chunk per token, several written at once when they queued
-    up), the last with its finish_reason and the usage, then `data: [DONE]`. Leaving early (the
-    client went away) cancels the stream: its slot is free at the scheduler's next step."""
-    # A token's chunk differs from the stream's others only in its text: the rest is written once.
-    middle = json.dumps({**head, "choices": [_choice("", None)]}, ensure_ascii=False)
-    before, after = middle.split('"text": ""', 1)
+def _logprobs(entries: list[dict[str, Any]], offset: int) -> dict[str, Any]:
+    """OpenAI's completions `logprobs` of `entries` (one per token); `text_offset`: where each
+    token's text starts in the choice's text, counted from `offset`."""
+    offsets = []
+    for entry in entries:
+        offsets.append(offset)
+        offset += len(entry["token"])
+    return {
+        "tokens": [entry["token"] for entry in entries],
+        "token_logprobs": [entry["logprob"] for entry in entries],
+        "top_logprobs": [entry["top_logprobs"] for entry in entries],
+        "text_offset": offsets,
+    }
+
+
+async def _events(
+    request: CompletionRequest, streams: list[Stream], queue: asyncio.Queue, head: dict[str, Any]
+) -> AsyncIterator[str]:
+    """`data: {chunk}` per token of each choice (several written at once when they queued up),
+    each choice's last with its finish_reason; the last of all carries the usage (or, asked with
+    `stream_options.include_usage`, a chunk of its own with no choices), then `data: [DONE]`.
+    Leaving early (the client went away) cancels the streams: their slots are free at the
+    scheduler's next step."""
+    # A token's chunk differs from its choice's others only in its text: the rest is written once.
+    templates: dict[int, tuple[str, str]] = {}
+
+    def plain(index: int, text: str) -> str:
+        if index not in templates:
+            middle = json.dumps({**head, "choices": [_choice(index, "", None)]}, ensure_ascii=False)
+            before, after = middle.split('"text": ""', 1)
+            templates[index] = before, after
+        before, after = templates[index]
+        return f'data: {before}"text": {json.dumps(text, ensure_ascii=False)}{after}\n\n'
+
+    offsets = {stream.request.index: 0 for stream in streams}
+    open_choices = len(streams)
     try:
+        if request.echo:
+            yield "".join(plain(stream.request.index, stream.request.prompt) for stream in streams)
         while True:
             pieces = [await queue.get()]
             while not queue.empty():
                 pieces.append(queue.get_nowait())
             lines, finished = [], False
-            for text, finish_reason in pieces:
+            for index, text, finish_reason, entries in pieces:
                 if finish_reason == "error":
                     lines.append(_sse(error_body(f"generation failed: {text}", "server_error")))
                     finished = True
                     break
-                if finish_reason is None:
-                    lines.append(f'data: {before}"text": {json.dumps(text, ensure_ascii=False)}{after}\n\n')
+                if finish_reason is None and entries is None:
+                    lines.append(plain(index, text))
                     continue
-                chunk = {**head, "choices": [_choice(text, finish_reason)]}
-                chunk["usage"] = _usage(stream.request, stream.generated)
-                finished = True
+                logprobs = None
+                if entries is not None:
+                    logprobs = _logprobs(entries, offsets[index])
+                    offsets[index] += sum(len(entry["token"]) for entry in entries)
+                chunk = {**head, "choices": [_choice(index, text, finish_reason, logprobs)]}
+                if finish_reason is not None:
+                    open_choices -= 1
+                    if open_choices == 0:
+                        finished = True
+                        if request.include_usage:
+                            lines.append(_sse(chunk))
+                            chunk = {**head, "choices": [], "usage": _usage(request, streams)}
+                        else:
+                            chunk["usage"] = _usage(request, streams)
                 lines.append(_sse(chunk))
+                if finished:
+                    break
             if finished:
                 lines.append("data: [DONE]\n\n")
             yield "".join(lines)
             if finished:
                 return
     finally:
-        stream.cancel()
+        for stream in streams:
+            stream.cancel()
 
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload, ensure_ascii=False)}\n\n"
 
 
-async def _whole(request, stream: Stream, queue: asyncio.Queue, head: dict[str, Any], refuse):
-    """The completion in one JSON response; a client that leaves while it waits cancels it."""
+async def _whole(request, parsed: CompletionRequest, streams: list[Stream], queue: asyncio.Queue, head, refuse):
+    """The completion in one JSON response, its choices in order; a client that leaves while it
+    waits cancels it."""
     from fastapi.responses import JSONResponse
 
-    texts: list[str] = []
+    texts: dict[int, list[str]] = {stream.request.index: [] for stream in streams}
+    entries: dict[int, list[dict[str, Any]]] = {index: [] for index in texts}
+    finish_reasons: dict[int, str] = {}
     try:
-        while True:
+        while len(finish_reasons) < len(streams):
             try:
-                text, finish_reason = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
+                index, text, finish_reason, logprobs = await asyncio.wait_for(queue.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
                 if await request.is_disconnected():
                     return refuse(499, "the client closed the connection")
                 continue
             if finish_reason == "error":
                 return refuse(500, f"generation failed: {text}", kind="server_error")
-            texts.append(text)
+            texts[index].append(text)
+            entries[index] += logprobs or []
             if finish_reason is not None:
-                body = {**head, "choices": [_choice("".join(texts), finish_reason)]}
-                body["usage"] = _usage(stream.request, stream.generated)
-                return JSONResponse(body)
+                finish_reasons[index] = finish_reason
+        prompts = {stream.request.index: stream.request.prompt for stream in streams}
+        choices = []
+        for index in sorted(texts):
+            echoed = prompts[index] if parsed.echo else ""
+            logprobs = _logprobs(entries[index], 0) if parsed.logprobs is not None else None
+            choices.append(_choice(index, echoed + "".join(texts[index]), finish_reasons[index], logprobs))
+        return JSONResponse({**head, "choices": choices, "usage": _usage(parsed, streams)})
     finally:
-        stream.cancel()
+        for stream in streams:
+            stream.cancel()

@@ -1,12 +1,14 @@
 """One thread owns the model and advances every open stream by one token per model call.
 
-A stream is one completion: its prompt is read in one forward of its own (the prompt pass of
+A stream is one choice of a completion (a request with several prompts or `n` > 1 opens one
+stream each, stepped together): its prompt is read in one forward of its own (the prompt pass of
 ``generate``), then it joins the batch. Each step stacks the last token of every stream in the
 batch, runs ``model.step(tokens, state)`` once on the batched recurrent state, samples each row
 with the stream's own ``torch.Generator`` (:mod:`sru_lightning.app.decoding`, as ``generate``
 does), and hands the text to the stream's consumer. A stream leaves the batch when it has its
-``max_tokens`` or when its consumer cancels it (a client that went away): its rows are dropped
-from the state before the next step. The recurrent state of a stream is a few KB (SRU's ``c``, LSTM's ``(h, c)``).
+``max_tokens``, when its text reaches one of its stop strings, or when its consumer cancels it
+(a client that went away): its rows are dropped from the state before the next step. The
+recurrent state of a stream is a few KB (SRU's ``c``, LSTM's ``(h, c)``).
 
 The state's batch axis is found once by probing the model with batches of 1 and 2, so the same
 code serves a checkpoint's model and an export folder. Streams whose states differ in shape
@@ -26,7 +28,12 @@ import torch
 
 from sru_lightning.app.decoding import sample, sample_rows
 
-from .requests import CompletionRequest
+from .requests import StreamRequest
+from .stops import StopText
+
+#: What a stream hands its consumer per token: text, finish_reason (None until the last: "length",
+#: "stop", or "error" with the reason as text), and the token's log probabilities when asked.
+Emit = Callable[[str, str | None, list[dict[str, Any]] | None], None]
 
 
 class SchedulerFull(Exception):
@@ -39,17 +46,20 @@ class SchedulerClosed(Exception):
 
 @dataclass(eq=False)
 class Stream:
-    """One open completion. `emit(text, finish_reason)` is called on the scheduler thread for each
-    token (finish_reason None until the last one: "length", or "error" with the reason as text)."""
+    """One open choice of a completion. `emit(text, finish_reason, logprobs)` is called on the
+    scheduler thread for each token (see :data:`Emit`); `logprobs` lists, when the request asked
+    for them, each token sampled since the last call: {"token", "logprob", "top_logprobs"}."""
 
-    request: CompletionRequest
-    emit: Callable[[str, str | None], None]
+    request: StreamRequest
+    emit: Emit
     cancelled: bool = False
     done: bool = False  # left the scheduler (its slot is free)
     generated: int = 0
     token: torch.Tensor | None = None  # the last sampled token, fed to the next step
     generator: torch.Generator | None = None
     write: Any = None  # the codec's incremental decoder
+    stop: StopText = field(default_factory=StopText)
+    pending_logprobs: list[dict[str, Any]] = field(default_factory=list)
     created: float = field(default_factory=time.time)
 
     def cancel(self) -> None:
@@ -136,17 +146,22 @@ class Scheduler:
         self._thread.start()
         return self
 
-    def submit(self, request: CompletionRequest, emit: Callable[[str, str | None], None]) -> Stream:
-        stream = Stream(request, emit)
+    def submit(self, request: StreamRequest, emit: Emit) -> Stream:
+        return self.submit_all([request], [emit])[0]
+
+    def submit_all(self, requests: list[StreamRequest], emits: list[Emit]) -> list[Stream]:
+        """Open a stream per request, all or none (SchedulerFull when they do not all fit)."""
+        streams = [Stream(request, emit, stop=StopText(request.stop)) for request, emit in zip(requests, emits)]
         with self._lock:
             if self._closing:
                 raise SchedulerClosed("the server is shutting down and takes no new request")
-            if self._open >= self.max_streams:
-                raise SchedulerFull(f"all {self.max_streams} streams (max_streams) are busy; retry shortly")
-            self._open += 1
-            self._pending.append(stream)
+            if self._open + len(streams) > self.max_streams:
+                busy = f"{self._open} of {self.max_streams} streams (max_streams) are busy"
+                raise SchedulerFull(f"{busy} and this request needs {len(streams)}; retry shortly")
+            self._open += len(streams)
+            self._pending.extend(streams)
             self._lock.notify()
-        return stream
+        return streams
 
     def stats(self) -> dict[str, Any]:
         with self._lock:
@@ -205,8 +220,8 @@ class Scheduler:
             return
         stream.generator = torch.Generator(device=self.device).manual_seed(request.seed)
         stream.write = self.codec.decoder(after=request.prompt)
-        token = sample(logits, request.temperature, request.top_k, stream.generator)
-        if self._hand_out(stream, token):
+        token = sample(logits, request.temperature, request.top_k, stream.generator, request.top_p)
+        if self._hand_out(stream, token, logits[0]):
             self._release([stream])
             return
         state = self.layout.flat(state)
@@ -218,17 +233,36 @@ class Scheduler:
                 return
         self._groups.append(_Group([stream], state))
 
-    def _hand_out(self, stream: Stream, token: torch.Tensor) -> bool:
-        """Give the stream its sampled token; True when that was its last."""
+    def _hand_out(self, stream: Stream, token: torch.Tensor, logits: torch.Tensor) -> bool:
+        """Give the stream its sampled token (`logits` (vocab,): what it was drawn from); True
+        when that was its last: `max_tokens` reached, or a stop string found in the text."""
         stream.token = token.reshape(1)
         stream.generated += 1
         self.tokens += 1
-        text = stream.write(int(token))
+        if stream.request.logprobs is not None:
+            stream.pending_logprobs.append(self._logprobs(int(token), logits, stream.request.logprobs))
         last = stream.generated >= stream.request.max_tokens
-        if last:
-            text += stream.write.flush()
-        stream.emit(text, "length" if last else None)
-        return last
+        piece = stream.write(int(token)) + (stream.write.flush() if last else "")
+        text, stopped = stream.stop.feed(piece)
+        if last and not stopped:
+            text += stream.stop.flush()
+        finish_reason = "stop" if stopped else "length" if last else None
+        if text or finish_reason is not None:
+            logprobs = stream.pending_logprobs if stream.request.logprobs is not None else None
+            stream.pending_logprobs = []
+            stream.emit(text, finish_reason, logprobs)
+        return finish_reason is not None
+
+    def _logprobs(self, token: int, logits: torch.Tensor, alternatives: int) -> dict[str, Any]:
+        """The token's log probability under the model (temperature 1, nothing cut), and the
+        `alternatives` likeliest tokens' ({text: log probability})."""
+        log_probabilities = torch.log_softmax(logits.float(), dim=-1)
+        top: dict[str, float] = {}
+        if alternatives:
+            values, indices = log_probabilities.topk(min(alternatives, log_probabilities.numel()))
+            for value, index in zip(values.tolist(), indices.tolist()):
+                top.setdefault(self.codec.decode([index]), value)
+        return {"token": self.codec.decode([token]), "logprob": float(log_probabilities[token]), "top_logprobs": top}
 
     def _drop_cancelled(self) -> None:
         for group in self._groups:
@@ -266,8 +300,9 @@ class Scheduler:
             [stream.request.temperature for stream in streams],
             [stream.request.top_k for stream in streams],
             [stream.generator for stream in streams],
+            [stream.request.top_p for stream in streams],
         )
-        return {row for row, stream in enumerate(streams) if self._hand_out(stream, tokens[row])}
+        return {row for row, stream in enumerate(streams) if self._hand_out(stream, tokens[row], logits[row])}
 
     def _merge_groups(self) -> None:
         """Groups whose states came to agree in shape (a bounded SRU++ memory filled up) step as one."""
@@ -287,7 +322,7 @@ class Scheduler:
     def _fail(self, streams: list[Stream], error: BaseException) -> None:
         reason = (str(error).strip().splitlines() or [type(error).__name__])[0]
         for stream in streams:
-            stream.emit(f"{type(error).__name__}: {reason}", "error")
+            stream.emit(f"{type(error).__name__}: {reason}", "error", None)
         self._release(streams)
 
     def _release(self, streams: list[Stream]) -> None:
