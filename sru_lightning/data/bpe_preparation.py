@@ -1,18 +1,23 @@
 """`prepare` at BPE level: count the text (where its splits are fractions of it), learn the
 vocabulary from the first `bpe_sample_mb` MB of the training split, then encode every split in
 pieces cut where byte-level BPE always starts a new word (:func:`.subwords.text_pieces`), so the
-ids equal those of the whole text, with `tokenizers`' batch encoding on every core."""
+ids equal those of the whole text, each distinct word encoded once (:mod:`.bpe_words`).
+
+`extra` records the seconds of learning and of encoding apart: learning runs `tokenizers`' own
+pre-tokenizer over the sample, and is the slower of the two per MB."""
 
 from __future__ import annotations
 
 import codecs
 import itertools
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import numpy as np
 
 from . import subwords
+from .bpe_words import WordTable
 from .sources import CorpusReading
 from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
@@ -20,8 +25,6 @@ from .subwords import text_pieces, train_bpe
 from .tokens import TokenCodec
 
 SPLITS = ("train", "val", "test")
-#: Pieces (of about `subwords._PIECE_CHARS` characters) encoded by one `encode_batch` call, in parallel.
-_BATCH_PIECES = 8
 
 Routed = tuple[str, int, str]  # (split, document number or -1, text)
 
@@ -38,11 +41,12 @@ def prepare_bpe(preparation) -> tuple[dict[str, Any], int]:
     routed = _safe(_routed(reading, total_chars, doc_split))
     train_pieces = (text for _, _, text in itertools.takewhile(lambda item: item[0] == "train", routed))
     sample = _first_chars(train_pieces, sample_chars)
+    started = time.perf_counter()
     with preparation.bar("learning the BPE vocabulary", "char") as bar:
         tokenizer_json = train_bpe(_counted(sample, bar), preparation.bpe_vocab_size)
-    preparation.extra["bpe_sample_chars"] = sample.taken
+    preparation.extra.update(bpe_sample_chars=sample.taken, learning_seconds=time.perf_counter() - started)
     codec = TokenCodec("bpe", tokenizer=tokenizer_json)
-    tokenizer = codec._pairs.tokenizer
+    table = WordTable(codec._pairs.tokenizer)
 
     writer = SplitsWriter(preparation, codec)
     order = iter(SPLITS)
@@ -60,21 +64,21 @@ def prepare_bpe(preparation) -> tuple[dict[str, Any], int]:
 
     read_units = 0
     last_document = None
+    started = time.perf_counter()
     with preparation.bar(f"encoding {reading.owner}", "char", total_chars) as bar:
-        for batch in _batches(_safe(_routed(reading, total_chars, doc_split))):
-            encodings = tokenizer.encode_batch([text for _, _, text in batch], add_special_tokens=False)
-            for (split, document, text), encoding in zip(batch, encodings):
-                switch_to(split)
-                ids = np.asarray(encoding.ids, dtype=np.int64)
-                if document >= 0 and document != last_document and ids.size:
-                    offsets.append(writer.current.tokens)
-                    firsts.append(int(ids[0]))
-                    last_document = document
-                writer.append(ids)
-                read_units += len(text)
-                bar.update(len(text))
+        for split, document, text in _safe(_routed(reading, total_chars, doc_split)):
+            switch_to(split)
+            ids = table.encode(text)
+            if document >= 0 and document != last_document and ids.size:
+                offsets.append(writer.current.tokens)
+                firsts.append(int(ids[0]))
+                last_document = document
+            writer.append(ids)
+            read_units += len(text)
+            bar.update(len(text))
         switch_to("test")
         _end(writer, offsets, firsts)
+    preparation.extra["encoding_seconds"] = time.perf_counter() - started
     return writer.index(), read_units
 
 
@@ -215,15 +219,3 @@ def _safe(routed: Iterator[Routed]) -> Iterator[Routed]:
             buffer = pieces[-1]
     if buffer:
         yield from ((key[0], key[1], piece) for piece in text_pieces(buffer))
-
-
-def _batches(routed: Iterator[Routed]) -> Iterator[list[Routed]]:
-    batch, characters = [], 0
-    for item in routed:
-        batch.append(item)
-        characters += len(item[2])
-        if characters >= _BATCH_PIECES * subwords._PIECE_CHARS:
-            yield batch
-            batch, characters = [], 0
-    if batch:
-        yield batch

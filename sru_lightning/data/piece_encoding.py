@@ -84,7 +84,7 @@ class ProvisionalVocabulary:
                 )
             self.table[new] = np.arange(self.size, self.size + new.size, dtype=np.uint16)
             self.size += new.size
-            ids = self.table[code_points]
+            ids[unseen] = self.table[code_points[unseen]]  # only these: a new character is rare
         return ids
 
     def word_ids(self, symbols: list[str], local_ids: np.ndarray, firsts: np.ndarray, position: int) -> np.ndarray:

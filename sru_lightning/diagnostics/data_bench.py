@@ -7,7 +7,9 @@ interpreter's site-packages, repeated as needed, so every size has the same char
 fits train the same model):
 
 * `prepare` throughput at character level and with a BPE vocabulary of 4000 tokens (on the first
-  ``--bpe-mb`` MB: a byte-level BPE encodes about a hundred times slower than characters);
+  ``--bpe-mb`` MB: learning a byte-level BPE is about ten times slower than reading characters),
+  the BPE figure also apart for learning the vocabulary and for encoding the text, and each per
+  CPU-second of the preparing processes (what a loaded, shared machine changes least);
 * a fit of the default model (conf/model/sru.yaml, batch 32 x 128) from the shards and, up to
   ``--memory-mb`` MB, from the text in memory (`data=text`), each in a process of its own: its
   peak resident memory, the seconds from the process's start to its first training step, and
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource
 import subprocess
 import sys
 import sysconfig
@@ -86,8 +89,16 @@ def write_corpus(path: Path, megabytes: int) -> Path:
     return path
 
 
-def time_prepare(corpus: Path, out: Path, bpe: bool, limit_mb: int | None = None) -> tuple[float, float]:
-    """(MB/s of characters read, seconds) of preparing `corpus` (its first `limit_mb` MB with BPE)."""
+def _cpu_seconds() -> float:
+    """CPU seconds of this process (all its threads) and of its finished children."""
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+def time_prepare(corpus: Path, out: Path, bpe: bool, limit_mb: int | None = None) -> dict[str, float]:
+    """Speeds of preparing `corpus` (its first `limit_mb` MB with BPE), in MB of characters read:
+    per second (`mb_s`) and per CPU-second (`mb_cpu_s`); with BPE also learning the vocabulary
+    (MB of its sample per second) and encoding (MB of text per second) apart."""
     from sru_lightning.data import TextDataModule
     from sru_lightning.data.prepare import PrepareOptions, prepare_corpus
     from sru_lightning.data.sources import reading_of
@@ -99,7 +110,7 @@ def time_prepare(corpus: Path, out: Path, bpe: bool, limit_mb: int | None = None
             source.write_text(handle.read(limit_mb * 10**6), encoding="utf-8")
     settings = {"tokenizer": "bpe", "vocab_size": BPE_VOCAB} if bpe else {}
     module = TextDataModule(path=str(source), **settings)
-    started = time.perf_counter()
+    started, cpu_started = time.perf_counter(), _cpu_seconds()
     prepared = prepare_corpus(
         reading_of(module),
         module.token_level,
@@ -108,8 +119,14 @@ def time_prepare(corpus: Path, out: Path, bpe: bool, limit_mb: int | None = None
         overwrite=True,
         options=PrepareOptions(progress=False),
     )
-    seconds = time.perf_counter() - started
-    return prepared.read_units / 1e6 / seconds, seconds
+    seconds, cpu_seconds = time.perf_counter() - started, _cpu_seconds() - cpu_started
+    megabytes = prepared.read_units / 1e6
+    speeds = {"mb_s": megabytes / seconds, "mb_cpu_s": megabytes / cpu_seconds}
+    if bpe:
+        extra = prepared.extra
+        speeds["learning_mb_s"] = extra["bpe_sample_chars"] / 1e6 / extra["learning_seconds"]
+        speeds["encoding_mb_s"] = megabytes / extra["encoding_seconds"]
+    return speeds
 
 
 _CHILD = """
@@ -181,10 +198,18 @@ def run_data_benchmark(config: DataBenchConfig) -> list[dict]:
         for size in sizes:
             corpus = write_corpus(root / f"corpus-{size}mb.txt", size)
             shards = root / f"shards-{size}mb"
-            char_rate, _ = time_prepare(corpus, shards, bpe=False)
-            bpe_rate, _ = time_prepare(corpus, root / f"bpe-{size}mb", bpe=True, limit_mb=config.bpe_mb)
-            row = {"size_mb": size, "prepare_char_mb_s": char_rate, "prepare_bpe_mb_s": bpe_rate}
-            row["bpe_mb"] = min(size, config.bpe_mb)
+            char = time_prepare(corpus, shards, bpe=False)
+            bpe = time_prepare(corpus, root / f"bpe-{size}mb", bpe=True, limit_mb=config.bpe_mb)
+            row = {
+                "size_mb": size,
+                "prepare_char_mb_s": char["mb_s"],
+                "prepare_char_mb_cpu_s": char["mb_cpu_s"],
+                "prepare_bpe_mb_s": bpe["mb_s"],
+                "prepare_bpe_mb_cpu_s": bpe["mb_cpu_s"],
+                "bpe_learning_mb_s": bpe["learning_mb_s"],
+                "bpe_encoding_mb_s": bpe["encoding_mb_s"],
+                "bpe_mb": min(size, config.bpe_mb),
+            }
             paths = {"shards": ["data=shards", f"data.path={shards}"]}
             if size <= config.memory_mb:
                 paths["memory"] = ["data=text", f"data.path={corpus}"]
@@ -229,7 +254,12 @@ def format_table(config: DataBenchConfig, rows: list[dict]) -> str:
             prepare = ["", "", ""]
     widths = ["<8", "<15", "<21", "<11", ">10", ">13", ">10"]
     text = "\n".join(fixed_width_lines(list(zip(header, widths)), lines))
-    notes = []
+    notes = [
+        f"{row['size_mb']} MB: prepare char {row['prepare_char_mb_cpu_s']:.1f} MB per CPU-second; BPE on "
+        f"{row['bpe_mb']} MB {row['prepare_bpe_mb_cpu_s']:.2f} MB per CPU-second, learning the vocabulary "
+        f"{row['bpe_learning_mb_s']:.2f} MB/s, encoding {row['bpe_encoding_mb_s']:.2f} MB/s"
+        for row in rows
+    ]
     base = rows[0]
     for row in rows[1:]:
         ratio = row["shards"]["peak_rss_mib"] / base["shards"]["peak_rss_mib"]

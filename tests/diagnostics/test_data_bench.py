@@ -20,22 +20,29 @@ def test_sizes_are_positive_integers():
             data_bench.parse_sizes(bad)
 
 
+PREPARE = {
+    "prepare_char_mb_s": 20.0,
+    "prepare_char_mb_cpu_s": 30.0,
+    "prepare_bpe_mb_s": 1.0,
+    "prepare_bpe_mb_cpu_s": 1.5,
+    "bpe_learning_mb_s": 2.0,
+    "bpe_encoding_mb_s": 8.0,
+    "bpe_mb": 30,
+}
+
+
 def test_the_table_states_the_goals_ratios():
     fit = {"peak_rss_mib": 500.0, "first_step_s": 4.0, "tokens_per_s": 1000.0}
     rows = [
         {
             "size_mb": 30,
-            "prepare_char_mb_s": 20.0,
-            "prepare_bpe_mb_s": 1.0,
-            "bpe_mb": 30,
+            **PREPARE,
             "shards": fit,
             "memory": {**fit, "tokens_per_s": 800.0},
         },
         {
             "size_mb": 300,
-            "prepare_char_mb_s": 20.0,
-            "prepare_bpe_mb_s": 1.0,
-            "bpe_mb": 30,
+            **PREPARE,
             "shards": {**fit, "peak_rss_mib": 550.0, "first_step_s": 5.0},
         },
     ]
@@ -43,6 +50,10 @@ def test_the_table_states_the_goals_ratios():
     assert "shards, 300 MB vs 30 MB: peak RSS x1.10, time to first step x1.25" in table
     assert "30 MB: tokens/s from shards / in memory = 1.250" in table
     assert "in memory" in table and table.count("shards") >= 2
+    assert (
+        "30 MB: prepare char 30.0 MB per CPU-second; BPE on 30 MB 1.50 MB per CPU-second, learning the "
+        "vocabulary 2.00 MB/s, encoding 8.00 MB/s" in table
+    )
 
 
 @pytest.mark.slow
@@ -50,6 +61,8 @@ def test_a_small_run_measures_both_paths(tmp_path):
     config = data_bench.DataBenchConfig(sizes="1", repeats=2, warmup=1, out=str(tmp_path), bpe_mb=1)
     (row,) = data_bench.run_data_benchmark(config)
     assert row["prepare_char_mb_s"] > 0 and row["prepare_bpe_mb_s"] > 0
+    assert row["bpe_learning_mb_s"] > row["prepare_bpe_mb_s"] and row["bpe_encoding_mb_s"] > row["prepare_bpe_mb_s"]
+    assert row["prepare_char_mb_cpu_s"] > 0 and row["prepare_bpe_mb_cpu_s"] > 0
     for path in ("shards", "memory"):
         assert 100 < row[path]["peak_rss_mib"] < 10_000
         assert 0 < row[path]["first_step_s"] < 600 and row[path]["tokens_per_s"] > 0
