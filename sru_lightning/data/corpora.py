@@ -151,8 +151,13 @@ class StdlibDataModule(LanguageModelDataModule):
         return _split_text(self._text(), self.val_fraction, self.test_fraction)
 
     def _text(self) -> str:
+        return "".join(self.source_pieces())
+
+    def source_pieces(self) -> Iterator[str]:
+        """The corpus in pieces, one source file each (joined by newlines), up to `max_chars`: the
+        text is never held whole by a reader that streams it (`prepare`)."""
         root = Path(sysconfig.get_paths()["stdlib"])
-        pieces, total = [], 0
+        emitted = 0
         for file in sorted(root.rglob("*.py")):
             relative = file.relative_to(root)
             if "site-packages" in relative.parts or "dist-packages" in relative.parts:
@@ -161,14 +166,13 @@ class StdlibDataModule(LanguageModelDataModule):
                 source = file.read_text(encoding="utf-8", errors="replace")
             except OSError:
                 continue
-            pieces.append(source)
-            total += len(source)
-            if total >= self.max_chars:
+            piece = (("\n" if emitted else "") + source)[: self.max_chars - emitted]
+            emitted += len(piece)
+            yield piece
+            if emitted >= self.max_chars:
                 break
-        text = "\n".join(pieces)[: self.max_chars]
-        if len(text) < 10_000:
-            raise ValueError(f"StdlibDataModule: found only {len(text)} characters of sources under {root}")
-        return text
+        if emitted < 10_000:
+            raise ValueError(f"StdlibDataModule: found only {emitted} characters of sources under {root}")
 
 
 class Enwik8DataModule(LanguageModelDataModule):

@@ -10,7 +10,6 @@ straddle two pieces.
 
 from __future__ import annotations
 
-import sysconfig
 import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -94,27 +93,7 @@ def _pydoc(module: PydocDataModule) -> CorpusReading:
 
 
 def _stdlib(module: StdlibDataModule) -> CorpusReading:
-    def pieces() -> Iterator[str]:
-        root = Path(sysconfig.get_paths()["stdlib"])
-        emitted = 0
-        for file in sorted(root.rglob("*.py")):
-            relative = file.relative_to(root)
-            if "site-packages" in relative.parts or "dist-packages" in relative.parts:
-                continue
-            try:
-                source = file.read_text(encoding="utf-8", errors="replace")
-            except OSError:
-                continue
-            piece = ("\n" if emitted else "") + source
-            piece = piece[: module.max_chars - emitted]
-            emitted += len(piece)
-            yield piece
-            if emitted >= module.max_chars:
-                break
-        if emitted < 10_000:
-            raise ValueError(f"StdlibDataModule: found only {emitted} characters of sources under {root}")
-
-    return _fractions(module, "char", lambda: iter([(None, pieces())]))
+    return _fractions(module, "char", lambda: iter([(None, module.source_pieces())]))
 
 
 def _enwik8(module: Enwik8DataModule) -> CorpusReading:
