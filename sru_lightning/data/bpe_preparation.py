@@ -40,7 +40,7 @@ def prepare_bpe(preparation) -> tuple[dict[str, Any], int]:
     sample_chars = preparation.options.bpe_sample_mb * 2**20
     routed = _safe(_routed(reading, total_chars, doc_split))
     train_pieces = (text for _, _, text in itertools.takewhile(lambda item: item[0] == "train", routed))
-    sample = _first_chars(train_pieces, sample_chars)
+    sample = _FirstCharacters(train_pieces, sample_chars)
     started = time.perf_counter()
     with preparation.bar("learning the BPE vocabulary", "char") as bar:
         tokenizer_json = train_bpe(_counted(sample, bar), preparation.bpe_vocab_size)
@@ -103,7 +103,7 @@ def _count(reading: CorpusReading, bar) -> tuple[int, int]:
     return characters, documents
 
 
-class _first_chars:  # noqa: N801  (an iterator, named for what it yields)
+class _FirstCharacters:
     """The first `limit` characters of the texts, the last one cut to fit; `taken` counts them."""
 
     def __init__(self, texts: Iterator[str], limit: int) -> None:

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from sru_lightning._atomic import put_in_place
+
 from . import shards
 from .mapped_streams import MappedTokens
 
@@ -108,7 +110,7 @@ def write_litdata(prepared: shards.PreparedCorpus, out, *, chunk_tokens: int, ov
         os.chmod(staging, 0o777 & ~umask)  # mkdtemp's folder is private; the corpus is not
         if out.exists():
             shutil.rmtree(out)
-        os.rename(staging, out)
+        put_in_place(staging, out)  # `out` is gone: a plain rename
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

@@ -28,6 +28,8 @@ from typing import Any
 
 import numpy as np
 
+from sru_lightning._atomic import put_in_place
+
 from . import shards
 from .piece_encoding import ProvisionalVocabulary, ordered_map, word_symbols
 from .sources import CorpusReading, Part
@@ -153,7 +155,7 @@ def _publish(staging: Path, out: Path, overwrite: bool) -> None:
             for path in owned_files(out):
                 path.unlink()
         out.rmdir()
-    os.rename(staging, out)
+    put_in_place(staging, out)  # `out` is gone: a plain rename
 
 
 # --------------------------------------------------------------------------------------------

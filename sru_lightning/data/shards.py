@@ -29,6 +29,8 @@ from typing import Any
 
 import numpy as np
 
+from sru_lightning._atomic import write_text
+
 #: The index file's name inside a prepared folder.
 INDEX_NAME = "index.json"
 #: What the index's `format` field says; anything else is a foreign file.
@@ -188,15 +190,7 @@ def write_index(folder: Path, index: dict[str, Any]) -> Path:
     """`index.json` with its checksum, written under a temporary name and renamed."""
     index = dict(index)
     index["checksum"] = index_checksum(index)
-    path = folder / INDEX_NAME
-    partial = folder / (INDEX_NAME + ".partial")
-    with open(partial, "w", encoding="utf-8") as handle:
-        json.dump(index, handle, indent=1, sort_keys=True)
-        handle.write("\n")
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(partial, path)
-    return path
+    return write_text(folder / INDEX_NAME, json.dumps(index, indent=1, sort_keys=True) + "\n", durable=True)
 
 
 # --------------------------------------------------------------------------------------------

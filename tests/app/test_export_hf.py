@@ -26,7 +26,7 @@ from sru_lightning.models.checkpoint_format import FORMAT_KEY, FORMAT_VERSION  #
 ROOT = Path(__file__).resolve().parents[2]
 ALPHABET = list("abcdefghij .,\nT")
 GREEDY = ["prompt=The ", "length=60", "temperature=0"]
-HF_FILES = ["config.json", "manifest.json", "model.safetensors", "tokenizer.json"]
+HF_FILES = ["config.json", "manifest.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
 
 
 def run_main(main, argv, capsys) -> tuple[int, str, str]:

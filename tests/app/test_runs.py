@@ -439,6 +439,11 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
     documents.mkdir()
     for index, key in enumerate(sorted(topics)[:40]):
         (documents / f"{index:03d}.txt").write_text(topics[key][:3000])
+    if group == "data" and option in ("shards", "litdata"):  # a corpus prepared ahead (`prepare`)
+        prepared = tmp_path / "prepared"
+        words = ["prepare", "data=text", f"data.path={text}", f"out={prepared}", f"format={option}", "progress=false"]
+        assert cli.main(words) == 0
+        return [f"data={option}", f"data.path={prepared}"]
     extra = {
         ("data", "stdlib"): ["data.max_chars=200000"],
         ("data", "enwik8"): enwik8_data,

@@ -186,7 +186,7 @@ TOOL_CASES = [
     ),
     ("bench", "--warmup", ["--warmup", "x"], "argument --warmup: invalid int value"),
     ("bench", "--tokens", ["decode", "--tokens", "0"], "--tokens must be >= 1"),
-    ("bench", "--tokens", ["documents", "--tokens", "5"], "--tokens is an option of `bench decode`, `bench export`"),
+    ("bench", "--tokens", ["documents", "--tokens", "5"], "--tokens is an option of `bench decode`, `bench hf`"),
     ("bench", "<subcommand>", ["nope"], f"{{{','.join(BENCH_MODES)}}}: invalid choice: 'nope'"),
     ("bench", "--length", ["--length", "0"], "--length must be >= 1"),
     ("bench", "--sizes", ["data", "--sizes", "30,x"], "--sizes must be comma-separated positive integers (MB)"),

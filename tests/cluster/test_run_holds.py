@@ -25,9 +25,9 @@ def cluster_environment(cluster) -> dict[str, str]:
     return {**environment(cluster.env), "SLURM_CONF": cluster.env["SLURM_CONF"]}
 
 
-def fit_job(cluster, folder: Path, run: Path, steps: int, name: str) -> int:
+def fit_job(cluster, folder: Path, run: Path, steps: int, name: str, extra: tuple[str, ...] | list[str] = ()) -> int:
     words = " ".join(
-        [sys.executable, "-m", "sru_lightning", *FIT, f"trainer.max_steps={steps}", f"hydra.run.dir={run}"]
+        [sys.executable, "-m", "sru_lightning", *FIT, f"trainer.max_steps={steps}", f"hydra.run.dir={run}", *extra]
     )
     return cluster.sbatch(
         f"#!/bin/bash\nexec {words}\n",
@@ -65,7 +65,10 @@ def local_fit(cluster, folder: Path, run: Path) -> subprocess.CompletedProcess:
 
 def test_two_jobs_into_one_folder_and_a_hold_from_another_node(slurm_cluster, tmp_path):
     run = tmp_path / "run"
-    first = fit_job(slurm_cluster, tmp_path, run, steps=100_000, name="first")
+    # The first job writes no checkpoint, so that the fit taking its folder over below is a new run.
+    first = fit_job(
+        slurm_cluster, tmp_path, run, steps=100_000, name="first", extra=["+trainer.enable_checkpointing=false"]
+    )
     assert slurm_cluster.wait(first, states={"RUNNING"}, timeout=60) == "RUNNING"
     held = wait_for_hold(run, first)
 
