@@ -19,7 +19,7 @@ def test_wheel_contains_kernel_sources_and_configs(tmp_path):
     # package list forgot.
     source = tmp_path / "source"
     ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
-    for name in ("sru_lightning", "csrc", "conf"):
+    for name in ("sru_lightning", "csrc", "conf", "hydra_plugins"):
         shutil.copytree(REPO / name, source / name, ignore=ignore)
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
@@ -56,6 +56,10 @@ def test_wheel_contains_kernel_sources_and_configs(tmp_path):
     assert {"sru_lightning/ops", "sru_lightning/precision"} <= subpackages
     for package in subpackages:
         assert f"{package}/__init__.py" in names, f"{package} missing from the wheel (list it in pyproject.toml)"
+
+    # Hydra finds the search's sweeper only inside the hydra_plugins namespace (no __init__.py there)
+    assert "hydra_plugins/sru_lightning_search/__init__.py" in names
+    assert "hydra_plugins/__init__.py" not in names
 
     expected_configs = {str(p.relative_to(REPO / "conf")) for p in (REPO / "conf").rglob("*.yaml")}
     assert "config.yaml" in expected_configs and len(expected_configs) > 5

@@ -206,6 +206,9 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     if problem:
         return _fail(problem)
     entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
+    from sru_lightning.app.search import register_sweeper
+
+    register_sweeper()
     from sru_lightning.app.runs import directories
     from sru_lightning.app.runs.hold import release_all
 

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from .folder import RunFolder
-from .metric_names import metric_names_followed
+from .metric_names import metric_names_followed, optimized_metric_name
 from .refusals import instantiate_setting
 from .run_callbacks import AnnounceRunDirectory, LastValidation
 from .save_run_config import SaveRunConfig, plain_config
@@ -50,6 +50,9 @@ def run_callbacks(
     - SaveRunConfig: every checkpoint carries the run's config, identity and owner. Always on.
     - ApplyResumeChanges: optimizer settings changed on resume applied to the restored state.
       Only with such changes.
+    - TrialPruning: a trial of a pruned search (`hydra.sweeper` = `PrunedOptunaSweeper`, e.g.
+      `hparams_search=speedrun`) reports its validation metric and stops when pruned. Only in
+      such a search's jobs (`search.trial` set by the sweeper).
     """
     from lightning.pytorch.callbacks import (
         Checkpoint,
@@ -101,6 +104,18 @@ def run_callbacks(
         AnnounceRunDirectory(output_dir),
         SaveRunConfig(plain_config(cfg), owner, start.run_id),
         *start.callbacks(),
+        *_trial_pruning(cfg, model),
     ]
     log.info("callbacks: %s", ", ".join(type(callback).__name__ for callback in callbacks))
     return callbacks
+
+
+def _trial_pruning(cfg, model) -> list:
+    """The search trial's reporter, in a job of a pruned search (its `search.trial`), else nothing."""
+    search = cfg.get("search")
+    if not search or search.get("trial") is None:
+        return []
+    from sru_lightning.app.search import job_trial
+    from sru_lightning.callbacks.trial_pruning import TrialPruning
+
+    return [TrialPruning(job_trial(search), optimized_metric_name(cfg, model))]
