@@ -102,7 +102,7 @@ FLOOR_PINS = lightning==2.6.0 torchmetrics==1.3.0.post0 hydra-core==1.3.2 omegac
 	ninja==1.11.1 rich==13.0.0 typing-extensions==4.12.2 deepspeed==0.16.0 \
 	pytest==8.0.0 pytest-xdist==3.5.0 hypothesis==6.100.0 sru==2.6.0 tensorboard==2.17.1 ruff==0.17.6 \
 	onnx==1.17.0 onnxscript==0.6.0 onnxruntime==1.21.0 \
-	hydra-optuna-sweeper==1.3.0 hydra-joblib-launcher==1.2.0 hydra-submitit-launcher==1.2.0 \
+	hydra-optuna-sweeper==1.3.0 hydra-joblib-launcher==1.2.0 hydra-submitit-launcher==1.2.0 sqlalchemy==1.4.54 alembic==1.13.3 \
 	safetensors==0.8.0 huggingface_hub==2.4.0 tokenizers==0.23.3 fastapi==0.165.0 uvicorn==0.55.0 \
 	matplotlib==3.8.4 mkdocs==1.6.0 mkdocs-material==9.5.0 mkdocstrings==0.30.0 mkdocstrings-python==1.17.0 \
 	transformers==5.25.0 peft==0.21.2 lm-eval==0.4.13 openai==3.63.0

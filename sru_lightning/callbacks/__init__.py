@@ -7,7 +7,8 @@ Lightning's ``ModelCheckpoint`` with a record that follows a moved run folder (:
 an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a stop on a non-finite
 loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` fit
 (:mod:`.validate_before_stop`), a `max_time` budget that the learning-rate schedule and a final
-validation fit in (:mod:`.time_budget`) and training throughput (:mod:`.throughput`)."""
+validation fit in (:mod:`.time_budget`), training throughput (:mod:`.throughput`) and a search
+trial's reports and pruning (:mod:`.trial_pruning`)."""
 
 from .folder_checkpoint import FolderModelCheckpoint
 from .graceful_interrupt import GracefulInterrupt
@@ -19,6 +20,7 @@ from .seed_every_batch import SeedEveryBatch
 from .tensor_cores import ShapeAdvice, TensorCoreShapeWarning, tensor_core_advice
 from .throughput import TrainingThroughput
 from .time_budget import TimeBudget
+from .trial_pruning import TrialPruning
 from .validate_before_stop import ValidateBeforeStop
 
 __all__ = [
@@ -34,6 +36,7 @@ __all__ = [
     "TensorCoreShapeWarning",
     "TimeBudget",
     "TrainingThroughput",
+    "TrialPruning",
     "ValidateBeforeStop",
     "apply_precision",
     "tensor_core_advice",

@@ -53,11 +53,28 @@ def test_every_yaml_file_belongs_to_a_group_that_composes():
     covered = {Path("config.yaml"), Path("hydra/default.yaml")}
     covered |= {Path(group) / f"{option}.yaml" for group, option in OPTIONS}
     covered |= {Path("hydra/launcher") / f"{option}.yaml" for option in HYDRA_LAUNCHERS}
+    covered |= {Path("hydra/sweeper") / f"{option}.yaml" for option in HYDRA_SWEEPERS}
     assert files == covered
 
 
 # Ready launcher configs (conf/hydra/launcher/), picked as `hydra/launcher=<option>`.
 HYDRA_LAUNCHERS = sorted(p.stem for p in (CONF / "hydra" / "launcher").glob("*.yaml"))
+# The package's own sweepers (conf/hydra/sweeper/), picked as `hydra/sweeper=<option>`.
+HYDRA_SWEEPERS = sorted(p.stem for p in (CONF / "hydra" / "sweeper").glob("*.yaml"))
+
+
+@pytest.mark.parametrize("option", HYDRA_SWEEPERS)
+def test_each_sweeper_config_composes_and_names_a_registered_plugin(option, tmp_path):
+    pytest.importorskip("hydra_plugins.hydra_optuna_sweeper", reason="needs the `sweepers` extra")
+    from hydra.core.plugins import Plugins
+    from hydra.plugins.sweeper import Sweeper
+
+    from sru_lightning.app.search import register_sweeper
+
+    cfg = compose_with([f"hydra/sweeper={option}"], tmp_path)
+    register_sweeper()
+    assert cfg.hydra.sweeper._target_.startswith("hydra_plugins.")  # where Hydra accepts plugins from
+    assert issubclass(Plugins.instance().class_name_to_class[cfg.hydra.sweeper._target_], Sweeper)
 
 
 @pytest.mark.parametrize("option", HYDRA_LAUNCHERS)

@@ -116,6 +116,6 @@ def _trial_pruning(cfg, model) -> list:
     if not search or search.get("trial") is None:
         return []
     from sru_lightning.app.search import job_trial
-    from sru_lightning.callbacks.trial_pruning import TrialPruning
+    from sru_lightning.callbacks import TrialPruning
 
     return [TrialPruning(job_trial(search), optimized_metric_name(cfg, model))]
