@@ -8,6 +8,8 @@
 #                (processes, multi-process fits, sweeps), no `toolchain` builds, no SLURM cluster
 #   make docs    build the documentation site (mkdocs.yml, docs/) into site/
 #   make lint    ruff's lint and format check (part of make test); make format applies them
+#   make test-durations  run every tier as make test does and write each test file's measured
+#                seconds into tests/durations.json (commit it): the longest files start first
 #   make test-floor  the fast tier in its own .venv-floor, on the lowest versions pyproject.toml
 #                allows (FLOOR_PINS below; torch from TORCH_SPEC)
 #
@@ -37,7 +39,7 @@ PY = $(VENV)/bin/python
 PYTEST_WORKERS ?= $(shell $(PYTHON) -c "import os; cores = len(os.sched_getaffinity(0)) if hasattr(os, 'sched_getaffinity') else os.cpu_count() or 1; print(min(cores + 1, 16))")
 PYTEST_PARALLEL ?= -n $(PYTEST_WORKERS) --dist loadfile
 
-.PHONY: setup run test test-fast test-floor lint format build-ext bench docs clean
+.PHONY: setup run test test-fast test-durations test-floor lint format build-ext bench docs clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -93,6 +95,11 @@ test: setup lint
 test-fast: setup
 	$(call kernels_beside_warmup,)
 	$(PY) -m pytest $(PYTEST_PARALLEL) -q --durations=10
+
+# tests/durations.json, from a run of every tier as `make test` runs them (tests/helpers/durations.py).
+test-durations: setup
+	$(call kernels_beside_warmup,--all-levels)
+	$(PY) -m pytest $(PYTEST_PARALLEL) -m "" -q --write-durations=tests/durations.json
 
 # The dependency floors: a separate environment with the floor of every dependency and extra in
 # pyproject.toml pinned (keep the two in step), made again when either file changes.

@@ -5,45 +5,22 @@ needs a CUDA GPU and is skipped with the reason everywhere else.
 
 Under pytest-xdist (`make test` runs `--dist loadfile` with one worker more than the cores)
 each test file runs on one worker, so the fits its tests share run once; the files that take
-longest are handed out first so that no long file starts last; each worker, and each process
-it starts, runs torch on its share of the cores. Processes for the command line come from a
-preloaded fork server (helpers/preloaded.py).
+longest (as measured: helpers/durations.py) are handed out first so that no long file starts
+last; each worker, and each process it starts, runs torch on its share of the cores.
+Processes for the command line come from a preloaded fork server (helpers/preloaded.py).
 """
 
 from __future__ import annotations
 
 import importlib.util
 import os
+from pathlib import Path
 
 import pytest
 import torch
 from helpers import preloaded
+from helpers.durations import DurationsRecorder, longest_first, read_durations
 
-# Test files (relative to tests/) that take longest, longest first: started first under xdist.
-LONGEST_FILES = [
-    # mostly waiting on the cluster's jobs: started first, beside the files that keep the CPUs busy
-    "cluster/test_preemption_moments.py",
-    "cluster/test_preemption.py",
-    "cluster/test_sweeps_on_slurm.py",
-    "strategies/test_engines.py",
-    "app/test_signals_ddp.py",
-    "app/test_runs.py",
-    "ops/test_build_processes.py",
-    "nn/test_streaming.py",
-    "export/test_streaming_exports.py",
-    "precision/test_fabric_strategies.py",
-    "app/test_export_cli.py",
-    "app/test_cli_examples.py",
-    "app/test_sweepers.py",
-    "app/test_usage_errors.py",
-    "app/test_resume_ddp.py",
-    "ops/test_cuda_compile.py",
-    "ops/test_cuda_emulation.py",
-    "app/test_run_records.py",
-    "ops/test_build_linking.py",
-    "app/test_multinode.py",
-    "cluster/test_slurm_ddp.py",
-]
 TESTS = os.path.dirname(os.path.abspath(__file__))
 
 
@@ -51,9 +28,13 @@ def _test_file(item) -> str:
     return os.path.relpath(str(item.path), TESTS).replace(os.sep, "/")
 
 
-def _longest_first(item) -> int:
-    name = _test_file(item)
-    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+def pytest_addoption(parser):
+    parser.addoption(
+        "--write-durations",
+        metavar="PATH",
+        default=None,
+        help="write each test file's measured seconds into PATH (make test-durations: tests/durations.json)",
+    )
 
 
 def pytest_collection_modifyitems(config, items):
@@ -66,7 +47,9 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip_cuda)
         if "peer" in item.keywords and not has_peer:
             item.add_marker(skip_peer)
-    items.sort(key=_longest_first)  # stable: the order inside a file is kept
+    # Longest files first, as measured (helpers/durations.py); stable: the order inside a file is kept.
+    longest = longest_first(read_durations())
+    items.sort(key=lambda item: longest(_test_file(item)))
 
 
 def pytest_configure(config):
@@ -75,6 +58,9 @@ def pytest_configure(config):
     # at the end: keep the order above (older releases keep it anyway).
     if hasattr(config.option, "loadscopereorder"):
         config.option.loadscopereorder = False
+    path = config.getoption("write_durations", None)
+    if path and not hasattr(config, "workerinput"):  # under xdist, the controller writes them
+        config.pluginmanager.register(DurationsRecorder(Path(path).absolute(), config.rootpath), "durations-recorder")
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers > 1:  # two workers with all the cores each would fight over them
         share = max(1, (os.cpu_count() or 1) // workers)

@@ -301,3 +301,78 @@ def test_no_application_module_imports_another_modules_private_name():
                 if private and f"{source}.{alias.name}" not in names:
                     found.append(f"{module} imports {source}.{alias.name}")
     assert not found, found
+
+
+def state_writes(tree: ast.Module) -> list[tuple[str, str]]:
+    """(function, what) for each write of module-level state inside a function of `tree`: an
+    assignment to an attribute of an imported name (`directories.command = ...`, `sys.argv =
+    ...`), a `setattr` on one, and a `global` statement (a module's own global rebound at run time)."""
+    imported = set()
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            imported.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    found = []
+
+    def visit(node: ast.AST, function: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
+            targets: list[ast.expr] = []
+            if isinstance(child, ast.Assign):
+                targets = child.targets
+            elif isinstance(child, (ast.AugAssign, ast.AnnAssign)):
+                targets = [child.target]
+            for target in targets:
+                for part in ast.walk(target):
+                    if isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store):
+                        if isinstance(part.value, ast.Name) and part.value.id in imported and function:
+                            found.append((function, f"{part.value.id}.{part.attr} ="))
+            if isinstance(child, ast.Global) and function:
+                found.append((function, f"global {', '.join(child.names)}"))
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "setattr":
+                first = child.args[0] if child.args else None
+                if isinstance(first, ast.Name) and first.id in imported and function:
+                    found.append((function, f"setattr({first.id}, ...)"))
+            visit(child, name)
+
+    visit(tree, "")
+    return found
+
+
+def test_the_state_writer_sees_every_form():
+    source = """
+import sys
+from pkg import directories
+LIMIT = 1
+def ok(self):
+    self.x = 1
+    local = [1]; local[0] = 2
+def bad():
+    global LIMIT
+    directories.command = "fit"
+    sys.argv = []
+    setattr(directories, "current", None)
+"""
+    found = state_writes(ast.parse(source))
+    assert [what for _, what in found] == [
+        "global LIMIT",
+        "directories.command =",
+        "sys.argv =",
+        "setattr(directories, ...)",
+    ]
+    assert {function for function, _ in found} == {"bad"}
+
+
+def test_the_application_writes_no_module_state_at_run_time():
+    """A command's state travels in its RunContext (sru_lightning/app/runs/context.py), never
+    through a module's globals, so that commands can run one after another in one process. The
+    one exception: `sys.argv`, which Lightning's DDP launcher re-runs in the other ranks, set in
+    one function (and put back there)."""
+    writes = []
+    for module, path in module_names().items():
+        if layer_of(module) == "application":
+            for function, what in state_writes(ast.parse(path.read_text(), filename=str(path))):
+                writes.append((module, function, what))
+    argv = {(module, function) for module, function, what in writes if what == "sys.argv ="}
+    assert len(argv) <= 1, f"sys.argv is set in more than one place: {sorted(argv)}"
+    others = [f"{module}.{function}: {what}" for module, function, what in writes if what != "sys.argv ="]
+    assert others == [], others

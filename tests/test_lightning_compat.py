@@ -9,6 +9,7 @@ import pickle
 import lightning
 import pytest
 import torch
+from helpers.tiny_trainer import tiny_trainer
 
 from sru_lightning import _lightning_compat as compat
 
@@ -30,9 +31,7 @@ def require(owner, name: str, parameters: tuple[str, ...] | None = None, used_by
 
 
 def cpu_trainer():
-    return lightning.pytorch.Trainer(
-        accelerator="cpu", devices=1, logger=False, enable_checkpointing=False, enable_progress_bar=False
-    )
+    return tiny_trainer()
 
 
 def test_set_received_sigterm_sets_what_the_trainer_reads():

@@ -3,12 +3,13 @@ the package's tool commands (bench, build, fidelity, gpu-check, generate, export
 
 from __future__ import annotations
 
+import contextlib
 import difflib
 import errno
 import importlib
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from sru_lightning._resources import conf_dir
@@ -178,73 +179,75 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
 
 def _run_trainer_command(command: str, overrides: list[str]) -> int:
-    import hydra
-    from hydra.core.hydra_config import HydraConfig
-    from omegaconf import DictConfig
-
     from sru_lightning.app import sweep
-
-    original_argv = list(sys.argv)
-    statuses: list[str] = []
-
-    def task(cfg: DictConfig) -> float:
-        from sru_lightning.app.runs.run import run
-
-        # Lightning's DDP launcher re-runs `sys.argv`; it must include the command again.
-        sys.argv = [original_argv[0], command, *overrides]
-        hydra_config = HydraConfig.get()
-        try:
-            job_overrides = sweep.as_typed(list(hydra_config.overrides.task), overrides)
-            output_dir = Path(hydra_config.runtime.output_dir)
-            result = run(cfg, command, output_dir, job_overrides, multirun=sweep.is_multirun(hydra_config))
-        finally:
-            sys.argv = [original_argv[0], *overrides]
-        statuses.append(result["status"])
-        return sweep.job_return(result, hydra_config)
+    from sru_lightning.app.hydra_launch import run_hydra
+    from sru_lightning.app.runs.context import RunContext, activated
 
     problem = _unparsable_override(overrides)
     if problem:
         return _fail(problem)
-    entry = hydra.main(version_base="1.3", config_path=str(conf_dir()), config_name="config")(task)
     from sru_lightning.app.search import register_sweeper
 
-    register_sweeper()
-    from sru_lightning.app.runs import directories
-    from sru_lightning.app.runs.hold import release_all
-
-    directories.command = command  # an evaluation pointed at a run writes beside it, not into it
-    sys.argv = [original_argv[0], *overrides]
-    # Hydra's own errors (an unknown key or option) come back as exceptions, told in one line below.
-    full_error = os.environ.get("HYDRA_FULL_ERROR")
-    os.environ["HYDRA_FULL_ERROR"] = "1"
+    register_sweeper()  # the package's own sweeper (hydra/sweeper=pruned_optuna)
+    context = RunContext(command, tuple(overrides))
+    statuses: list[str] = []
+    task = _trainer_task(context, statuses)
+    # Hydra's own errors (an unknown key or option) come back as exceptions, told in one line below;
+    # the context's holds are given back when the block ends, however the command ended.
     try:
-        entry()
+        with activated(context), _command_line_for_launched_ranks([command, *overrides]):
+            run_hydra(overrides, task, config_path=str(conf_dir()), config_name="config")
     except sweep.SweepIncomplete as incomplete:  # the summary above lists every job
         return sweep.report_incomplete(incomplete)
     except SystemExit as exit_request:  # a job stopped by SIGTERM or Ctrl+C stops its sweep too
-        sweep.summarise_stopped_sweep(continue_with=[command, *overrides])
+        sweep.summarise_stopped_sweep(context, continue_with=[command, *overrides])
         return exit_request.code if isinstance(exit_request.code, int) else 1
     except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
-        sweep.summarise_stopped_sweep(continue_with=[command, *overrides])
+        sweep.summarise_stopped_sweep(context, continue_with=[command, *overrides])
         return _fail("aborted by Ctrl+C (SIGINT)", 130)
     except sweep.JobFailed as error:
-        sweep.summarise_stopped_sweep()
+        sweep.summarise_stopped_sweep(context)
         return _fail(f"the sweep stopped: {error} (hydra.sweeper.max_failure_rate sets how many may fail)", 1)
     except Exception as error:
         message = _configuration_error(error)
         if message is not None:
             return _fail(message)
-        if sweep.ended_by_a_plugin():  # e.g. Optuna after every trial failed
-            sweep.summarise_stopped_sweep()
+        if sweep.ended_by_a_plugin(context):  # e.g. Optuna after every trial failed
+            sweep.summarise_stopped_sweep(context)
             return _fail(f"the sweep stopped: {type(error).__name__}: {error}", 1)
         raise
-    finally:
-        release_all()  # the folder this command held, however it ended
-        sys.argv = original_argv
-        if full_error is None:
-            os.environ.pop("HYDRA_FULL_ERROR", None)
-        else:
-            os.environ["HYDRA_FULL_ERROR"] = full_error
     if any(status != "completed" for status in statuses):
         return 1  # the run said why (interrupted, failed)
     return 0
+
+
+def _trainer_task(context, statuses: list[str]):
+    """Hydra's task for one run or sweep job of `context`'s command; appends each run's status."""
+
+    def task(cfg) -> float:
+        from hydra.core.hydra_config import HydraConfig
+
+        from sru_lightning.app import sweep
+        from sru_lightning.app.runs.run import run
+
+        hydra_config = HydraConfig.get()
+        job_overrides = sweep.as_typed(list(hydra_config.overrides.task), list(context.overrides))
+        output_dir = Path(hydra_config.runtime.output_dir)
+        result = run(cfg, context, output_dir, job_overrides, multirun=sweep.is_multirun(hydra_config))
+        statuses.append(result["status"])
+        return sweep.job_return(result, hydra_config)
+
+    return task
+
+
+@contextlib.contextmanager
+def _command_line_for_launched_ranks(words: list[str]) -> Iterator[None]:
+    """Lightning's DDP launcher starts the other ranks with this process's `sys.argv`: while the
+    command runs, it is the command's own (as `python -m sru_lightning` set it, or as a caller of
+    :func:`main` passed it); afterwards, what it was. The one place that sets `sys.argv`."""
+    previous = sys.argv
+    sys.argv = [previous[0] if previous else PROG, *words]
+    try:
+        yield
+    finally:
+        sys.argv = previous

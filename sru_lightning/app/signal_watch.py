@@ -31,7 +31,7 @@ import os
 import select
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from sru_lightning.callbacks.stop_signals import HANDLED_SIGNALS, StopsOnSignal, signal_name
@@ -51,7 +51,9 @@ class SignalWatch:
     over with ``take_over(callback)`` from its ``setup`` hook, once its handlers are in place.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, release_holds: Callable[[], None] | None = None) -> None:
+        #: Gives back the run's folders before the process ends at once (os._exit runs no atexit).
+        self._release_holds = release_holds
         self._trainer: Any = None
         self._owner: StopsOnSignal | None = None
         self._supervised: list[StopsOnSignal] = []
@@ -134,7 +136,7 @@ class SignalWatch:
         callbacks = getattr(self._trainer, "callbacks", None)
         if callbacks is not None and not any(isinstance(callback, StopsOnSignal) for callback in callbacks):
             self._forward_to_launched_ranks(signum)
-            _exit(
+            self._exit(
                 f"received {signal_name(signum)}; exiting at once without a checkpoint (this run has no "
                 "GracefulInterrupt callback: callbacks=default includes it)",
                 128 + signum,
@@ -144,7 +146,7 @@ class SignalWatch:
         # own watch runs it ends the same way as on any signal.
         self._forward_to_launched_ranks(signal.SIGTERM)
         requeue = _requeue_before_training() if signum in WARNING_SIGNALS else ""
-        _exit(
+        self._exit(
             f"received {signal_name(signum)} before training started; exiting (nothing to save yet){requeue}",
             128 + signum,
         )
@@ -163,6 +165,11 @@ class SignalWatch:
         if isinstance(watched, list):
             self.released_ranks = [*self.released_ranks, *watched]  # still there to tell which one died
             watched.clear()
+
+    def _exit(self, message: str, status: int) -> None:
+        if self._release_holds is not None:
+            self._release_holds()  # the run folder is given back here
+        _exit(message, status)
 
     def _launched_ranks(self) -> list[Any]:
         launcher = getattr(getattr(self._trainer, "strategy", None), "launcher", None)
@@ -183,7 +190,7 @@ class SignalWatch:
             status = process.poll()
             if status is not None and status != 0:
                 self._forward_to_launched_ranks(signal.SIGTERM)
-                _exit(
+                self._exit(
                     f"rank {rank} (process {process.pid}) ended with status {status} before training started; "
                     "exiting instead of waiting for it",
                     1,
@@ -191,9 +198,9 @@ class SignalWatch:
 
 
 @contextlib.contextmanager
-def watching_signals() -> Iterator[SignalWatch]:
-    """A :class:`SignalWatch` for the duration of the block."""
-    watch = SignalWatch().start()
+def watching_signals(release_holds: Callable[[], None] | None = None) -> Iterator[SignalWatch]:
+    """A :class:`SignalWatch` for the duration of the block (`release_holds`: see SignalWatch)."""
+    watch = SignalWatch(release_holds).start()
     try:
         yield watch
     finally:
@@ -255,8 +262,5 @@ def _ignore_until_watched(signum: int, frame: Any) -> None:
 
 def _exit(message: str, status: int) -> None:
     # From a thread while the main thread may hold the logging and stdio locks: write directly.
-    from sru_lightning.app.runs.hold import release_all
-
     os.write(2, f"sru_lightning: {message}\n".encode())
-    release_all()  # os._exit runs no atexit: the run folder is given back here
     os._exit(status)

@@ -3,7 +3,8 @@ end-of-sweep summary table (markdown + CSV).
 
 The CLI calls this module's public functions: :func:`as_typed` and :func:`job_return` in each
 job's task, and, when Hydra returns, :func:`report_incomplete` or :func:`summarise_stopped_sweep`
-with :func:`ended_by_a_plugin`. Whether a run is a sweep job, and whether its sweeper counts failed
+with :func:`ended_by_a_plugin`, each with the command's :class:`~.runs.context.RunContext`, in
+which `SweepSummary` records the sweep under way. Whether a run is a sweep job, and whether its sweeper counts failed
 jobs itself (Optuna's), is read from Hydra's own config (`hydra.mode`, `hydra.sweeper`).
 
 Every run writes `result.json` into its own output directory. After a multirun, the
@@ -30,6 +31,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from sru_lightning.app.runs.context import RunContext, active_context
 from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.app.runs.jobs import sweep_job_order
 from sru_lightning.app.runs.records import RecordFormatError, check_record_format
@@ -248,15 +250,13 @@ class SweepSummary(Callback):
         self.before: dict[str, tuple] | None = None
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        global _under_way
         sweep_dir = Path(str(config.hydra.sweep.dir))
         self.before = job_records(sweep_dir)
         targets = [str(config.hydra[part].get("_target_", "")) for part in ("sweeper", "launcher")]
-        _under_way = _SweepUnderWay(sweep_dir, self.before, tuple(targets))
+        active_context().found.sweep = SweepUnderWay(sweep_dir, self.before, tuple(targets))
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
-        global _under_way
-        _under_way = None
+        active_context().found.sweep = None
         rows = summarise(Path(str(config.hydra.sweep.dir)), self.before)
         incomplete = [row for row in rows if row["status"] != "completed"]
         if incomplete:
@@ -264,25 +264,25 @@ class SweepSummary(Callback):
 
 
 @dataclass(frozen=True)
-class _SweepUnderWay:
+class SweepUnderWay:
+    """A sweep whose summary is not written yet: its folder, its job folders' records when it
+    began (:func:`job_records`), and its plugins."""
+
     folder: Path
     before: dict[str, tuple]
     #: `hydra.sweeper._target_` and `hydra.launcher._target_` of the sweep's config.
     plugins: tuple[str, ...]
 
 
-#: The sweep under way until its summary is written.
-_under_way: _SweepUnderWay | None = None
-
-
-def ended_by_a_plugin() -> bool:
+def ended_by_a_plugin(context: RunContext) -> bool:
     """Whether the sweep under way (an error came out of Hydra before its summary was written) is
     run by a sweeper or launcher other than Hydra's own, as its config says: such a plugin ends a
     sweep by raising (Optuna's sweeper after no trial completed, submitit's launcher giving up on a
     job), which the command reports in one line. Under Hydra's basic sweeper and launcher, the
     jobs report their own failures, so an error out of the sweep is a fault, shown in full."""
-    return _under_way is not None and any(
-        target and not target.startswith(HYDRA_CORE_PLUGINS) for target in _under_way.plugins
+    under_way = context.found.sweep
+    return under_way is not None and any(
+        target and not target.startswith(HYDRA_CORE_PLUGINS) for target in under_way.plugins
     )
 
 
@@ -297,16 +297,16 @@ def summarise(sweep_dir: Path, before: dict[str, tuple] | None, stopped: bool = 
     return rows
 
 
-def summarise_stopped_sweep(continue_with: list[str] | None = None) -> None:
+def summarise_stopped_sweep(context: RunContext, continue_with: list[str] | None = None) -> None:
     """A sweep stopped early (by its sweeper, Optuna past `max_failure_rate`, or by Ctrl+C or
     SIGTERM in one of its jobs) still gets the summary of the jobs it ran: Hydra calls no
     end-of-sweep callback then. `continue_with`: the sweep's command (`fit -m ...`), to print
     the one that continues it, each job in its own folder (`ckpt_path=auto`)."""
-    global _under_way
-    if _under_way is None:
+    under_way = context.found.sweep
+    if under_way is None:
         return
-    sweep_dir, before = _under_way.folder, _under_way.before
-    _under_way = None
+    sweep_dir, before = under_way.folder, under_way.before
+    context.found.sweep = None
     summarise(sweep_dir, before, stopped=True)
     if continue_with:
         kept = [word for word in continue_with if not word.lstrip("+~").startswith(("ckpt_path=", "hydra.sweep.dir="))]

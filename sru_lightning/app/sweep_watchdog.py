@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -109,10 +108,13 @@ class LostJobWatchdog(Callback):
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
         if str(config.hydra.launcher.get("_target_", "")) != SLURM_LAUNCHER:
             return
+        from sru_lightning.app.runs.context import active_context
+
         folder = str(config.hydra.launcher.submitit_folder)
+        typed = list(active_context().overrides)  # the thread runs outside the command's context
         self._stop.clear()
         self._thread = threading.Thread(
-            target=self._watch, args=(folder, config), name="lost-job-watchdog", daemon=True
+            target=self._watch, args=(folder, config, typed), name="lost-job-watchdog", daemon=True
         )
         self._thread.start()
 
@@ -124,7 +126,7 @@ class LostJobWatchdog(Callback):
 
     # --- the watching thread ------------------------------------------------------------------
 
-    def _watch(self, folder: str, config: DictConfig) -> None:
+    def _watch(self, folder: str, config: DictConfig, typed: list[str]) -> None:
         ended: dict[str, tuple[float, str]] = {}  # job id -> (when first seen ended, state)
         closed: set[str] = set()
         while not self._stop.wait(POLL_S):
@@ -145,7 +147,7 @@ class LostJobWatchdog(Callback):
                         continue
                     since, seen = ended.setdefault(job_id, (now, state or "no longer known to the controller"))
                     if now - since >= GRACE_S and not paths.result_pickle.exists():
-                        close_lost_job(paths, job_id, seen, config)
+                        close_lost_job(paths, job_id, seen, config, typed)
                         closed.add(job_id)
             except Exception:  # the watchdog must outlive a surprise; it says what
                 log.exception("The lost-job watchdog failed to check the sweep's jobs; it tries again")
@@ -164,8 +166,9 @@ def submitted_jobs(folder: str) -> dict[str, Any]:
     return found
 
 
-def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
-    """Record the job as lost in its folder and give the launcher the result the job could not."""
+def close_lost_job(paths, job_id: str, state: str, config: DictConfig, typed: Sequence[str] = ()) -> None:
+    """Record the job as lost in its folder and give the launcher the result the job could not;
+    `typed`: the sweep's overrides as the user typed them."""
     from hydra.core.utils import JobReturn, JobStatus
     from submitit.core.utils import DelayedSubmission, cloudpickle_dump
 
@@ -181,8 +184,8 @@ def close_lost_job(paths, job_id: str, state: str, config: DictConfig) -> None:
     overrides, number = list(delayed.args[0]), int(delayed.args[2])
     job_dir = _job_dir(delayed.function, overrides, number, job_id, config)
     log.error("Sweep job #%d (%s) lost: %s", number, " ".join(overrides), reason)
-    # As the user typed them (the CLI's sys.argv during the sweep), like a run's own record.
-    record_lost_job(job_dir, as_typed(overrides, sys.argv[1:]), reason, job_id)
+    # As the user typed them, like a run's own record.
+    record_lost_job(job_dir, as_typed(overrides, list(typed)), reason, job_id)
     if sweeper_counts_failures(config.hydra):
         result = JobReturn(
             overrides=overrides,

@@ -17,7 +17,7 @@ import pytest
 
 from sru_lightning.app.runs import hold
 from sru_lightning.app.runs.folder import RunFolder
-from sru_lightning.app.runs.hold import FolderHeld, Holder, holder_of, take_hold
+from sru_lightning.app.runs.hold import FolderHeld, HeldFolders, Holder, holder_of, take_hold
 
 
 @pytest.fixture(autouse=True)
@@ -29,7 +29,14 @@ def _no_holds_left(monkeypatch):
     for name in ("TORCHELASTIC_RUN_ID", hold.HOLD_ENV):
         monkeypatch.delenv(name, raising=False)
     yield
-    hold.release_all()
+
+
+@pytest.fixture
+def holds():
+    """The folders a test holds, given back at its end as a command's are."""
+    folders = HeldFolders()
+    yield folders
+    folders.release_all()
 
 
 @pytest.fixture
@@ -51,20 +58,20 @@ def holder_token(folder: Path) -> str:
     return Holder.from_json((folder / RunFolder.HOLD_FILE).read_text()).token
 
 
-def test_a_hold_is_a_file_in_the_folder_given_back_when_released(tmp_path):
-    taken = take_hold(tmp_path, "fit", ["seed=1"])
+def test_a_hold_is_a_file_in_the_folder_given_back_when_released(holds, tmp_path):
+    taken = holds.take(tmp_path, "fit", ["seed=1"])
     record = Holder.from_json((tmp_path / RunFolder.HOLD_FILE).read_text())
     assert record.pid == os.getpid() and record.host == socket.gethostname()
     assert record.command_line == "python -m sru_lightning fit seed=1" and taken.owned and taken.note is None
-    assert take_hold(tmp_path, "fit") is taken  # the same process asks again: the same hold
+    assert holds.take(tmp_path, "fit") is taken  # the same process asks again: the same hold
     taken.release()
     assert sorted(os.listdir(tmp_path)) == []  # nothing left: no hold, no file of its own beside
 
 
-def test_a_live_process_holds_its_folder_and_the_refusal_names_it(tmp_path, sleeper):
+def test_a_live_process_holds_its_folder_and_the_refusal_names_it(holds, tmp_path, sleeper):
     placed = place_hold(tmp_path, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid))
     with pytest.raises(FolderHeld) as refused:
-        take_hold(tmp_path, "fit")
+        holds.take(tmp_path, "fit")
     message = str(refused.value)
     assert f"process {sleeper.pid} on host {placed.host}" in message
     assert "python -m sru_lightning fit seed=3" in message and "UTC" in message and "\n" not in message
@@ -72,47 +79,47 @@ def test_a_live_process_holds_its_folder_and_the_refusal_names_it(tmp_path, slee
     assert holder_token(tmp_path) == placed.token  # the refused caller changed nothing
 
 
-def test_a_dead_holders_hold_is_taken_over_with_a_line_saying_whose(tmp_path, sleeper):
+def test_a_dead_holders_hold_is_taken_over_with_a_line_saying_whose(holds, tmp_path, sleeper):
     placed = place_hold(tmp_path, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid))
     sleeper.kill()
     sleeper.wait()
     assert holder_of(tmp_path) is None
-    taken = take_hold(tmp_path, "fit")
+    taken = holds.take(tmp_path, "fit")
     assert taken.owned and holder_token(tmp_path) == taken.holder.token != placed.token
     assert f"from fit (process {sleeper.pid} on host {placed.host}" in taken.note
     assert taken.note.endswith("its process is gone")
 
 
-def test_a_reused_process_id_does_not_hold(tmp_path, sleeper):
+def test_a_reused_process_id_does_not_hold(holds, tmp_path, sleeper):
     place_hold(tmp_path, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid) - 1)
-    taken = take_hold(tmp_path, "fit")
+    taken = holds.take(tmp_path, "fit")
     assert "the process id now belongs to another" in taken.note
 
 
-def test_a_hold_copied_with_its_folder_holds_nothing_in_the_copy(tmp_path, sleeper):
+def test_a_hold_copied_with_its_folder_holds_nothing_in_the_copy(holds, tmp_path, sleeper):
     run = tmp_path / "run"
     run.mkdir()
     placed = place_hold(run, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid))
     shutil.copytree(run, tmp_path / "copy")
     with pytest.raises(FolderHeld):
-        take_hold(run, "fit")
-    taken = take_hold(tmp_path / "copy", "fit")
+        holds.take(run, "fit")
+    taken = holds.take(tmp_path / "copy", "fit")
     assert "copied from another folder" in taken.note
     assert holder_token(run) == placed.token  # the original is still held
 
 
-def test_another_hosts_hold_lasts_while_its_heartbeat_is_fresh(tmp_path, monkeypatch):
+def test_another_hosts_hold_lasts_while_its_heartbeat_is_fresh(holds, tmp_path, monkeypatch):
     monkeypatch.setattr(hold.shutil, "which", lambda name: None)  # no SLURM to ask
     place_hold(tmp_path, host="another-node", pid=1)
     with pytest.raises(FolderHeld, match="on host another-node"):
-        take_hold(tmp_path, "fit")
+        holds.take(tmp_path, "fit")
     old = time.time() - hold.STALE_S - 5
     os.utime(tmp_path / RunFolder.HOLD_FILE, (old, old))
-    taken = take_hold(tmp_path, "fit")
+    taken = holds.take(tmp_path, "fit")
     assert "its heartbeat stopped" in taken.note and f"more than {hold.STALE_S:.0f} s" in taken.note
 
 
-def test_another_hosts_slurm_job_holds_while_slurm_knows_it_unfinished(tmp_path, monkeypatch):
+def test_another_hosts_slurm_job_holds_while_slurm_knows_it_unfinished(holds, tmp_path, monkeypatch):
     states = {"41": "RUNNING", "42": "PENDING", "43": "CANCELLED", "44": ""}
     monkeypatch.setattr(hold, "slurm_job_state", states.get)
     old = time.time() - hold.STALE_S - 5  # a stale heartbeat does not matter while SLURM answers
@@ -123,71 +130,71 @@ def test_another_hosts_slurm_job_holds_while_slurm_knows_it_unfinished(tmp_path,
         os.utime(folder / RunFolder.HOLD_FILE, (old, old))
         if held:
             with pytest.raises(FolderHeld, match=f"SLURM job {job}"):
-                take_hold(folder, "fit")
+                holds.take(folder, "fit")
         else:
-            assert f"job {job}" in take_hold(folder, "fit").note
+            assert f"job {job}" in holds.take(folder, "fit").note
 
 
-def test_a_slurm_jobs_tasks_share_its_hold_and_a_requeue_takes_it_over(tmp_path, monkeypatch, sleeper):
+def test_a_slurm_jobs_tasks_share_its_hold_and_a_requeue_takes_it_over(holds, tmp_path, monkeypatch, sleeper):
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     live = {"pid": sleeper.pid, "process_start": hold._process_start(sleeper.pid)}
     placed = place_hold(tmp_path, slurm_job="77", slurm_restart=0, **live)
     with pytest.raises(FolderHeld):  # a second fit of the job's first task: another run
-        take_hold(tmp_path, "fit")
+        holds.take(tmp_path, "fit")
     monkeypatch.setenv("SLURM_PROCID", "1")  # another task of the job goes ahead under its hold
-    joined = take_hold(tmp_path, "fit")
+    joined = holds.take(tmp_path, "fit")
     assert not joined.owned and joined.holder == placed
     joined.release()
     assert holder_token(tmp_path) == placed.token  # a task that joined gives back nothing
 
     monkeypatch.setenv("SLURM_PROCID", "0")
     monkeypatch.setenv("SLURM_RESTART_COUNT", "1")  # the job again, after a requeue
-    taken = take_hold(tmp_path, "fit")
+    taken = holds.take(tmp_path, "fit")
     assert taken.owned and holder_token(tmp_path) == taken.holder.token
     assert taken.note.endswith("SLURM job 77 before its requeue")
 
 
-def test_a_rank_launched_by_the_holder_goes_ahead_under_its_hold(tmp_path, monkeypatch, sleeper):
+def test_a_rank_launched_by_the_holder_goes_ahead_under_its_hold(holds, tmp_path, monkeypatch, sleeper):
     placed = place_hold(tmp_path, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid))
     monkeypatch.setenv("LOCAL_RANK", "1")
     with pytest.raises(FolderHeld):  # a rank of another job
-        take_hold(tmp_path, "fit")
+        holds.take(tmp_path, "fit")
     monkeypatch.setenv(hold.HOLD_ENV, placed.token)  # what the holder's launched ranks inherit
-    joined = take_hold(tmp_path, "fit")
+    joined = holds.take(tmp_path, "fit")
     assert not joined.owned and joined.holder == placed
 
 
-def test_the_ranks_of_one_rendezvous_share_the_hold_of_its_first(tmp_path, monkeypatch, sleeper):
+def test_the_ranks_of_one_rendezvous_share_the_hold_of_its_first(holds, tmp_path, monkeypatch, sleeper):
     for name, value in (("MASTER_ADDR", "10.0.0.1"), ("MASTER_PORT", "29500"), ("TORCHELASTIC_RUN_ID", "none")):
         monkeypatch.setenv(name, value)
     monkeypatch.setenv("RANK", "0")
     live = {"pid": sleeper.pid, "process_start": hold._process_start(sleeper.pid)}
     place_hold(tmp_path, rendezvous="10.0.0.1:29500/none", **live)
     with pytest.raises(FolderHeld):  # another first rank, of the same address: another fit
-        take_hold(tmp_path, "fit")
+        holds.take(tmp_path, "fit")
     monkeypatch.setenv("RANK", "1")
-    assert not take_hold(tmp_path, "fit").owned
+    assert not holds.take(tmp_path, "fit").owned
     monkeypatch.setenv("MASTER_PORT", "29501")  # a rank of another job
     with pytest.raises(FolderHeld):
-        take_hold(tmp_path, "fit")
+        holds.take(tmp_path, "fit")
 
 
-def test_a_rank_other_than_the_first_takes_no_hold(tmp_path, monkeypatch):
+def test_a_rank_other_than_the_first_takes_no_hold(holds, tmp_path, monkeypatch):
     monkeypatch.setenv("LOCAL_RANK", "1")
-    assert not take_hold(tmp_path, "fit").owned
+    assert not holds.take(tmp_path, "fit").owned
     assert os.listdir(tmp_path) == []
 
 
-def test_release_leaves_a_hold_that_is_no_longer_its_own(tmp_path, sleeper):
-    taken = take_hold(tmp_path, "fit")
+def test_release_leaves_a_hold_that_is_no_longer_its_own(holds, tmp_path, sleeper):
+    taken = holds.take(tmp_path, "fit")
     replaced = place_hold(tmp_path, pid=sleeper.pid, process_start=hold._process_start(sleeper.pid))
     taken.release()
     assert holder_token(tmp_path) == replaced.token
 
 
-def test_the_holder_beats_while_it_holds(tmp_path, monkeypatch):
+def test_the_holder_beats_while_it_holds(holds, tmp_path, monkeypatch):
     monkeypatch.setattr(hold, "HEARTBEAT_S", 0.05)
-    taken = take_hold(tmp_path, "fit")
+    taken = holds.take(tmp_path, "fit")
     path = tmp_path / RunFolder.HOLD_FILE
     os.utime(path, (1.0, 1.0))
     deadline = time.time() + 10

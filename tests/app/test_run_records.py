@@ -334,17 +334,19 @@ def test_output_to_a_full_device_is_one_line():
     assert done.stderr.strip() == "python -m sru_lightning: error: cannot write the output: No space left on device"
 
 
-def test_a_failed_attempt_keeps_the_runs_config_and_its_own_beside_it(tmp_path, monkeypatch):
+def test_a_failed_attempt_keeps_the_runs_config_and_its_own_beside_it(tmp_path):
     from sru_lightning.app.runs import directories
+    from sru_lightning.app.runs.context import RunContext
 
     run = tmp_path / "run"
     (run / ".hydra").mkdir(parents=True)
     for name in RunFolder.HYDRA_FILES:
         (run / ".hydra" / name).write_text(f"the run's {name}\n")
-    monkeypatch.setattr(directories, "current", directories.DirectorySnapshot.take(run, ".hydra"))
+    context = RunContext("fit")
+    context.found.directory = directories.DirectorySnapshot.take(run, ".hydra")  # what the guard records
     for name in RunFolder.HYDRA_FILES:  # what Hydra writes for the attempt
         (run / ".hydra" / name).write_text(f"the attempt's {name}\n")
-    beside = directories.keep_config_beside(run)
+    beside = directories.keep_config_beside(context, run)
     assert beside is not None and beside.parent == run / ".hydra" and beside.name.startswith("attempt-")
     for name in RunFolder.HYDRA_FILES:
         assert (run / ".hydra" / name).read_text() == f"the run's {name}\n"

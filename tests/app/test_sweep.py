@@ -187,6 +187,7 @@ def test_a_sweep_run_by_a_plugin_is_told_from_its_config(tmp_path, sweeper, laun
     from hydra.types import RunMode
     from omegaconf import OmegaConf
 
+    from sru_lightning.app.runs.context import RunContext, activated
     from sru_lightning.app.sweep import SweepSummary
 
     launcher = launcher if launcher.startswith("hydra_plugins") else "hydra._internal.core_plugins." + launcher
@@ -198,11 +199,13 @@ def test_a_sweep_run_by_a_plugin_is_told_from_its_config(tmp_path, sweeper, laun
     }
     config = OmegaConf.create({"hydra": hydra_node})
     assert sweep.sweeper_counts_failures(config.hydra) is ("optuna" in sweeper)
-    assert not sweep.ended_by_a_plugin()  # no sweep under way
-    SweepSummary().on_multirun_start(config)
-    assert sweep.ended_by_a_plugin() is by_a_plugin
-    sweep.summarise_stopped_sweep()
-    assert not sweep.ended_by_a_plugin()
+    context = RunContext("fit", ("-m",))
+    assert not sweep.ended_by_a_plugin(context)  # no sweep under way
+    with activated(context):  # as the CLI runs Hydra: its callbacks record into the command's context
+        SweepSummary().on_multirun_start(config)
+    assert sweep.ended_by_a_plugin(context) is by_a_plugin
+    sweep.summarise_stopped_sweep(context)
+    assert not sweep.ended_by_a_plugin(context)
     config.hydra.mode = RunMode.RUN  # a single run never counts as a failed trial
     assert not sweep.sweeper_counts_failures(config.hydra)
 

@@ -9,12 +9,8 @@ checked too: an error of the package itself is a failure with its traceback, nev
 from __future__ import annotations
 
 import json
-import os
-import sys
-from pathlib import Path
 
 import pytest
-from helpers import preloaded
 from helpers.tiny_run import TINY_RUN
 
 from sru_lightning.app import cli
@@ -295,45 +291,28 @@ def test_a_misspelled_option_of_any_config_group_is_one_line_naming_its_options(
 
 # A bug of the package, planted where the old rule would have taken it for the user's mistake:
 # a TypeError while the run is built, a ValueError in a callback before the first optimizer step.
-PACKAGE_BUG = """
-import sys
-from sru_lightning.app import cli
-
-where, argv = sys.argv[1], sys.argv[2:]
-
-def broken(*args, **kwargs):
-    raise (TypeError if where == "build" else ValueError)("a bug inside the package")
-
-if where == "build":
+# In-process: a command keeps its state in its own RunContext, so nothing is left for the next test.
+@pytest.mark.parametrize("where,error", [("build", TypeError), ("before_the_first_step", ValueError)])
+def test_a_bug_in_the_package_is_a_failure_with_its_traceback_not_a_usage_error(
+    tmp_path, monkeypatch, capsys, where, error
+):
     from sru_lightning.app.runs import run_trainer
-    run_trainer.set_thread_count = broken
-else:
     from sru_lightning.callbacks import TrainingThroughput
-    TrainingThroughput.on_fit_start = broken
-sys.exit(cli.main(argv))
-"""
 
+    def broken(*args, **kwargs):
+        raise error("a bug inside the package")
 
-@pytest.mark.slow  # starts a process
-@pytest.mark.parametrize("where,error", [("build", "TypeError"), ("before_the_first_step", "ValueError")])
-def test_a_bug_in_the_package_is_a_failure_with_its_traceback_not_a_usage_error(tmp_path, where, error):
+    if where == "build":
+        monkeypatch.setattr(run_trainer, "set_thread_count", broken)
+    else:
+        monkeypatch.setattr(TrainingThroughput, "on_fit_start", broken)
+    monkeypatch.chdir(tmp_path)
     run_dir = tmp_path / "run"
-    root = str(Path(cli.__file__).resolve().parents[2])  # this checkout's package, installed or not
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")]))}
-    argv = ["fit", *TINY, f"hydra.run.dir={run_dir}"]
-    done = preloaded.run(
-        [sys.executable, "-c", PACKAGE_BUG, where, *argv],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert done.returncode == 1, f"exit status {done.returncode}; stderr: {done.stderr[-3000:]}"
-    assert f"{PROG}: error:" not in done.stderr, "told as a usage error"
-    assert "Traceback (most recent call last)" in done.stderr
-    assert f"{error}: a bug inside the package" in done.stderr
+    with pytest.raises(error, match="a bug inside the package"):  # out of main: the interpreter prints its traceback
+        cli.main(["fit", *TINY, f"hydra.run.dir={run_dir}"])
+    assert f"{PROG}: error:" not in capsys.readouterr().err, "told as a usage error"
+    name = error.__name__
     log_text = (run_dir / "sru_lightning.log").read_text()
-    assert "Traceback (most recent call last)" in log_text and f"{error}: a bug inside the package" in log_text
+    assert "Traceback (most recent call last)" in log_text and f"{name}: a bug inside the package" in log_text
     record = json.loads((run_dir / "result.json").read_text())
-    assert record["status"] == "failed" and record["error"] == f"{error}: a bug inside the package"
+    assert record["status"] == "failed" and record["error"] == f"{name}: a bug inside the package"

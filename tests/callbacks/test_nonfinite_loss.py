@@ -8,6 +8,7 @@ import math
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.tiny_trainer import tiny_trainer
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -44,17 +45,8 @@ class LossWithAnOffset(pl.LightningModule):
 
 
 def fit(model, callback, tmp_path, **trainer_args):
-    trainer = pl.Trainer(
-        max_epochs=2,
-        accelerator="cpu",
-        devices=1,
-        logger=False,
-        enable_checkpointing=False,
-        enable_progress_bar=False,
-        enable_model_summary=False,
-        default_root_dir=tmp_path,
-        callbacks=[callback],
-        **trainer_args,
+    trainer = tiny_trainer(
+        max_epochs=2, accelerator="cpu", default_root_dir=tmp_path, callbacks=[callback], **trainer_args
     )
     trainer.fit(model)
     return trainer

@@ -6,6 +6,7 @@ import logging
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.tiny_trainer import tiny_trainer
 from lightning.pytorch import Trainer
 from torch import nn
 
@@ -62,17 +63,7 @@ def token_data():
 
 def fit(precision, callback, max_steps=12, model=None):
     model = model or TinyLM()
-    trainer = Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=precision,
-        max_steps=max_steps,
-        callbacks=[callback],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = tiny_trainer(precision=precision, max_steps=max_steps, callbacks=[callback])
     with trace_storage_dtypes() as calls:
         trainer.fit(model, token_data())
     return model, calls
@@ -110,7 +101,7 @@ def test_fit_runs_the_recurrence_in_the_regimes_storage_dtype(precision, policy,
 def test_policy_reaches_every_sru_layer_in_nested_user_modules():
     callback = SRUPrecisionCallback("fp32")
     model = TinyLM()
-    callback.setup(Trainer(accelerator="cpu", logger=False, enable_progress_bar=False), model, "fit")
+    callback.setup(tiny_trainer(), model, "fit")
     assert callback.layers == [
         "encoder.blocks.recurrent.rnn_lst.0",
         "encoder.blocks.recurrent.rnn_lst.1",
@@ -167,15 +158,7 @@ def test_model_without_sru_layers_is_warned_about():
             return torch.optim.SGD(self.parameters(), lr=0.1)
 
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(4, 4)), batch_size=2)
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=1,
-        callbacks=[SRUPrecisionCallback()],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = tiny_trainer(max_steps=1, callbacks=[SRUPrecisionCallback()])
     with pytest.warns(UserWarning, match="NoSRU holds no SRU layer"):
         trainer.fit(NoSRU(), data)
 

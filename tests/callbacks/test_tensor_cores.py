@@ -5,7 +5,7 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from helpers.tiny_trainer import tiny_trainer
 from torch import nn
 
 from sru_lightning.callbacks import SRUPrecisionCallback
@@ -114,16 +114,7 @@ class Awkward(pl.LightningModule):
 
 def fit_awkward(callback, precision="bf16-mixed", max_steps=3):
     data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(9, 7, 12)), batch_size=3)
-    trainer = Trainer(
-        accelerator="cpu",
-        precision=precision,
-        max_steps=max_steps,
-        callbacks=[callback],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = tiny_trainer(precision=precision, max_steps=max_steps, callbacks=[callback])
     trainer.fit(Awkward(), data)
 
 

@@ -9,8 +9,9 @@ import math
 import pytest
 import torch
 from helpers.language_models import language_model as build_language_model
+from helpers.tiny_trainer import tiny_trainer
 from lightning.fabric.utilities.throughput import measure_flops
-from lightning.pytorch import Trainer, seed_everything
+from lightning.pytorch import seed_everything
 
 from sru_lightning.callbacks import TrainingThroughput
 from sru_lightning.models import SRULanguageModel
@@ -42,15 +43,7 @@ def windows(steps: int) -> torch.utils.data.DataLoader:
 
 def fit(steps: int, **options) -> TrainingThroughput:
     throughput = TrainingThroughput(**options)
-    trainer = Trainer(
-        accelerator="cpu",
-        max_steps=steps,
-        callbacks=[throughput],
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = tiny_trainer(max_steps=steps, callbacks=[throughput])
     trainer.fit(language_model(), windows(steps))
     return throughput
 

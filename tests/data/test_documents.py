@@ -10,7 +10,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 from helpers.language_models import language_model
-from lightning.pytorch import Trainer, seed_everything
+from helpers.tiny_trainer import tiny_trainer
+from lightning.pytorch import seed_everything
 
 from sru_lightning.data import DocumentsDataModule
 from sru_lightning.data.documents import IGNORED, WholeDocumentRows
@@ -181,14 +182,7 @@ def test_packed_validation_bpc_equals_the_documents_evaluated_one_by_one(folder,
     model = language_model(
         vocab_size=data.vocab_size, embedding_dim=8, hidden_size=16, num_layers=2, dropout=0.0, **options
     ).double()
-    trainer = Trainer(
-        accelerator="cpu",
-        precision="64-true",
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    trainer = tiny_trainer(precision="64-true")
     packed = trainer.validate(model, datamodule=data, verbose=False)[0]["val_bpc"]
 
     nats, predicted = 0.0, 0

@@ -9,6 +9,7 @@ import math
 
 import pytest
 from helpers.language_models import language_model
+from helpers.tiny_trainer import tiny_trainer
 from lightning.pytorch import Trainer, seed_everything
 
 from sru_lightning.data import DocumentsDataModule, TextDataModule
@@ -18,14 +19,7 @@ NON_ASCII = ASCII.replace("fox", "füx").replace("dog", "狗")
 
 
 def _trainer(**settings) -> Trainer:
-    return Trainer(
-        accelerator="cpu",
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        **settings,
-    )
+    return tiny_trainer(**settings)
 
 
 def _model(data):

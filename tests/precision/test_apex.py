@@ -13,7 +13,7 @@ import warnings
 import lightning.pytorch as pl
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from helpers.tiny_trainer import tiny_trainer
 from torch import nn
 
 from sru_lightning.callbacks import SRUPrecisionCallback
@@ -97,16 +97,7 @@ def standin_apex(monkeypatch):
 
 
 def cpu_trainer(precision="32-true", **kwargs):
-    return Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=precision,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-        **kwargs,
-    )
+    return tiny_trainer(precision=precision, **kwargs)
 
 
 def recurrence_inputs(u_dtype=torch.float16, other_dtype=torch.float32, length=5, batch=3, hidden=4):

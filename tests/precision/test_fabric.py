@@ -148,8 +148,10 @@ def expected_warnings(precision: str):
 @pytest.mark.parametrize("precision", sorted(STORAGE_ON_CPU))
 def test_fabric_setup_reports_what_the_trainer_callback_reports(precision):
     """Construction only (no fit): the callback's own setup and report against Fabric's hook."""
+    from helpers.tiny_trainer import tiny_trainer  # imported here: this file also runs as a script
+
     with expected_warnings(precision):
-        trainer = Trainer(accelerator="cpu", devices=1, precision=precision, logger=False, enable_progress_bar=False)
+        trainer = tiny_trainer(precision=precision)
     trainer_callback = SRUPrecisionCallback()
     trainer_callback.setup(trainer, language_model(), "fit")
     trainer_report = trainer_callback.format_report(detect_regime(trainer))

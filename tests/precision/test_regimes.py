@@ -4,7 +4,7 @@ import contextlib
 
 import pytest
 import torch
-from lightning.pytorch import Trainer
+from helpers.tiny_trainer import tiny_trainer
 from lightning.pytorch.plugins.precision import (
     DoublePrecision,
     HalfPrecision,
@@ -20,15 +20,7 @@ F16, BF16, F32, F64 = torch.float16, torch.bfloat16, torch.float32, torch.float6
 
 
 def cpu_trainer(precision):
-    return Trainer(
-        accelerator="cpu",
-        devices=1,
-        precision=precision,
-        logger=False,
-        enable_progress_bar=False,
-        enable_checkpointing=False,
-        enable_model_summary=False,
-    )
+    return tiny_trainer(precision=precision)
 
 
 # precision flag -> (regime name, weights, autocast, U, storage under auto/fp32/half)

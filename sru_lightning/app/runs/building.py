@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .context import RunContext
 from .init_from import initial_weights
 from .run_callback_list import run_callbacks
 from .run_data import build_data
@@ -26,11 +27,19 @@ from .starting_point import start_attempt
 __all__ = ["build"]
 
 
-def build(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict[str, str] | None = None):
+def build(
+    cfg,
+    command: str,
+    output_dir: Path,
+    overrides: list[str],
+    owner: dict[str, str] | None = None,
+    context: RunContext | None = None,
+):
     """Instantiate data, model, callbacks, loggers and trainer from `cfg`; `owner` is the job
-    the run belongs to (:func:`.jobs.attempt_owner`). Returns the trainer, the model, the data
-    module and the :class:`~.starting_point.StartingPoint`."""
-    start = start_attempt(cfg, command, output_dir, overrides, owner)
+    the run belongs to (:func:`.jobs.attempt_owner`), `context` the command's (what Hydra's
+    callbacks found). Returns the trainer, the model, the data module and the
+    :class:`~.starting_point.StartingPoint`."""
+    start = start_attempt(cfg, command, output_dir, overrides, owner, context or RunContext(command))
     cfg = start.cfg
     trainer_settings = apply_run_settings(cfg)
     initial = initial_weights(cfg, command, start)  # model.init_from: a new fit from trained weights

@@ -14,6 +14,10 @@ conf/hydra/default.yaml) remembers what the directory held just before that, so 
 * `validate`/`test` pointed at a run's own directory (`hydra.run.dir=<run>`) never write into
   the run: their config, log and record go to `<run>/evaluations/<command>-<time>/`, and the
   run is what they evaluate unless `ckpt_path` names other weights.
+
+What the guard finds out goes into the command's :class:`~.context.RunContext` (its `found`
+record), which Hydra's callbacks reach as :func:`~.context.active_context`; the folders it holds
+go into the context's `held`, given back when the command ends.
 """
 
 from __future__ import annotations
@@ -28,8 +32,9 @@ from typing import Any
 
 from hydra.experimental.callback import Callback
 
+from sru_lightning.app.runs.context import RunContext, active_context
 from sru_lightning.app.runs.folder import RunFolder
-from sru_lightning.app.runs.hold import FolderHeld, holder_of, release_all, take_hold
+from sru_lightning.app.runs.hold import FolderHeld, holder_of
 from sru_lightning.app.runs.jobs import sweep_job_order
 from sru_lightning.app.usage import PROG, CommandExit, error_exit
 
@@ -71,36 +76,17 @@ class DirectorySnapshot:
         return snapshot
 
 
-#: The snapshot of the current single run's directory (taken by RunDirectoryGuard.on_run_start).
-current: DirectorySnapshot | None = None
-_output_subdir = RunFolder.HYDRA_DIR
-#: The command Hydra is running (set by the CLI before Hydra starts).
-command: str | None = None
-#: An evaluation's own folder -> the run directory it was pointed at by hydra.run.dir.
-_evaluated_runs: dict[Path, Path] = {}
 EVALUATIONS_DIR = "evaluations"
 
 
-def evaluated_run(output_dir: Path) -> Path | None:
-    """The run an evaluation writing into `output_dir` was pointed at with hydra.run.dir, if any."""
-    return _evaluated_runs.get(Path(output_dir).absolute())
-
-
-def attempt_config_path(output_dir: Path) -> Path | None:
-    """Where Hydra saved this attempt's composed config (`.hydra/config.yaml`), None when it saves none."""
-    if _output_subdir is None:
-        return None
-    return Path(output_dir) / _output_subdir / RunFolder.CONFIG_FILE
-
-
-def _evaluation_folder(config, run_dir: Path) -> DirectorySnapshot:
+def _evaluation_folder(config, run_dir: Path, context: RunContext) -> DirectorySnapshot:
     """Point Hydra's run directory at a new folder of the run's `evaluations/` (before Hydra
     writes), made here: two evaluations started in one second take two folders. Its snapshot."""
     from omegaconf import read_write
 
     evaluations = run_dir / EVALUATIONS_DIR
     first_created = None if os.path.lexists(evaluations) else evaluations
-    name = time.strftime(f"{command}-%Y-%m-%d_%H-%M-%S")
+    name = time.strftime(f"{context.command}-%Y-%m-%d_%H-%M-%S")
     folder, suffix = evaluations / name, 1
     while True:
         try:
@@ -113,7 +99,7 @@ def _evaluation_folder(config, run_dir: Path) -> DirectorySnapshot:
             break
     with read_write(config.hydra.run):
         config.hydra.run.dir = str(folder)
-    _evaluated_runs[folder.absolute()] = run_dir.absolute()
+    context.found.evaluated_runs[folder.absolute()] = run_dir.absolute()
     return DirectorySnapshot(folder.absolute(), existed=False, first_created=(first_created or folder).absolute())
 
 
@@ -126,9 +112,9 @@ def _close_file_logs(directory: Path) -> None:
             logging.getLogger().removeHandler(handler)
 
 
-def restore_after_usage_error(output_dir: Path) -> None:
+def restore_after_usage_error(context: RunContext, output_dir: Path) -> None:
     """Undo what Hydra wrote for an attempt refused before it started."""
-    snapshot = current
+    snapshot = context.found.directory
     output_dir = Path(output_dir).absolute()
     if snapshot is None or snapshot.path != output_dir:
         return
@@ -144,7 +130,7 @@ def restore_after_usage_error(output_dir: Path) -> None:
             return
         _remove_created_parents(snapshot)
         return
-    hydra_dir = output_dir / _output_subdir
+    hydra_dir = output_dir / (context.found.output_subdir or RunFolder.HYDRA_DIR)
     if hydra_dir.is_dir():
         for name in set(os.listdir(hydra_dir)) - snapshot.hydra_entries:
             (hydra_dir / name).unlink(missing_ok=True)
@@ -178,14 +164,14 @@ def _put_back(hydra_dir: Path, snapshot: DirectorySnapshot) -> None:
         os.utime(file, ns=(mtime, mtime))
 
 
-def keep_config_beside(output_dir: Path) -> Path | None:
+def keep_config_beside(context: RunContext, output_dir: Path) -> Path | None:
     """After a failed attempt in an existing run directory: the run's own config goes back
     in place, the attempt's moves to `.hydra/attempt-<time>/`. Returns that folder."""
-    snapshot = current
+    snapshot = context.found.directory
     output_dir = Path(output_dir).absolute()
     if snapshot is None or snapshot.path != output_dir or not snapshot.hydra_files:
         return None
-    hydra_dir = output_dir / _output_subdir
+    hydra_dir = output_dir / (context.found.output_subdir or RunFolder.HYDRA_DIR)
     beside = hydra_dir / time.strftime("attempt-%Y-%m-%d_%H-%M-%S")
     beside.mkdir(parents=True, exist_ok=True)
     for name in RunFolder.HYDRA_FILES:
@@ -228,33 +214,36 @@ class RunDirectoryGuard(Callback):
     into the directory of an earlier sweep."""
 
     def on_run_start(self, config, **kwargs: Any) -> None:
-        global current, _output_subdir
-        _output_subdir = config.hydra.output_subdir or RunFolder.HYDRA_DIR
+        context = active_context()
+        found = context.found
+        found.output_subdir = config.hydra.output_subdir or RunFolder.HYDRA_DIR
         run_dir = Path(str(config.hydra.run.dir)).absolute()
-        if command in ("validate", "test") and (RunFolder.holds_a_run(run_dir) or holder_of(run_dir) is not None):
-            current = _evaluation_folder(config, run_dir)
-            run_dir = current.path
+        evaluation = context.command in ("validate", "test")
+        if evaluation and (RunFolder.holds_a_run(run_dir) or holder_of(run_dir) is not None):
+            found.directory = _evaluation_folder(config, run_dir, context)
+            run_dir = found.directory.path
         else:
-            current = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
+            found.directory = DirectorySnapshot.take(run_dir, config.hydra.output_subdir)
         _check_can_create(run_dir, "hydra.run.dir")
-        _hold(run_dir, "hydra.run.dir", config)
+        _hold(run_dir, "hydra.run.dir", config, context)
         jobs = earlier_jobs(run_dir)
         if jobs:  # a run's files beside a sweep's would be two runs' in one folder
-            release_all()
+            context.held.release_all()
             raise usage_exit(
                 f"`hydra.run.dir` must be a folder of one run, got {str(run_dir)!r}, which holds the jobs of a sweep "
                 f"({_listed(jobs)}); choose another hydra.run.dir"
             )
 
     def on_run_end(self, config, **kwargs: Any) -> None:
-        release_all()
+        active_context().held.release_all()
 
     def on_multirun_start(self, config, **kwargs: Any) -> None:
+        context = active_context()
         sweep_dir = Path(str(config.hydra.sweep.dir))
         _check_can_create(sweep_dir.absolute(), "hydra.sweep.dir")
-        _hold(sweep_dir.absolute(), "hydra.sweep.dir", config)
+        _hold(sweep_dir.absolute(), "hydra.sweep.dir", config, context)
         if RunFolder.holds_a_run(sweep_dir):
-            release_all()
+            context.held.release_all()
             raise usage_exit(
                 f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds a run "
                 "(its checkpoints or record); choose another hydra.sweep.dir"
@@ -262,7 +251,7 @@ class RunDirectoryGuard(Callback):
         jobs = earlier_jobs(sweep_dir)
         setting = config.get("ckpt_path")
         if jobs and (setting is None or str(setting).strip() == ""):
-            release_all()
+            context.held.release_all()
             raise usage_exit(
                 f"`hydra.sweep.dir` must be a new directory, got {str(sweep_dir)!r}, which holds the jobs of an "
                 f"earlier sweep ({_listed(jobs)}); choose another hydra.sweep.dir, or pass ckpt_path=auto to continue "
@@ -270,19 +259,19 @@ class RunDirectoryGuard(Callback):
             )
 
     def on_multirun_end(self, config, **kwargs: Any) -> None:
-        release_all()
+        active_context().held.release_all()
 
 
 def _listed(jobs: list[str]) -> str:
     return ", ".join(jobs[:5]) + (", ..." if len(jobs) > 5 else "")
 
 
-def _hold(directory: Path, setting: str, config) -> None:
+def _hold(directory: Path, setting: str, config, context: RunContext) -> None:
     """Hold `directory` for this command (:mod:`.hold`), before anything is written into it; a
     folder another run holds is refused in one line, and left as it was."""
     try:
         multirun = ["-m"] if setting == "hydra.sweep.dir" else []
-        hold = take_hold(directory, command or "fit", [*multirun, *config.hydra.overrides.task])
+        hold = context.held.take(directory, context.command, [*multirun, *config.hydra.overrides.task])
     except FolderHeld as held:  # nothing of this attempt is in the folder: it is the holder's
         raise usage_exit(
             f"`{setting}` must be a folder no other run is writing, got {str(directory)!r}: {held}; wait for it to "

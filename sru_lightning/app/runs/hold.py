@@ -55,7 +55,7 @@ from sru_lightning.app.usage import PROG
 from .folder import RunFolder
 from .jobs import slurm_job
 
-__all__ = ["HEARTBEAT_S", "STALE_S", "FolderHeld", "RunHold", "holder_of", "release_all", "take_hold"]
+__all__ = ["HEARTBEAT_S", "STALE_S", "FolderHeld", "HeldFolders", "RunHold", "holder_of", "take_hold"]
 
 #: How often a holder touches its hold file (seconds).
 HEARTBEAT_S = 30.0
@@ -310,7 +310,7 @@ def holder_of(folder: str | Path) -> Holder | None:
 
 class RunHold:
     """This process's hold on a folder: released by :meth:`release` (idempotent), at the end of the
-    command and at interpreter exit."""
+    command (its :class:`HeldFolders`) and at interpreter exit."""
 
     def __init__(self, folder: Path, holder: Holder, *, owned: bool, note: str | None = None) -> None:
         self.folder = folder
@@ -319,6 +319,8 @@ class RunHold:
         self.note = note  # the line saying whose hold was taken over, if one was
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None
+        self.kept = False  # taken for the rest of the command (a secondary rank's check is not)
+        self._kept_by: HeldFolders | None = None
 
     @property
     def path(self) -> Path:
@@ -339,7 +341,9 @@ class RunHold:
 
     def release(self) -> None:
         self._stop.set()
-        _held.pop(self.folder, None)
+        atexit.unregister(self.release)
+        if self._kept_by is not None:
+            self._kept_by.forget(self)
         if not self.owned:
             return
         self.owned = False
@@ -353,26 +357,43 @@ class RunHold:
                 pass
 
 
-#: The holds this process has taken (released at the end of the command and at exit).
-_held: dict[Path, RunHold] = {}
+class HeldFolders:
+    """The folders one command holds: a folder asked for twice is held once, and
+    :meth:`release_all` gives every one back (the command's end; a hold also goes at exit)."""
 
+    def __init__(self) -> None:
+        self._holds: dict[Path, RunHold] = {}
 
-def release_all() -> None:
-    """Give back every hold this process has taken."""
-    for hold in list(_held.values()):
-        hold.release()
+    def take(self, folder: str | Path, command: str, overrides: list[str] | tuple[str, ...] = ()) -> RunHold:
+        """:func:`take_hold`, once per folder."""
+        folder = Path(folder).absolute()
+        if folder in self._holds:
+            return self._holds[folder]
+        hold = take_hold(folder, command, overrides)
+        if hold.kept:
+            hold._kept_by = self
+            self._holds[folder] = hold
+        return hold
 
+    def forget(self, hold: RunHold) -> None:
+        if self._holds.get(hold.folder) is hold:
+            del self._holds[hold.folder]
 
-atexit.register(release_all)
+    def release_all(self) -> None:
+        """Give back every hold taken here."""
+        for hold in list(self._holds.values()):
+            hold.release()
+
+    def __len__(self) -> int:
+        return len(self._holds)
 
 
 def take_hold(folder: str | Path, command: str, overrides: list[str] | tuple[str, ...] = ()) -> RunHold:
     """Hold `folder` (it exists) for `command` run with `overrides`; FolderHeld naming the holder
     when a live process of another job holds it. Takes over a hold whose holder is gone (the
-    note says whose)."""
+    note says whose), or this process's own from an earlier command. The caller gives it back
+    (:meth:`RunHold.release`), or :class:`HeldFolders` does; at the latest, the interpreter's exit."""
     folder = Path(folder).absolute()
-    if folder in _held:
-        return _held[folder]
     me = Holder.of_this_process(command, folder, f"{PROG} {shlex.join([command, *overrides])}")
     path = hold_path(folder)
     if secondary_rank():  # the job's first process holds the folder; this one only checks it
@@ -409,9 +430,10 @@ def take_hold(folder: str | Path, command: str, overrides: list[str] | tuple[str
 
 
 def _keep(hold: RunHold) -> RunHold:
-    _held[hold.folder] = hold
+    hold.kept = True
     if hold.owned:
         os.environ[HOLD_ENV] = hold.holder.token  # for the ranks Lightning's launcher starts
+        atexit.register(hold.release)
     hold.start_heartbeat()
     return hold
 

@@ -20,6 +20,7 @@ from sru_lightning.app.signal_watch import WARNING_SIGNALS
 from sru_lightning.app.usage import UsageError
 
 from .console import RunFailed, describe, interruption_message, log_traceback_to_file, say
+from .context import RunContext
 from .folder import RunFolder
 
 log = logging.getLogger("sru_lightning")
@@ -33,6 +34,7 @@ class Attempt:
     overrides: list[str]
     output_dir: Path
     multirun: bool
+    context: RunContext
     record: dict[str, Any] = field(init=False)
     owner: dict[str, str] = field(init=False)
     parent_pid: int = field(init=False)
@@ -287,7 +289,7 @@ def _refused(error: UsageError, attempt: Attempt) -> NoReturn:
     exit status 2."""
     from .directories import restore_after_usage_error, usage_exit
 
-    restore_after_usage_error(attempt.output_dir)
+    restore_after_usage_error(attempt.context, attempt.output_dir)
     raise usage_exit(str(error)) from None
 
 
@@ -329,7 +331,7 @@ def _single_run_failed(error: Exception, attempt: Attempt) -> NoReturn:
 
     from .directories import keep_config_beside
 
-    keep_config_beside(attempt.output_dir)
+    keep_config_beside(attempt.context, attempt.output_dir)
     say(f"run directory: {attempt.output_dir} (failed)")
     if isinstance(error, RunFailed):
         raise error_exit(str(error), 1) from None

@@ -25,6 +25,7 @@ from sru_lightning.app.signal_watch import SignalWatch, watching_signals
 from .building import build
 from .checkpoints import CHECKPOINT_NAME
 from .console import visible_logging
+from .context import RunContext
 from .executing import check_final_metric, evaluation_settings, execute
 from .folder import RunFolder
 from .metric_names import bits_name, optimized_metric_name
@@ -33,8 +34,9 @@ from .outcomes import Attempt, completed, ended_early, record_a_watchdog_exit
 __all__ = ["run"]
 
 
-def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
-    """Build everything from `cfg`, run `command`, record the result in `output_dir`; return the record.
+def run(cfg, context: RunContext, output_dir: Path, overrides: list[str], *, multirun: bool = False) -> dict[str, Any]:
+    """Build everything from `cfg`, run the `context`'s command with the job's `overrides`, record
+    the result in `output_dir`; return the record.
 
     The outcomes: completed; refused (a setting the run cannot apply: a single run exits with
     status 2 and leaves its directory as it was, a sweep job is recorded as failed and the
@@ -42,8 +44,8 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
     failed (recorded; a single run exits with status 1 for a failure its message explains, such
     as a NaN loss, and with the traceback otherwise; a sweep job is logged and the others go on).
     """
-    attempt = Attempt(command, overrides, Path(output_dir).absolute(), multirun)
-    with visible_logging(command), watching_signals() as signals:  # no signal may hang a run
+    attempt = Attempt(context.command, overrides, Path(output_dir).absolute(), multirun, context)
+    with visible_logging(context.command), watching_signals(context.held.release_all) as signals:
         attempt.signal_watch = signals
         try:
             metrics = _build_and_execute(cfg, attempt, signals)
@@ -57,7 +59,7 @@ def run(cfg, command: str, output_dir: Path, overrides: list[str], *, multirun: 
 def _build_and_execute(cfg, attempt: Attempt, signals: SignalWatch) -> dict[str, float]:
     """The run itself: build, execute the command, check the final metric; the final metrics."""
     trainer, model, datamodule, start = build(
-        cfg, attempt.command, attempt.output_dir, attempt.overrides, owner=attempt.owner
+        cfg, attempt.command, attempt.output_dir, attempt.overrides, owner=attempt.owner, context=attempt.context
     )
     attempt.trainer = trainer
     signals.follow(trainer)

@@ -14,13 +14,16 @@ import enum
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .changes import Change, judge, merged_config, refuse_unfollowable, resume_callback
 from .checkpoints import LoadedCheckpoint, check_engine_reads, load_checkpoint
 from .ckpt_path import resolve_checkpoint
 from .folder import RunFolder, checkpoint_candidates, checkpoint_run_config
 from .identity import new_run_id, run_id_to_continue, why_another_run
+
+if TYPE_CHECKING:
+    from .context import RunContext
 
 log = logging.getLogger("sru_lightning")
 
@@ -104,15 +107,16 @@ def starting_point(
     return StartingPoint(merged, str(checkpoint), step, changes, source, run_id_to_continue(loaded), loaded)
 
 
-def start_attempt(cfg, command: str, output_dir: Path, overrides: list[str], owner: dict[str, str] | None):
+def start_attempt(
+    cfg, command: str, output_dir: Path, overrides: list[str], owner: dict[str, str] | None, context: RunContext
+):
     """The attempt's starting point, said in the log; `.hydra/config.yaml` rewritten to the
     settings it really runs with when those are the checkpoint's (Hydra wrote the composed ones)."""
-    from .directories import attempt_config_path, evaluated_run
     from .refusals import check_config_resolves, checkpoint_setting
 
     check_config_resolves(cfg)
     with checkpoint_setting():
-        start = starting_point(cfg, command, output_dir, overrides, evaluated_run(output_dir), owner)
+        start = starting_point(cfg, command, output_dir, overrides, context.evaluated_run(output_dir), owner)
     check_config_resolves(start.cfg)
     if start.checkpoint is None:
         return start
@@ -122,7 +126,7 @@ def start_attempt(cfg, command: str, output_dir: Path, overrides: list[str], own
         log.info(
             "changed setting: %s (%s)", change, "not used by evaluation" if change.action == "unused" else "applied"
         )
-    path = attempt_config_path(output_dir)
+    path = context.attempt_config_path(output_dir)
     if start.config_source is ConfigSource.CHECKPOINT and path is not None and path.is_file():
         from omegaconf import OmegaConf
 
