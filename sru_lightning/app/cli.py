@@ -182,12 +182,11 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     from sru_lightning.app import sweep
     from sru_lightning.app.hydra_launch import run_hydra
     from sru_lightning.app.runs.context import RunContext, activated
+    from sru_lightning.app.search import register_sweeper
 
     problem = _unparsable_override(overrides)
     if problem:
         return _fail(problem)
-    from sru_lightning.app.search import register_sweeper
-
     register_sweeper()  # the package's own sweeper (hydra/sweeper=pruned_optuna)
     context = RunContext(command, tuple(overrides))
     statuses: list[str] = []
