@@ -48,12 +48,16 @@ def parse_settings(argv) -> BuildSettings:
             cuda_toolkit.parse_arch_list(settings.cuda_arch)
         except ValueError as error:
             raise UsageError(str(error)) from None
-        if torch.version.cuda is None:
-            raise UsageError(
-                f"`cuda_arch`: this torch ({torch.__version__}) has no CUDA, so there are no CUDA kernels to "
-                "build; install a CUDA build of torch, or drop cuda_arch to build the CPU kernels only"
-            )
     return settings
+
+
+def check_cuda_wanted(settings: BuildSettings) -> None:
+    """CUDA architectures asked of a torch without CUDA: a usage error (raises UsageError)."""
+    if settings.cuda_arch and torch.version.cuda is None:
+        raise UsageError(
+            f"`cuda_arch`: this torch ({torch.__version__}) has no CUDA, so there are no CUDA kernels to "
+            "build; install a CUDA build of torch, or drop cuda_arch to build the CPU kernels only"
+        )
 
 
 def _origin(compiled: bool) -> str:
@@ -68,6 +72,7 @@ def main(argv=None) -> int:
         return 0
     try:
         args = parse_settings(argv)
+        check_cuda_wanted(args)
     except UsageError as error:
         print_error(str(error), PROG)
         return 2
