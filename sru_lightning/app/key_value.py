@@ -224,7 +224,7 @@ def command_usage(
     if notes:
         lines += ["", *notes]
     if examples:
-        lines += ["", "Example:", *(f"  {example}" for example in examples)]
+        lines += ["", "Example:" if len(examples) == 1 else "Examples:", *(f"  {example}" for example in examples)]
     return "\n".join(lines)
 
 
