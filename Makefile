@@ -66,7 +66,7 @@ $(VENV)/.installed: $(VENV)/.installed-run
 setup: $(VENV)/.installed
 
 build-ext: setup
-	$(PY) -m sru_lightning build $(if $(CUDA_ARCH),--cuda-arch "$(CUDA_ARCH)")
+	$(PY) -m sru_lightning build $(if $(CUDA_ARCH),cuda_arch="$(CUDA_ARCH)")
 
 run: $(VENV)/.installed-run
 	$(PY) -m sru_lightning fit
@@ -78,7 +78,7 @@ $(VENV)/.warmed: $(VENV)/.installed tests/helpers/warm_caches.py
 	$(PY) tests/helpers/warm_caches.py
 	touch $@
 
-# The kernels compile beside the third-party warm-up ($(1): build's options): each side is
+# The kernels compile beside the third-party warm-up ($(1): build's settings): each side is
 # mostly one compiler at a time, so two cores finish both together (its output follows).
 define kernels_beside_warmup
 	@$(PY) -m sru_lightning build $(1) > $(VENV)/kernel-build.log 2>&1 & build=$$!; \
@@ -89,7 +89,7 @@ endef
 # Every tier: `-m ""` lifts the unit-tier selection of pyproject.toml's addopts. One kernel
 # library of every vector level serves the tests that cap the level.
 test: setup lint
-	$(call kernels_beside_warmup,--all-levels)
+	$(call kernels_beside_warmup,all_levels=true)
 	$(PY) -m pytest $(PYTEST_PARALLEL) -m "" --durations=25
 
 test-fast: setup

@@ -9,11 +9,9 @@ next; `# ...` comments are dropped). Each is checked by what it runs:
   by one. The cheap ones also run for real, in-process, in a scratch folder, with `debug=tiny`
   appended (`NOT_RUN` names the ones that only compose, and why).
 - the tool commands (`bench`, `build`, `fidelity`, `gpu-check`, `generate`, `export`, `prepare`):
-  their arguments are parsed by the command's own parser (argparse, its subcommands' parsers too
-  for `bench op|decode|export|compile|documents|data`, or the `GenerateSettings` /
-  `ExportSettings` / `PrepareSettings` key=value parser, with prepare's data overrides composed),
-  which stops there; `generate` and `export` of a tiny
-  run also run for real.
+  their `key=value` settings are parsed by the command's own `parse_settings` (bench's with its
+  subcommand, prepare's with its data overrides composed), which stops there; an old `--flag`
+  spelling fails; `generate` and `export` of a tiny run also run for real.
 - `make`, `pip install`, `bash examples/...`, `sbatch examples/...`: the Makefile target, the
   extras in pyproject.toml, the script (bash -n) exist.
 - `python -m sru_lightning.hf.lm_eval ...`: the evaluation harness's own parser accepts the
@@ -31,7 +29,6 @@ A command of any other kind fails the test until a check for it is added here. P
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import importlib.util
 import itertools
@@ -138,12 +135,17 @@ def substitute(text: str, values: dict[str, str]) -> str:
 
 
 def expand_synopsis(words: list[str]) -> list[list[str]]:
-    """A synopsis (`[--dtype fp32|bf16|fp16] [--plot chart.png]`) -> the commands it stands for:
-    the optional parts all given, one command per alternative of a `a|b|c` value."""
+    """A synopsis (`[dtype=fp32|bf16|fp16] [plot=chart.png]`) -> the commands it stands for:
+    the optional parts all given, one command per alternative of a `key=a|b|c` value."""
     if not any(w.startswith("[") for w in words):
         return [words]
     words = [w.strip("[]") for w in words if w.strip("[]") and w not in ("...",)]
-    choices = [w.split("|") if "|" in w and not w.startswith("-") else [w] for w in words]
+
+    def alternatives(word: str) -> list[str]:
+        key, equals, value = word.rpartition("=") if "|" in word else ("", "", word)
+        return [key + equals + choice for choice in value.split("|")]
+
+    choices = [alternatives(w) for w in words]
     return [list(combination) for combination in itertools.product(*choices)]
 
 
@@ -203,35 +205,19 @@ def parse_tool_arguments(command: str, arguments: list[str], monkeypatch) -> Non
     """Run the tool command's parser on `arguments` and stop there: a usage error fails."""
     from sru_lightning.app import cli
 
+    old_flags = [word for word in arguments if word.startswith("--") and word != "--help"]
+    assert not old_flags, f"`{command} {' '.join(arguments)}`: the documents spell settings key=value, not {old_flags}"
     module = importlib.import_module(cli.TOOL_COMMANDS[command][0])
-    if hasattr(module, "parse_settings"):  # generate, export, prepare: key=value settings
-        real = module.parse_settings
+    real = module.parse_settings  # every tool command: key=value settings, checked there
 
-        def parse_then_stop(argv):
-            raise Parsed(real(argv))
+    def parse_then_stop(argv):
+        raise Parsed(real(argv))
 
-        monkeypatch.setattr(module, "parse_settings", parse_then_stop)
-    else:
-        real = argparse.ArgumentParser.parse_args
-
-        def parse_then_stop(self, args=None, namespace=None):
-            subcommands = [  # `bench op|decode|...`: each subcommand has a parser of its own
-                parser
-                for action in self._actions
-                if isinstance(action, argparse._SubParsersAction)
-                for parser in action.choices.values()
-            ]
-            for parser in (self, *subcommands):
-                parser.allow_abbrev = False  # the documents spell options out in full
-            raise Parsed(real(self, args, namespace))
-
-        monkeypatch.setattr(argparse.ArgumentParser, "parse_args", parse_then_stop)
+    monkeypatch.setattr(module, "parse_settings", parse_then_stop)
     try:
         status = cli.main([command, *arguments])
     except Parsed:
         return
-    except SystemExit as exit:  # argparse's usage error
-        status = exit.code
     if "--help" in arguments or "-h" in arguments:
         assert status == 0, f"{command} --help exited {status}"
         return

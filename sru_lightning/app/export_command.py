@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sru_lightning.app.key_value import wants_help
+from sru_lightning.app.key_value import setting, wants_help
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
 PROG = command_prog("export")
@@ -18,11 +18,11 @@ PROG = command_prog("export")
 class ExportSettings:
     """The command's settings (`key=value` on the command line)."""
 
-    ckpt_path: str = "last"  # a .ckpt file, a run directory, or "last" (newest run under resume_dir)
-    format: str = "onnx"  # onnx | pt2 | aoti | hf
-    out: str = ""  # the folder to create (required)
-    overwrite: bool = False  # replace an earlier export in `out` (one that holds nothing but its own files)
-    resume_dir: str = "outputs"  # where ckpt_path=last looks
+    ckpt_path: str = setting("last", 'a .ckpt file, a run directory, or "last" (newest run under resume_dir)')
+    format: str = setting("onnx", "onnx | pt2 | aoti | hf")
+    out: str = setting("", "the folder to create (required)")
+    overwrite: bool = setting(False, "replace an earlier export in `out` (one that holds nothing but its own files)")
+    resume_dir: str = setting("outputs", "where ckpt_path=last looks")
 
 
 def usage() -> str:

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from sru_lightning.app.decoding import GenerationStats, generate_text
-from sru_lightning.app.key_value import wants_help
+from sru_lightning.app.key_value import setting, wants_help
 from sru_lightning.app.runs.trained_model import load_trained
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
@@ -27,16 +27,20 @@ PROG = command_prog("generate")
 class GenerateSettings:
     """The command's settings (`key=value` on the command line)."""
 
-    ckpt_path: str = "last"  # a .ckpt file, a run directory, or "last" (newest run under resume_dir)
-    prompt: str = "The "  # text the output continues; read once, echoed first
-    length: int = 200  # tokens to generate after the prompt (characters, bytes or words)
-    temperature: float = 0.8  # > 0 scales the logits before sampling; 0 picks the likeliest token (greedy)
-    top_k: int = 0  # sample among the k likeliest tokens; 0 = all
-    seed: int = 0  # the same seed, checkpoint and settings give the same text
-    resume_dir: str = "outputs"  # where ckpt_path=last looks
-    device: str = "cpu"  # "cpu" or "cuda"
-    model: str = ""  # an export folder (`python -m sru_lightning export`) to generate with instead of ckpt_path
-    backend: str = ""  # for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder
+    ckpt_path: str = setting("last", 'a .ckpt file, a run directory, or "last" (newest run under resume_dir)')
+    prompt: str = setting("The ", "text the output continues; read once, echoed first")
+    length: int = setting(200, "tokens to generate after the prompt (characters, bytes or words)")
+    temperature: float = setting(0.8, "> 0 scales the logits before sampling; 0 picks the likeliest token (greedy)")
+    top_k: int = setting(0, "sample among the k likeliest tokens; 0 = all")
+    seed: int = setting(0, "the same seed, checkpoint and settings give the same text")
+    resume_dir: str = setting("outputs", "where ckpt_path=last looks")
+    device: str = setting("cpu", "cpu or cuda")
+    model: str = setting(
+        "", "an export folder (`python -m sru_lightning export`) to generate with instead of ckpt_path"
+    )
+    backend: str = setting(
+        "", "for `model`: onnxruntime (format=onnx) or pt2 (format=pt2/aoti); empty = from the folder"
+    )
 
 
 # --------------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sru_lightning.app.key_value import wants_help
+from sru_lightning.app.key_value import setting, wants_help
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
 PROG = command_prog("prepare")
@@ -22,14 +22,14 @@ FORMATS = ("shards", "litdata")
 class PrepareSettings:
     """The command's own settings (`key=value`); the data settings are Hydra's."""
 
-    out: str = ""  # the folder to write (required)
-    format: str = "shards"  # shards (read by memory map: data=shards) or litdata (LitData's: data=litdata)
-    overwrite: bool = False  # replace a corpus prepared in `out` before (one holding only its own files)
-    workers: int = 0  # processes that encode; 0: every core
-    shard_mb: float = 256  # size of a token shard
-    bpe_sample_mb: int = 200  # with data.tokenizer=bpe: the first MB of the training split it learns from
-    progress: bool = True  # progress bars on stderr (when it is a terminal)
-    chunk_tokens: int = 1 << 24  # with format=litdata: tokens per LitData chunk (data.seq_len must divide it)
+    out: str = setting("", "the folder to write (required)")
+    format: str = setting("shards", "shards (read by memory map: data=shards) or litdata (LitData's: data=litdata)")
+    overwrite: bool = setting(False, "replace a corpus prepared in `out` before (one holding only its own files)")
+    workers: int = setting(0, "processes that encode; 0: every core")
+    shard_mb: float = setting(256.0, "size of a token shard")
+    bpe_sample_mb: int = setting(200, "with data.tokenizer=bpe: the first MB of the training split it learns from")
+    progress: bool = setting(True, "progress bars on stderr (when it is a terminal)")
+    chunk_tokens: int = setting(1 << 24, "with format=litdata: tokens per LitData chunk (data.seq_len must divide it)")
 
 
 def usage() -> str:

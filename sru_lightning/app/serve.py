@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from sru_lightning.app.key_value import wants_help
+from sru_lightning.app.key_value import setting, wants_help
 from sru_lightning.app.usage import UsageError, command_prog, print_error
 
 PROG = command_prog("serve")
@@ -31,16 +31,18 @@ READY_PREFIX = "serving on http://"
 class ServeSettings:
     """The command's settings (`key=value` on the command line)."""
 
-    model: str = "last"  # an export folder, a run directory, a .ckpt file, or "last" (newest run under resume_dir)
-    host: str = "127.0.0.1"  # address to listen on (0.0.0.0: every interface)
-    port: int = 8000  # 0 = a free port (printed when ready)
-    max_streams: int = 64  # open completions at once; one more is refused with 503 and Retry-After
-    max_tokens_cap: int = 2048  # the largest max_tokens a request may ask for
-    device: str = "cpu"  # "cpu" or "cuda" (a checkpoint's model; export folders run on the cpu)
-    backend: str = ""  # for an export folder: onnxruntime or pt2; empty = from the folder
-    threads: int = 0  # torch intra-op threads of the model; 0 = torch's default
-    resume_dir: str = "outputs"  # where model=last looks
-    log_level: str = "warning"  # uvicorn's: debug, info (one line per request), warning, error
+    model: str = setting(
+        "last", 'an export folder, a run directory, a .ckpt file, or "last" (newest run under resume_dir)'
+    )
+    host: str = setting("127.0.0.1", "address to listen on (0.0.0.0: every interface)")
+    port: int = setting(8000, "0 = a free port (printed when ready)")
+    max_streams: int = setting(64, "open completions at once; one more is refused with 503 and Retry-After")
+    max_tokens_cap: int = setting(2048, "the largest max_tokens a request may ask for")
+    device: str = setting("cpu", "cpu or cuda (a checkpoint's model; export folders run on the cpu)")
+    backend: str = setting("", "for an export folder: onnxruntime or pt2; empty = from the folder")
+    threads: int = setting(0, "torch intra-op threads of the model; 0 = torch's default")
+    resume_dir: str = setting("outputs", "where model=last looks")
+    log_level: str = setting("warning", "uvicorn's: debug, info (one line per request), warning, error")
 
 
 LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")

@@ -6,9 +6,7 @@ here, by :func:`print_error`, and nowhere else."""
 
 from __future__ import annotations
 
-import argparse
 import sys
-from typing import NoReturn
 
 #: How the package's commands are started, the prefix of every message they print.
 PROG = "python -m sru_lightning"
@@ -41,12 +39,3 @@ def error_exit(message: str, status: int, prog: str = PROG) -> CommandExit:
 class UsageError(Exception):
     """A bad setting, or a checkpoint or config that cannot serve the command: reported as one
     line naming what was expected and what was given, exit status 2."""
-
-
-class CommandParser(argparse.ArgumentParser):
-    """argparse with a one-line error (argparse prints the whole usage block first); `--help`
-    still shows the usage."""
-
-    def error(self, message: str) -> NoReturn:
-        print_error(f"{message} (see --help)", self.prog)
-        raise SystemExit(2)

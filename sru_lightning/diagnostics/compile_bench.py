@@ -1,7 +1,7 @@
 """Compile benchmark (`python -m sru_lightning bench compile`): the default language model
 (conf/model/sru.yaml, vocabulary of the default data) eagerly and as `model.compile=true` runs it
 (`torch.compile` of the model, `SRULanguageModel.for_trainer`): a training step (forward, loss,
-backward, optimizer step) and an inference pass of `--batch` streams of `--length` tokens.
+backward, optimizer step) and an inference pass of `batch` streams of `length` tokens.
 
 Both copies start from the same weights and are timed interleaved round by round in one process,
 so the ratio holds on a busy machine; the time of the first compiled calls (tracing and code
@@ -16,19 +16,29 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
+from sru_lightning.diagnostics.tables import (
+    STATISTIC_NAMES,
+    count_setting,
+    fixed_width_lines,
+    intra_op_threads,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    threads_setting,
+    warmup_setting,
+)
 
 KINDS = ("train step", "inference")
 
 
 @dataclass
 class CompileBenchConfig:
-    length: int = 64
-    batch: int = 16
-    threads: int = 2
-    repeats: int = 15
-    warmup: int = 3
-    statistic: str = "min"  # of the per-round times: "min" (best) or "median"
+    length: int = count_setting(64, "sequence length L")
+    batch: int = count_setting(16, "batch size B")
+    threads: int = threads_setting(2)
+    repeats: int = repeats_setting(15)
+    warmup: int = warmup_setting(3)
+    statistic: str = statistic_setting("min")
 
 
 @dataclass

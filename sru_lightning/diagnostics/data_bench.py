@@ -1,19 +1,19 @@
 """Benchmark of corpus preparation and of training from shards against the in-memory data.
 
-``python -m sru_lightning bench data [--sizes 30,300 --repeats 20 --warmup 5 --out FOLDER]``
+``python -m sru_lightning bench data [sizes=30,300 repeats=20 warmup=5 out=FOLDER]``
 
 For each corpus size (MB of text: the first 30 MB of the Python sources of the running
 interpreter's site-packages, repeated as needed, so every size has the same characters and the
 fits train the same model):
 
 * `prepare` throughput at character level and with a BPE vocabulary of 4000 tokens (on the first
-  ``--bpe-mb`` MB: learning a byte-level BPE is about ten times slower than reading characters),
+  ``bpe_mb`` MB: learning a byte-level BPE is about ten times slower than reading characters),
   the BPE figure also apart for learning the vocabulary and for encoding the text, and each per
   CPU-second of the preparing processes (what a loaded, shared machine changes least);
 * a fit of the default model (conf/model/sru.yaml, batch 32 x 128) from the shards and, up to
-  ``--memory-mb`` MB, from the text in memory (`data=text`), each in a process of its own: its
+  ``memory_mb`` MB, from the text in memory (`data=text`), each in a process of its own: its
   peak resident memory, the seconds from the process's start to its first training step, and
-  training tokens per second over ``--repeats`` steps after ``--warmup`` (two fits of each,
+  training tokens per second over ``repeats`` steps after ``warmup`` (two fits of each,
   interleaved: the highest peak, the shortest start and the best speed).
 
 Memory is per process (it cannot be compared inside one): the peak resident memory of the fit's
@@ -34,7 +34,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sru_lightning.diagnostics.tables import fixed_width_lines
+from sru_lightning.app.key_value import setting
+from sru_lightning.diagnostics.tables import count_setting, fixed_width_lines, repeats_setting, warmup_setting
 
 #: MB of distinct text in a generated corpus (a larger one repeats it).
 DISTINCT_MB = 30
@@ -47,12 +48,12 @@ ROUNDS = 2
 
 @dataclass
 class DataBenchConfig:
-    sizes: str = "30,300"  # MB of text, comma-separated
-    repeats: int = 20
-    warmup: int = 5
-    out: str = ""  # folder for the corpora and shards (kept); empty: a temporary folder
-    bpe_mb: int = 30  # MB of each corpus the BPE preparation is timed on
-    memory_mb: int = 300  # the in-memory fit runs for corpora up to this size
+    sizes: str = setting("30,300", "comma-separated corpus sizes in MB")
+    repeats: int = repeats_setting(20, "timed training steps of each fit")
+    warmup: int = warmup_setting(5, "training steps before them")
+    out: str = setting("", "folder for the corpora, shards and fits (kept); empty: a temporary folder")
+    bpe_mb: int = count_setting(30, "MB of each corpus the BPE preparation is timed on")
+    memory_mb: int = setting(300, "the in-memory fit runs for corpora up to this many MB", at_least=0)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -61,7 +62,7 @@ def parse_sizes(text: str) -> list[int]:
     except ValueError:
         sizes = []
     if not sizes or min(sizes) < 1:
-        raise ValueError(f"--sizes must be comma-separated positive integers (MB), got {text!r}")
+        raise ValueError(f"`sizes` must be comma-separated positive integers (MB), got {text!r}")
     return sizes
 
 

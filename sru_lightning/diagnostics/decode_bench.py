@@ -18,7 +18,17 @@ from types import SimpleNamespace
 
 import torch
 
-from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
+from sru_lightning.diagnostics.tables import (
+    STATISTIC_NAMES,
+    count_setting,
+    fixed_width_lines,
+    intra_op_threads,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    threads_setting,
+    warmup_setting,
+)
 
 MODELS = {"SRU (model=sru)": "sru", "SRU++ (model=srupp)": "srupp", "nn.LSTM (model=lstm)": "lstm"}
 BASELINE = "nn.LSTM (model=lstm)"
@@ -26,11 +36,11 @@ BASELINE = "nn.LSTM (model=lstm)"
 
 @dataclass
 class DecodeBenchConfig:
-    tokens: int = 200
-    threads: int = 2
-    repeats: int = 15
-    warmup: int = 3
-    statistic: str = "min"  # of the per-round times: "min" (best) or "median"
+    tokens: int = count_setting(200, "tokens generated per run")
+    threads: int = threads_setting(2)
+    repeats: int = repeats_setting(15)
+    warmup: int = warmup_setting(3)
+    statistic: str = statistic_setting("min")
     temperature: float = 0.8
 
 

@@ -1,7 +1,7 @@
 """Benchmark of packed documents: training throughput packed against padded, and what the op's
 document boundaries (``reset``) cost.
 
-``python -m sru_lightning bench documents [--length 128 --batch 32 --hidden 256]``
+``python -m sru_lightning bench documents [length=128 batch=32 hidden=256]``
 
 * trains a small character model (embedding, a 2-layer SRU, a linear decoder, Adam) on the same
   documents of random lengths (uniform in 1..length, so padding each to the length pads about
@@ -21,7 +21,16 @@ from dataclasses import dataclass
 
 import torch
 
-from sru_lightning.diagnostics.tables import fixed_width_lines, intra_op_threads, statistic_of
+from sru_lightning.diagnostics.tables import (
+    count_setting,
+    fixed_width_lines,
+    intra_op_threads,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    threads_setting,
+    warmup_setting,
+)
 
 CASES = ("no flags (reset=None)", "flags, no boundary")
 #: Steps between document starts in the op's timing, at lengths of twice this or more.
@@ -42,13 +51,13 @@ def cases(length: int) -> tuple[str, ...]:
 
 @dataclass
 class DocumentsBenchConfig:
-    length: int = 128
-    batch: int = 32
-    hidden: int = 256
-    threads: int = 2
-    repeats: int = 15
-    warmup: int = 3
-    statistic: str = "min"
+    length: int = count_setting(128, "sequence length L")
+    batch: int = count_setting(32, "batch size B")
+    hidden: int = count_setting(256, "hidden size D (input size too)")
+    threads: int = threads_setting(2)
+    repeats: int = repeats_setting(15)
+    warmup: int = warmup_setting(3)
+    statistic: str = statistic_setting("min")
 
 
 def measure_reset_overhead(config: DocumentsBenchConfig) -> dict[str, float]:

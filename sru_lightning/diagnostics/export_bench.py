@@ -18,7 +18,17 @@ from pathlib import Path
 import torch
 
 from sru_lightning.diagnostics.decode_bench import default_models
-from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
+from sru_lightning.diagnostics.tables import (
+    STATISTIC_NAMES,
+    count_setting,
+    fixed_width_lines,
+    intra_op_threads,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    threads_setting,
+    warmup_setting,
+)
 
 BACKENDS = ("eager", "aoti", "onnxruntime")
 BASELINE_MODEL = "nn.LSTM (model=lstm)"
@@ -26,13 +36,13 @@ BASELINE_MODEL = "nn.LSTM (model=lstm)"
 
 @dataclass
 class ExportBenchConfig:
-    threads: int = 1
-    steps: int = 100  # decoding steps per timed run
-    length: int = 128
-    batch: int = 32
-    repeats: int = 7
-    warmup: int = 2
-    statistic: str = "min"
+    threads: int = threads_setting(1)
+    tokens: int = count_setting(100, "chained decoding steps per run")
+    length: int = count_setting(128, "sequence length L")
+    batch: int = count_setting(32, "batch size B")
+    repeats: int = repeats_setting(7)
+    warmup: int = warmup_setting(2)
+    statistic: str = statistic_setting("min")
     backends: tuple = BACKENDS
 
 
@@ -101,7 +111,7 @@ def run_export_benchmark(config: ExportBenchConfig) -> ExportBenchResult:
             for name, backends in runners.items():
                 vocab = models[name].vocab_size
                 for backend, (run, specs) in backends.items():
-                    step = _time_steps(run, specs, config.steps, vocab)
+                    step = _time_steps(run, specs, config.tokens, vocab)
                     sequence = _time_sequence(run, specs, tokens)
                     if round_index >= config.warmup:
                         steps[(name, backend)].append(step)
@@ -152,7 +162,7 @@ def format_table(result: ExportBenchResult) -> str:
         f"{name.split()[0]} {fmt} {seconds:.0f} s" for (name, fmt), seconds in result.export_seconds.items()
     )
     lines = [
-        f"Export benchmark: default models, threads={cfg.threads}, decoding step at B=1 ({cfg.steps} chained steps), "
+        f"Export benchmark: default models, threads={cfg.threads}, decoding step at B=1 ({cfg.tokens} chained steps), "
         f"sequence L={cfg.length} B={cfg.batch} ({STATISTIC_NAMES[cfg.statistic]} of {cfg.repeats}, interleaved)",
         *fixed_width_lines(COLUMNS, [_row(result, name, backend) for name, backend in result.step_seconds]),
         f"export time: {exports}",

@@ -16,13 +16,13 @@ bias and c0.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import sys
 
 import torch
 
-from sru_lightning.app.usage import CommandParser, command_prog
+from sru_lightning.app.key_value import command_usage, read_settings, setting, wants_help
+from sru_lightning.app.usage import UsageError, command_prog, print_error
 from sru_lightning.ops import functional, sru_recurrence_reference, trace_storage_dtypes
 from sru_lightning.ops.testing import recurrence_inputs, relative_error
 from sru_lightning.precision import dtype_name
@@ -172,36 +172,47 @@ def format_table(rows: list[FidelityRow]) -> str:
     return "\n".join(out)
 
 
-def device_name(text: str) -> str:
-    """`--device`: a torch device this command can run on (cpu, cuda, cuda:N)."""
+@dataclasses.dataclass
+class FidelitySettings:
+    """The command's settings (`key=value` on the command line)."""
+
+    length: int = setting(256, "sequence length", at_least=1)
+    batch: int = setting(4, "batch size", at_least=1)
+    hidden: int = setting(32, "hidden size per direction", at_least=1)
+    bidirectional: bool = setting(False, "a bidirectional layer")
+    seed: int = setting(0, "random seed of the inputs")
+    device: str = setting("cpu", "cpu, cuda or cuda:N")
+
+
+PROG = command_prog("fidelity")
+PURPOSE = (
+    "Max relative error (max|err| / max|float64|) of h and of the input gradients for each storage dtype with "
+    "float32 accumulation, next to the same recurrence computed entirely in half precision. Ratio = storage "
+    "error / all-half error."
+)
+
+
+def parse_settings(argv) -> FidelitySettings:
+    """`key=value` arguments (or the old `flag` spellings) -> checked settings; raises UsageError."""
+    settings, _ = read_settings(argv, FidelitySettings, UsageError, old_flags=True)
     try:
-        device = torch.device(text)
+        device = torch.device(settings.device)
     except (RuntimeError, ValueError):
         device = None
     if device is None or device.type not in ("cpu", "cuda"):
-        raise argparse.ArgumentTypeError(f"must be cpu, cuda or cuda:N, got {text!r}")
-    return text
+        raise UsageError(f"`device` must be cpu, cuda or cuda:N, got {settings.device!r}")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise UsageError(f"`device` is {settings.device!r}, but torch sees no CUDA device here; use device=cpu")
+    return settings
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = CommandParser(
-        prog=command_prog("fidelity"),
-        description=(
-            "Max relative error (max|err| / max|float64|) of h and of the input gradients for "
-            "each storage dtype with float32 accumulation, next to the same recurrence computed "
-            "entirely in half precision. Ratio = storage error / all-half error."
-        ),
-    )
-    parser.add_argument("--length", type=int, default=256, help="sequence length (default 256)")
-    parser.add_argument("--batch", type=int, default=4, help="batch size (default 4)")
-    parser.add_argument("--hidden", type=int, default=32, help="hidden size per direction (default 32)")
-    parser.add_argument("--bidirectional", action="store_true", help="bidirectional layer")
-    parser.add_argument("--seed", type=int, default=0, help="random seed of the inputs")
-    parser.add_argument("--device", default="cpu", type=device_name, help="cpu or cuda (default cpu)")
-    args = parser.parse_args(argv)
-    if args.device.startswith("cuda") and not torch.cuda.is_available():
-        parser.error(f"--device {args.device!r} needs CUDA, but torch.cuda.is_available() is False")
+    argv = [] if argv is None else list(argv)
+    if wants_help(argv):
+        print(command_usage(PROG, PURPOSE, FidelitySettings, examples=[f"{PROG} length=64 bidirectional=true"]))
+        return 0
     try:
+        args = parse_settings(argv)
         rows = fidelity_table(
             args.length,
             args.batch,
@@ -210,8 +221,9 @@ def main(argv: list[str] | None = None) -> int:
             seed=args.seed,
             device=args.device,
         )
-    except ValueError as error:
-        parser.error(str(error).replace("fidelity_table: `", "`--"))
+    except UsageError as error:
+        print_error(str(error), PROG)
+        return 2
     print(
         f"SRU recurrence fidelity vs float64: L={args.length} B={args.batch} D={args.hidden} "
         f"{'bidirectional' if args.bidirectional else 'unidirectional'}, device {args.device}"

@@ -15,7 +15,7 @@ Exit status: 0 all passed, 1 a check failed, 2 no CUDA device.
 
 from __future__ import annotations
 
-import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -24,7 +24,8 @@ import traceback
 
 import torch
 
-from sru_lightning.app.usage import CommandParser, command_prog
+from sru_lightning.app.key_value import command_usage, read_settings, setting, wants_help
+from sru_lightning.app.usage import UsageError, command_prog, print_error
 from sru_lightning.diagnostics import gpu_fits, gpu_speed
 from sru_lightning.diagnostics.checks import FAIL, PASS, SKIP, Check
 from sru_lightning.diagnostics.gpu_kernel_checks import (
@@ -226,28 +227,50 @@ def run_sanitizer(budget: Budget, checks: list[Check]) -> None:
         guarded("compute-sanitizer memcheck", lambda: check_sanitizer(min(150.0, budget.remaining())), checks)
 
 
-def main(argv=None) -> int:
-    parser = CommandParser(
-        prog=command_prog("gpu-check"),
-        description="Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference (also on a "
-        "non-default stream, a second GPU and under compute-sanitizer), torch.compile vs eager, fits in "
-        "16-mixed, bf16-mixed, 16-true and DeepSpeed ZeRO-2, peak memory, kernel bandwidth, speed vs cuDNN "
-        "LSTM. One summary; "
-        "exit status 0 all passed, 1 a check failed, 2 no CUDA device.",
-    )
-    parser.add_argument("--only", nargs="+", choices=PARTS, default=list(PARTS), help="run only these parts")
-    parser.add_argument("--budget", type=float, default=420.0, help="seconds for the whole check (default 420)")
-    parser.add_argument("--json", metavar="FILE", help="also write the results as JSON")
-    parser.add_argument("--fit-worker", metavar="SPEC", help=argparse.SUPPRESS)
-    parser.add_argument(SANITIZER_WORKER, action="store_true", help=argparse.SUPPRESS)
-    args = parser.parse_args([] if argv is None else list(argv))
+@dataclasses.dataclass
+class GPUCheckSettings:
+    """The command's settings (`key=value` on the command line)."""
 
-    if args.sanitizer_worker:
+    only: str = setting(",".join(PARTS), "run only these parts", choices=PARTS, listing=True)
+    budget: float = setting(420.0, "seconds for the whole check", at_least=1)
+    json: str = setting("", "also write the results as JSON into this file")
+
+
+PROG = command_prog("gpu-check")
+PURPOSE = (
+    "Checks that need a CUDA GPU: CUDA kernels vs CPU kernels and the reference (also on a non-default stream, "
+    "a second GPU and under compute-sanitizer), torch.compile vs eager, fits in 16-mixed, bf16-mixed, 16-true "
+    "and DeepSpeed ZeRO-2, peak memory, kernel bandwidth, speed vs cuDNN LSTM. One summary; exit status 0 all "
+    "passed, 1 a check failed, 2 no CUDA device."
+)
+#: The word that starts one fit of the check in a process of its own, followed by its spec as JSON.
+FIT_WORKER = "--fit-worker"
+
+
+def parse_settings(argv) -> GPUCheckSettings:
+    """`key=value` arguments (or the old `flag` spellings) -> checked settings; raises UsageError."""
+    settings, _ = read_settings(argv, GPUCheckSettings, UsageError, old_flags=True)
+    return settings
+
+
+def main(argv=None) -> int:
+    argv = [] if argv is None else list(argv)
+    # The check's own worker processes (not the user's command line): one fit, or the sanitized kernels.
+    if argv[:1] == [SANITIZER_WORKER]:
         return sanitizer_worker()
-    if args.fit_worker:
-        report = gpu_fits.fit_worker(gpu_fits.FitSpec(**json.loads(args.fit_worker)))
+    if argv[:1] == [FIT_WORKER] and len(argv) == 2:
+        report = gpu_fits.fit_worker(gpu_fits.FitSpec(**json.loads(argv[1])))
         print(gpu_fits.RESULT_PREFIX + json.dumps(report), flush=True)
         return 0
+    if wants_help(argv):
+        examples = [PROG, f"{PROG} only=kernels,fits budget=300 json=gpu-check.json"]
+        print(command_usage(PROG, PURPOSE, GPUCheckSettings, examples=examples))
+        return 0
+    try:
+        args = parse_settings(argv)
+    except UsageError as error:
+        print_error(str(error), PROG)
+        return 2
     message = no_cuda_message()
     if message:
         print(message, file=sys.stderr)
@@ -259,7 +282,7 @@ def main(argv=None) -> int:
         f"sru_lightning GPU check: {name} (sm_{major}{minor}), torch {torch.__version__}, CUDA {torch.version.cuda}"
     )
     print(header + "\n(running; one summary follows)", flush=True)
-    checks = run_checks(set(args.only), args.budget)
+    checks = run_checks({part.strip() for part in args.only.split(",")}, args.budget)
     print(format_summary(checks, header, time.monotonic() - started), flush=True)
     if args.json:
         with open(args.json, "w") as handle:

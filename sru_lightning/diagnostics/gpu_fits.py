@@ -170,7 +170,7 @@ def collect_fit(spec: FitSpec, process: subprocess.Popen, timeout_s: float) -> t
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait()
-        return Check(spec.name, FAIL, "did not finish within the time budget (--budget)"), {}
+        return Check(spec.name, FAIL, "did not finish within the time budget (gpu-check's `budget`)"), {}
     process.log.seek(0)
     output = process.log.read()
     process.log.close()

@@ -23,7 +23,17 @@ from pathlib import Path
 
 import torch
 
-from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
+from sru_lightning.diagnostics.tables import (
+    STATISTIC_NAMES,
+    count_setting,
+    fixed_width_lines,
+    intra_op_threads,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    threads_setting,
+    warmup_setting,
+)
 
 BATCHES = (1, 16)
 PROMPT = "The "
@@ -32,11 +42,11 @@ GOAL = 0.8  # transformers' tokens/s over the package's
 
 @dataclass
 class HFBenchConfig:
-    tokens: int = 200
-    threads: int = 2
-    repeats: int = 10
-    warmup: int = 2
-    statistic: str = "min"  # of the per-round times: "min" (best) or "median"
+    tokens: int = count_setting(200, "tokens generated per run")
+    threads: int = threads_setting(2)
+    repeats: int = repeats_setting(10)
+    warmup: int = warmup_setting(2)
+    statistic: str = statistic_setting("min")
 
 
 @dataclass

@@ -2,7 +2,7 @@
 the same moment into one folder always end with one run in it (sru_lightning/app/runs/hold.py).
 
 The cost is timed in this process: taking a free folder's hold, the check a second command
-makes and is refused by, and giving the hold back. The double starts are real: `--pairs` times,
+makes and is refused by, and giving the hold back. The double starts are real: `pairs` times,
 two `fit debug=tiny` with different settings (hidden size, seed) start together into a new
 folder; each pair counts as clean when exactly one trained, the other exited with status 2 and
 one error line naming the holder, and the folder's config, checkpoints and history are all of
@@ -21,15 +21,19 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from sru_lightning.app.key_value import setting
 from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.app.runs.hold import FolderHeld, take_hold
+from sru_lightning.diagnostics.tables import repeats_setting, threads_setting
 
 
 @dataclass
 class HoldBenchConfig:
-    repeats: int = 200
-    pairs: int = 20
-    threads: int = 1
+    repeats: int = repeats_setting(200, "timed takes of a hold")
+    pairs: int = setting(
+        20, "double starts: two fits started together into one new folder, this many times", at_least=0
+    )
+    threads: int = threads_setting(1, "threads of each fit of a double start")
 
 
 @dataclass

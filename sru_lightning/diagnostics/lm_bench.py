@@ -1,6 +1,6 @@
 """Language-model benchmark (`python -m sru_lightning bench lm`): what the training loop costs.
 
-``bench lm [--model sru] [--extra "k=v ..."]``: the run `fit` builds (the application's own
+``bench lm [model=sru] [extra="k=v ..."]``: the run `fit` builds (the application's own
 :func:`sru_lightning.app.runs.building.build`, with its callbacks, logger and progress bar) is
 timed step by step in steady state against the same network's forward, loss, backward, gradient
 clipping and optimizer step on one fixed batch in a plain loop (the optimizer and schedule of
@@ -10,7 +10,7 @@ step of the fit, in the same process, so the ratio holds on a busy machine. Ligh
 actions inside it) says where the difference goes: data loading, logging, our callbacks,
 Lightning's, the LightningModule's hooks and the loop itself.
 
-``bench lm --curve`` (validation bits per character against wall-clock seconds) is
+``bench lm curve=true`` (validation bits per character against wall-clock seconds) is
 :mod:`sru_lightning.diagnostics.lm_curve`.
 """
 
@@ -30,23 +30,38 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.profilers import SimpleProfiler
 
-from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, statistic_of
+from sru_lightning.app.key_value import setting
+from sru_lightning.diagnostics.tables import (
+    STATISTIC_NAMES,
+    count_setting,
+    fixed_width_lines,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    warmup_setting,
+)
 
 
 @dataclass
 class LMBenchConfig:
-    model: str = "sru"
-    extra: str = ""  # Hydra overrides of every fit, e.g. "model.net.hidden_size=512 model.net.num_layers=4"
-    repeats: int = 30  # timed steps
-    warmup: int = 5  # steps left out first
-    statistic: str = "median"
-    curve: bool = False
-    budget: int = 60  # seconds per fit of the curve
-    recipe: str = "experiment=speedrun_10min"
-    runs: str = "sru,srupp,lstm,recipe"  # the curve's runs, comma-separated
-    seeds: str = ""  # comma-separated seeds: one fit per run and seed; empty: the config's seed
-    out: str = "outputs/bench_lm"
-    plot: str | None = None
+    model: str = setting("sru", "the model config (conf/model/) of the timed fit")
+    extra: str = setting("", "Hydra overrides of every fit, in one quoted string")
+    repeats: int = repeats_setting(30, "timed training steps")
+    warmup: int = warmup_setting(5, "training steps before them")
+    statistic: str = statistic_setting("median")
+    curve: bool = setting(False, "run the curve: one fit per run of `budget` seconds each")
+    budget: int = count_setting(60, "seconds of each fit of the curve (trainer.max_time)")
+    recipe: str = setting(
+        "experiment=speedrun_10min", "the overrides of the curve's run `recipe`, in one quoted string"
+    )
+    runs: str = setting(
+        "sru,srupp,lstm,recipe", "the curve's runs, comma-separated, of sru (the default model), srupp, lstm, recipe"
+    )
+    seeds: str = setting(
+        "", "comma-separated seeds: one fit per run and seed (mean and spread); empty: the config's seed"
+    )
+    out: str = setting("outputs/bench_lm", "folder of the curve's run folders")
+    plot: str = setting("", "with curve=true: draw validation bits per character against seconds into this image file")
 
 
 # -- the loop's cost ----------------------------------------------------------------------------
@@ -142,7 +157,7 @@ class LoopClock(Callback):
         needed = self.warmup + self.repeats
         if trainer.num_training_batches < needed:
             raise ValueError(
-                f"--warmup + --repeats: the fit's epoch has {trainer.num_training_batches} training batches, "
+                f"warmup + repeats: the fit's epoch has {trainer.num_training_batches} training batches, "
                 f"fewer than the {needed} steps to time; lower them or use more data"
             )
 

@@ -1,10 +1,10 @@
-"""`python -m sru_lightning bench lm --curve --budget S [--runs ...] [--seeds ...] [--plot FILE]`:
+"""`python -m sru_lightning bench lm curve=true budget=S [runs=...] [seeds=...] [plot=FILE]`:
 validation bits per character against wall-clock seconds.
 
 Fits of S seconds each (``trainer.max_time``, ``data=pydoc``) of ``model=sru`` (today's default),
-``model=srupp``, ``model=lstm`` and a recipe (``--recipe``, default
-``experiment=speedrun_10min``), or those named by ``--runs``, once per seed of ``--seeds``, each
-through the command line into its own run folder under ``--out``; :class:`WallClock` logs the
+``model=srupp``, ``model=lstm`` and a recipe (``recipe``, default
+``experiment=speedrun_10min``), or those named by ``runs``, once per seed of ``seeds``, each
+through the command line into its own run folder under ``out``; :class:`WallClock` logs the
 seconds since training started beside every validation's metrics, from which the table and the
 plot are read. The table gives each run's mean over its seeds and their spread, and the seconds
 by which every seed of a run was as low as the default's mean final value.
@@ -29,13 +29,13 @@ from sru_lightning.app.runs.folder import RunFolder
 from sru_lightning.diagnostics.lm_bench import LMBenchConfig
 from sru_lightning.diagnostics.tables import fixed_width_lines
 
-#: The curve's runs: name -> the overrides that make it (the recipe's come from --recipe).
+#: The curve's runs: name -> the overrides that make it (the recipe's come from `recipe`).
 CURVE_RUNS = {"sru": ["model=sru"], "srupp": ["model=srupp"], "lstm": ["model=lstm"], "recipe": []}
 #: The run the others are measured against: the default model.
 REFERENCE_RUN = "sru"
 WALL_SECONDS = "wall_seconds"
 #: The curve's fits validate four times an epoch (data=pydoc's epoch is ~400 steps), for points
-#: between the epochs; --extra "trainer.val_check_interval=..." overrides it.
+#: between the epochs; extra="trainer.val_check_interval=..." overrides it.
 VALIDATION_INTERVAL = 0.25
 
 
@@ -54,24 +54,24 @@ class WallClock(Callback):
 
 
 def run_names(config: LMBenchConfig) -> list[str]:
-    """--runs as a list of names (the bench command checks each is one of CURVE_RUNS)."""
+    """`runs` as a list of names (the bench command checks each is one of CURVE_RUNS)."""
     return [name.strip() for name in config.runs.split(",") if name.strip()]
 
 
 def seeds(config: LMBenchConfig) -> list[int | None]:
-    """--seeds as a list of integers; [None] (the config's own seed) when it is empty."""
+    """`seeds` as a list of integers; [None] (the config's own seed) when it is empty."""
     return [int(seed) for seed in config.seeds.split(",") if seed.strip()] or [None]
 
 
 def curve_runs(config: LMBenchConfig) -> dict[str, list[str]]:
-    """The curve's runs: name -> overrides (the shared ones from --extra last)."""
+    """The curve's runs: name -> overrides (the shared ones from `extra` last)."""
     extra = shlex.split(config.extra)
     made = {**CURVE_RUNS, "recipe": shlex.split(config.recipe)}
     return {name: [*made[name], *extra] for name in run_names(config)}
 
 
 def fit_folder(out: Path, name: str, seed: int | None) -> Path:
-    """A fit's run folder: `<out>/<name>`, or `<out>/<name>-seed<seed>` when --seeds is given."""
+    """A fit's run folder: `<out>/<name>`, or `<out>/<name>-seed<seed>` when `seeds` is given."""
     return out / (name if seed is None else f"{name}-seed{seed}")
 
 
@@ -209,7 +209,7 @@ def plot_curve(curves: dict[str, list[dict[str, Any]]], path: str, budget: int) 
     try:
         import matplotlib
     except ImportError as missing:
-        raise RuntimeError("--plot needs matplotlib (pip install 'sru_lightning[bench]')") from missing
+        raise RuntimeError("`plot` needs matplotlib (pip install 'sru_lightning[bench]')") from missing
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 

@@ -3,11 +3,11 @@ nn.LSTM, nn.GRU, the GEMM-only floor and the ``sru`` package, in one process, so
 meaningful on a shared, noisy machine.
 
 It prints the best (or median) time of forward+backward and of inference for each model with its
-weights and input in ``--dtype``, the ratios to nn.LSTM, nn.GRU and the GEMM floor (the same input
+weights and input in ``dtype``, the ratios to nn.LSTM, nn.GRU and the GEMM floor (the same input
 matmuls alone, forward and backward) in that dtype, and the bytes autograd saves for an SRU stack
 under the half policy (bf16 autocast on CPU) relative to float32. Then the SRU stack's training
 step by phase (:mod:`.step_breakdown`), and the recurrence op alone (one layer, forward+backward)
-in float32, bfloat16 and float16 storage at each CPU vector level of ``--levels``, each level in
+in float32, bfloat16 and float16 storage at each CPU vector level of ``levels``, each level in
 a process of its own (:mod:`.op_levels`).
 """
 
@@ -23,32 +23,47 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from sru_lightning.app.key_value import setting
 from sru_lightning.diagnostics import op_levels
 from sru_lightning.diagnostics.op_levels import LevelTimings
 from sru_lightning.diagnostics.step_breakdown import StepBreakdown, breakdown_lines, measure_step_breakdown
-from sru_lightning.diagnostics.tables import STATISTIC_NAMES, fixed_width_lines, intra_op_threads, statistic_of
+from sru_lightning.diagnostics.tables import (
+    STATISTIC_NAMES,
+    count_setting,
+    fixed_width_lines,
+    intra_op_threads,
+    repeats_setting,
+    statistic_of,
+    statistic_setting,
+    threads_setting,
+    warmup_setting,
+)
 
 DTYPES = {"fp32": torch.float32, "fp64": torch.float64, "bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 @dataclass
 class BenchConfig:
-    length: int = 128
-    batch: int = 32
-    hidden: int = 256
-    layers: int = 2
-    dtype: str = "fp32"
-    threads: int = 2
-    repeats: int = 15
-    warmup: int = 3
-    include_peer: bool = True
-    plot: str | None = None
+    length: int = count_setting(128, "sequence length L")
+    batch: int = count_setting(32, "batch size B")
+    hidden: int = count_setting(256, "hidden size D (input size too)")
+    layers: int = count_setting(2, "SRU, LSTM and GRU layers")
+    dtype: str = setting("fp32", "dtype of the weights and input", choices=sorted(DTYPES))
+    threads: int = threads_setting(2)
+    repeats: int = repeats_setting(15)
+    warmup: int = warmup_setting(3)
+    include_peer: bool = setting(True, "time the `sru` package too", old_flag=("--no-peer", "false"))
+    plot: str = setting("", "also draw the times as a bar chart into this image file")
     # Noise on a shared machine only ever adds time, so the best of N estimates the cost
     # itself (as timeit does); "median" shows the typical time instead.
-    statistic: str = "min"
+    statistic: str = statistic_setting("min")
     # CPU vector levels of the op's storage-dtype table: "all" (every level this processor
     # runs), "none", or names separated by commas.
-    levels: str = "all"
+    levels: str = setting(
+        "all",
+        "CPU vector levels of the op's fp32/bf16/fp16 table, each timed in its own process: all (every level this "
+        "processor runs), none, or names separated by commas",
+    )
 
 
 @dataclass
@@ -177,7 +192,7 @@ def run_benchmark(config: BenchConfig) -> BenchResult:
 
 
 def levels_problem(levels: str) -> str | None:
-    """Why `--levels` cannot be read (checked before the benchmark runs), or None."""
+    """Why `levels` cannot be read (checked before the benchmark runs), or None."""
     from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
 
     if levels in ("all", "none"):
@@ -186,14 +201,14 @@ def levels_problem(levels: str) -> str | None:
     unknown = [name for name in names if name not in CPU_VECTOR_LEVELS]
     if unknown or not names:
         return (
-            f"--levels must be all, none, or vector levels separated by commas from {', '.join(CPU_VECTOR_LEVELS)}, "
+            f"`levels` must be all, none, or vector levels separated by commas from {', '.join(CPU_VECTOR_LEVELS)}, "
             f"got {levels!r}"
         )
     return None
 
 
 def selected_levels(levels: str) -> tuple[str, ...]:
-    """The levels `--levels` names, widest first ("all": every level this processor runs)."""
+    """The levels `levels` names, widest first ("all": every level this processor runs)."""
     from sru_lightning.ops.signature import CPU_VECTOR_LEVELS
 
     if levels == "none":
@@ -343,21 +358,21 @@ def error_line(error: BaseException) -> str:
 
 
 def plot_problem(path: str) -> str | None:
-    """Why `--plot path` cannot be written (checked before the benchmark runs), or None."""
+    """Why `plot=path` cannot be written (checked before the benchmark runs), or None."""
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        return "--plot needs matplotlib (pip install 'sru_lightning[bench]')"
+        return "`plot` needs matplotlib (pip install 'sru_lightning[bench]')"
     target = Path(path).expanduser()
     formats = sorted(Figure().canvas.get_supported_filetypes())
     suffix = target.suffix.lower().lstrip(".")
     if suffix not in formats:
-        return f"--plot must name an image file ending in one of .{', .'.join(formats)}, got {path!r}"
+        return f"`plot` must name an image file ending in one of .{', .'.join(formats)}, got {path!r}"
     folder = target.parent if str(target.parent) else Path(".")
     if not folder.is_dir():
-        return f"--plot must be a file in an existing folder, got {path!r} ({str(folder)!r} does not exist)"
+        return f"`plot` must be a file in an existing folder, got {path!r} ({str(folder)!r} does not exist)"
     if not os.access(folder, os.W_OK):
-        return f"--plot must be a file in a writable folder, got {path!r} ({str(folder)!r} is not writable)"
+        return f"`plot` must be a file in a writable folder, got {path!r} ({str(folder)!r} is not writable)"
     return None
 
 

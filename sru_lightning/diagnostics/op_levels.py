@@ -88,13 +88,13 @@ def processor_levels() -> tuple[str, ...]:
 
 def _ensure_libraries(levels: tuple[str, ...]) -> None:
     """Build one library holding every level when a level has none yet: one build instead of one
-    per capped process (`python -m sru_lightning build --all-levels`, which prints its progress)."""
+    per capped process (`python -m sru_lightning build all_levels=true`, which prints its progress)."""
     from sru_lightning.ops import cpu_levels
     from sru_lightning.ops.build import find_cpu_build
 
     if all(find_cpu_build(cpu_levels.levels_for(level)) is not None for level in levels):
         return
-    subprocess.run([sys.executable, "-m", "sru_lightning", "build", "--all-levels"], check=False)
+    subprocess.run([sys.executable, "-m", "sru_lightning", "build", "all_levels=true"], check=False)
 
 
 def measure_levels(

@@ -1,7 +1,7 @@
 """Load benchmark of the completions server (`python -m sru_lightning bench serve`).
 
 Starts `serve` on a free loopback port, then keeps 1, 8 and 64 streaming clients busy for
-``--seconds`` each (every client sends a new request when its stream ends) and prints, per
+``seconds`` each (every client sends a new request when its stream ends) and prints, per
 level, the tokens per second all clients received together, the ratio to the single stream,
 the failed requests (not 200, or a stream cut before ``data: [DONE]``) and the server process's
 resident memory at the end of the level. The clients run in this process on one event loop with
@@ -17,6 +17,9 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+from sru_lightning.app.key_value import setting
+from sru_lightning.diagnostics.tables import count_setting, threads_setting
+
 LEVELS = (1, 8, 64)
 #: What the server should reach (docs/serving.md).
 GOAL_SPEEDUP = 8.0  # tokens/s at 64 streams over one stream
@@ -25,10 +28,10 @@ GOAL_RSS_GROWTH = 0.05  # RSS at 64 streams over RSS at 8
 
 @dataclass
 class ServeBenchConfig:
-    model: str = "last"  # an export folder, a run directory, a .ckpt file, or "last"
-    seconds: int = 30  # per level
-    tokens: int = 256  # max_tokens of each request
-    threads: int = 1  # the server's torch intra-op threads
+    model: str = setting("last", "an export folder, a run directory, a .ckpt file or last")
+    seconds: int = count_setting(30, "seconds per level")
+    tokens: int = count_setting(256, "max_tokens of each request")
+    threads: int = threads_setting(1, "the server's torch intra-op threads")
 
 
 @dataclass

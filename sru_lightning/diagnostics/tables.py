@@ -1,5 +1,6 @@
-"""What the benchmarks (`bench op`, `bench decode`, `bench export`, ...) share: the thread count
-they time under, the statistic they keep of repeated timings, and their fixed-width tables."""
+"""What the benchmarks (`bench op`, `bench decode`, `bench export`, ...) share: the settings they
+have in common, the thread count they time under, the statistic they keep of repeated timings,
+and their fixed-width tables."""
 
 from __future__ import annotations
 
@@ -9,8 +10,33 @@ from collections.abc import Callable, Iterable, Sequence
 
 import torch
 
-# --statistic -> the word the table header uses for it.
+from sru_lightning.app.key_value import setting
+
+# `statistic` -> the word the table header uses for it.
 STATISTIC_NAMES = {"min": "best", "median": "median"}
+
+
+# The settings the benchmarks share, declared once (each benchmark's config gives its default,
+# and its own help where the setting means something narrower there).
+def threads_setting(default: int, help: str = "intra-op threads (torch.set_num_threads)"):
+    return setting(default, help, at_least=1)
+
+
+def repeats_setting(default: int, help: str = "timed rounds"):
+    return setting(default, help, at_least=1)
+
+
+def warmup_setting(default: int, help: str = "untimed rounds before them"):
+    return setting(default, help, at_least=0)
+
+
+def statistic_setting(default: str):
+    return setting(default, "best (min) or median of the repeats", choices=tuple(STATISTIC_NAMES))
+
+
+def count_setting(default: int, help: str):
+    """A setting that counts something, at least 1 (a size, a length, tokens)."""
+    return setting(default, help, at_least=1)
 
 
 @contextlib.contextmanager

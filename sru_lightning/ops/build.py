@@ -338,7 +338,7 @@ def extension_available() -> bool:
         load_extension()
         return True
     except ExtensionBuildError as error:
-        fix = "Run `python -m sru_lightning build --verbose` to see the compiler output."
+        fix = "Run `python -m sru_lightning build verbose=true` to see the compiler output."
         check_fallback_allowed(error, "CPU", fix)
         if not _warned:
             _warned = True

@@ -2,7 +2,7 @@
 which register the CUDA kernels of the ops the CPU extension (:mod:`.build`) defines.
 
 The library is built on the first CUDA call (or by ``python -m sru_lightning build``) for the
-architectures of the visible GPUs, ``TORCH_CUDA_ARCH_LIST`` or ``--cuda-arch``, with an nvcc
+architectures of the visible GPUs, ``TORCH_CUDA_ARCH_LIST`` or ``build cuda_arch=...``, with an nvcc
 whose CUDA major equals torch's (:mod:`.cuda_toolkit` finds it and the architecture lists). A
 build of the same sources for architectures that cover the needed ones is used as it is (one
 made on a login node serves the compute nodes). A failed build keeps the CPU kernels: CUDA
@@ -153,7 +153,7 @@ def _host_compiler_hint(text: str) -> str:
 
 def find_cuda_build(archs_needed: tuple[str, ...]) -> Path | None:
     """A finished CUDA build of these sources, flags and torch whose archs cover `archs_needed`
-    (e.g. one built on a login node with ``--cuda-arch``)."""
+    (e.g. one built on a login node with ``build cuda_arch=...``)."""
     wanted = {k: v for k, v in cuda_build_spec(()).key.items() if k != "archs"}
     for directory, manifest in build_cache.finished_builds(build_cache.cache_root(), f"{EXTENSION_NAME}_cuda_"):
         same_inputs = all(manifest.get(k) == v for k, v in wanted.items())
@@ -186,7 +186,7 @@ def build_cuda_extension(cuda_arch: str | None = None, verbose: bool = False) ->
     if not archs:
         raise NoCudaArchitectures(
             "sru_lightning: no GPU is visible and no CUDA architectures were given, so the CUDA kernels "
-            'were not built; pass --cuda-arch "8.0;9.0" (the compute capabilities of your GPUs) or set '
+            'were not built; pass cuda_arch="8.0;9.0" to `build` (the compute capabilities of your GPUs) or set '
             f"{cuda_toolkit.ARCH_ENV}"
         )
     if cuda_arch is None:
@@ -248,8 +248,8 @@ def cuda_extension_available() -> bool:
         return True
     except ExtensionBuildError as error:
         fix = (
-            "After fixing it, `python -m sru_lightning build --verbose` rebuilds and shows the compiler "
-            'output (add --cuda-arch "8.0;9.0" to build for GPUs this machine does not have).'
+            "After fixing it, `python -m sru_lightning build verbose=true` rebuilds and shows the compiler "
+            'output (add cuda_arch="8.0;9.0" to build for GPUs this machine does not have).'
         )
         check_fallback_allowed(error, "CUDA", fix)
         if not _cuda_warned:

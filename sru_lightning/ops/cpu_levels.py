@@ -6,7 +6,7 @@ and holds only the levels it was asked for. By default a process builds the leve
 processor runs (and, for bfloat16-capable AVX-512, the AVX-512 level its other storage types
 use): the first build compiles what this machine runs and nothing else. A process capped
 with ``SRU_LIGHTNING_CPU_VECTORS`` needs the capped level and builds it on demand; ``python -m
-sru_lightning build --all-levels`` builds one library holding every level, which any processor
+sru_lightning build all_levels=true`` builds one library holding every level, which any processor
 sharing the cache (a cluster with mixed CPUs) then finds without building its own.
 """
 

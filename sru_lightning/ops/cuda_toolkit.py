@@ -201,7 +201,7 @@ _ARCH_PATTERN = re.compile(r"^(\d+)\.(\d+)([a-z]?)(\+PTX)?$")
 ARCH_ENV = "TORCH_CUDA_ARCH_LIST"
 
 
-def parse_arch_list(text: str, argument: str = "--cuda-arch") -> tuple[str, ...]:
+def parse_arch_list(text: str, argument: str = "cuda_arch") -> tuple[str, ...]:
     """``"8.0;9.0+PTX"`` (``;``, ``,`` or space separated) -> ``("8.0", "9.0+PTX")``, sorted."""
     archs = [part for part in re.split(r"[;, ]+", text.strip()) if part]
     bad = [arch for arch in archs if not _ARCH_PATTERN.match(arch)]
@@ -226,7 +226,7 @@ def resolve_archs(requested: str | None = None) -> tuple[tuple[str, ...], str]:
     """The architectures to compile for and where that choice came from: the argument, then
     ``TORCH_CUDA_ARCH_LIST``, then the visible GPUs. Empty when none of these gives any."""
     if requested:
-        return parse_arch_list(requested), "--cuda-arch"
+        return parse_arch_list(requested), "cuda_arch"
     from_env = os.environ.get(ARCH_ENV, "")
     if from_env and from_env != "native":
         return parse_arch_list(from_env, argument=ARCH_ENV), ARCH_ENV

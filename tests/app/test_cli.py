@@ -78,8 +78,8 @@ def test_tool_commands_are_dispatched_with_their_arguments(monkeypatch):
     fake.main = lambda argv: seen.setdefault("argv", argv) and 3
     monkeypatch.setitem(sys.modules, "fake_bench", fake)
     monkeypatch.setitem(cli.TOOL_COMMANDS, "bench", ("fake_bench", "test double"))
-    assert run_cli("bench", "--plot", "x.png") == 3
-    assert seen["argv"] == ["--plot", "x.png"]
+    assert run_cli("bench", "plot=x.png") == 3
+    assert seen["argv"] == ["plot=x.png"]
 
 
 def test_a_missing_tool_module_gets_a_clear_message(monkeypatch, capsys):

@@ -88,9 +88,7 @@ def test_a_compiled_fit_saves_plain_weights_that_validate_the_same_uncompiled(tm
 
 @pytest.mark.slow  # starts a process that compiles the default model
 def test_bench_compile_prints_the_compiled_to_eager_ratios(tmp_path):
-    result = python_m_sru_lightning(
-        "bench", "compile", *("--length", "4", "--batch", "2", "--repeats", "1", "--warmup", "0"), cwd=tmp_path
-    )
+    result = python_m_sru_lightning("bench", "compile", *("length=4", "batch=2", "repeats=1", "warmup=0"), cwd=tmp_path)
     lines = result.stdout.splitlines()
     assert lines[0].startswith("Compile benchmark: default model")
     for kind in ("train step", "inference"):

@@ -8,22 +8,14 @@ import torch
 from sru_lightning.diagnostics import bench, op_bench, op_levels, step_breakdown
 
 TINY = [
-    "--length",
-    "4",
-    "--batch",
-    "2",
-    "--hidden",
-    "8",
-    "--layers",
-    "2",
-    "--repeats",
-    "2",
-    "--warmup",
-    "1",
-    "--threads",
-    "1",
-    "--levels",
-    "none",
+    "length=4",
+    "batch=2",
+    "hidden=8",
+    "layers=2",
+    "repeats=2",
+    "warmup=1",
+    "threads=1",
+    "levels=none",
 ]
 
 
@@ -37,7 +29,7 @@ def test_saved_tensor_bytes_counts_each_storage_once():
 
 def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
     chart = tmp_path / "bench.png"
-    assert bench.main(["op", *TINY, "--no-peer", "--plot", str(chart)]) == 0
+    assert bench.main(["op", *TINY, "include_peer=false", f"plot={chart}"]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
     assert lines[0].startswith("SRU benchmark: L=4 B=2 D=8 layers=2 dtype=fp32 threads=1 (best of 2)")
@@ -47,14 +39,14 @@ def test_bench_prints_table_and_draws_chart(tmp_path, capsys):
     lstm_columns, gru_columns = rows["nn.LSTM"].split(), rows["nn.GRU"].split()
     assert lstm_columns[2] == "1.000" and lstm_columns[-2] == "1.000"  # its own ratios
     assert gru_columns[3] == "1.000" and gru_columns[-1] == "1.000"
-    assert "recurrence op alone" not in output  # --levels none
+    assert "recurrence op alone" not in output  # levels=none
     assert "saved for backward, SRU stack" in output and "ratio" in output
     assert chart.exists() and chart.stat().st_size > 1000
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_half_dtype_bench_reports_same_dtype_ratios(capsys, dtype):
-    assert bench.main(TINY + ["--no-peer", "--dtype", dtype]) == 0
+    assert bench.main(TINY + ["include_peer=false", f"dtype={dtype}"]) == 0
     output = capsys.readouterr().out
     assert f"dtype={dtype}" in output.splitlines()[0]
     rows = {line.split("  ")[0].strip(): line.split() for line in output.splitlines()[2:]}
@@ -74,7 +66,7 @@ def _step_table(output: str) -> dict[str, list[float]]:
 
 
 def test_bench_breaks_the_training_step_into_its_phases(capsys):
-    assert bench.main(["op", *TINY, "--no-peer"]) == 0
+    assert bench.main(["op", *TINY, "include_peer=false"]) == 0
     output = capsys.readouterr().out
     assert "SRU training step by phase, 2 layers, fp32:" in output
     rows = _step_table(output)
@@ -118,7 +110,7 @@ def test_bench_times_the_op_in_each_storage_dtype_at_the_running_level(capsys):
     from sru_lightning.ops.op import cpu_vector_level
 
     level = cpu_vector_level()
-    assert bench.main(["op", *TINY[:-2], "--no-peer", "--levels", level]) == 0
+    assert bench.main(["op", *TINY[:-1], "include_peer=false", f"levels={level}"]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
     title = next(index for index, line in enumerate(lines) if line.startswith("recurrence op alone"))
@@ -131,11 +123,9 @@ def test_bench_times_the_op_in_each_storage_dtype_at_the_running_level(capsys):
 
 
 def test_bench_refuses_an_unknown_vector_level(capsys):
-    with pytest.raises(SystemExit) as raised:
-        bench.main(["op", "--levels", "avx512,sse9"])
-    assert raised.value.code == 2
+    assert bench.main(["op", "levels=avx512,sse9"]) == 2
     assert (
-        "--levels must be all, none, or vector levels separated by commas from baseline, avx2, avx512, "
+        "`levels` must be all, none, or vector levels separated by commas from baseline, avx2, avx512, "
         "avx512_bf16, got 'avx512,sse9'" in capsys.readouterr().err
     )
 
@@ -155,9 +145,8 @@ def test_half_policy_saves_less_than_fp32():
 
 
 def test_bench_rejects_bad_sizes(capsys):
-    with pytest.raises(SystemExit):
-        bench.main(["--hidden", "0"])
-    assert "--hidden must be >= 1, got 0" in capsys.readouterr().err
+    assert bench.main(["hidden=0"]) == 2
+    assert "bench op: error: `hidden` must be an integer >= 1, got 0" in capsys.readouterr().err
 
 
 @pytest.mark.peer
@@ -178,7 +167,7 @@ def test_bench_restores_the_thread_count():
 
 
 def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_generate(capsys):
-    assert bench.main(["decode", "--tokens", "5", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    assert bench.main(["decode", "tokens=5", "repeats=1", "warmup=0", "threads=1"]) == 0
     output = capsys.readouterr().out
     lines = output.splitlines()
     assert lines[0].startswith("Decoding benchmark: default model: embedding 64, hidden 256, 3 layers")
@@ -192,7 +181,7 @@ def test_decode_bench_times_the_default_model_and_the_same_size_lstm_through_gen
 
 def test_hf_bench_times_transformers_generate_against_the_packages_decoding(capsys):
     pytest.importorskip("transformers", reason="bench hf needs the `hf` extra: pip install 'sru_lightning[hf]'")
-    assert bench.main(["hf", "--tokens", "4", "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    assert bench.main(["hf", "tokens=4", "repeats=1", "warmup=0", "threads=1"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("transformers generate() against the package's decoding: default model (hidden 256")
     rows = {line.split()[0]: line.split() for line in lines[2:4]}
@@ -203,7 +192,7 @@ def test_hf_bench_times_transformers_generate_against_the_packages_decoding(caps
 
 
 def test_documents_bench_times_packed_against_padded_and_the_op_with_and_without_boundaries(capsys):
-    arguments = ["documents", "--length", "16", "--batch", "2", "--hidden", "8", "--repeats", "2", "--warmup", "0"]
+    arguments = ["documents", "length=16", "batch=2", "hidden=8", "repeats=2", "warmup=0"]
     assert bench.main(arguments) == 0
     packing, overhead = capsys.readouterr().out.split("\n\n")
     packing_lines = packing.splitlines()
@@ -250,73 +239,93 @@ def test_documents_bench_rows_never_exceed_the_length():
     "arguments, says",
     [
         (
-            ["--tokens", "5"],
-            "bench op: error: unrecognized arguments: --tokens 5; --tokens is an option of `bench decode`, "
-            "`bench hf`, `bench export`",
+            ["tokens=5"],
+            "bench op: error: unknown setting 'tokens'; it is a setting of `bench decode`, `bench hf`, `bench export`, "
+            "`bench serve`; `bench op` takes batch, dtype, hidden,",
         ),
-        (["compile", "--tokens", "5"], "bench compile: error: unrecognized arguments: --tokens 5;"),
-        (
-            ["decode", "--layers", "3"],
-            "decode: error: unrecognized arguments: --layers 3; --layers is an option of `bench op`",
-        ),
+        (["compile", "tokens=5"], "bench compile: error: unknown setting 'tokens'; it is a setting of `bench decode`"),
+        (["decode", "layers=3"], "bench decode: error: unknown setting 'layers'; it is a setting of `bench op`;"),
         (
             ["documents", "--no-peer"],
-            "documents: error: unrecognized arguments: --no-peer; --no-peer is an option of `bench op`",
+            "bench documents: error: unknown setting '--no-peer'; it is a setting of `bench op`",
         ),
-        (["export", "compile"], "bench export: error: unrecognized arguments: compile"),
-        (["--decode"], "unrecognized arguments: --decode; decode is a subcommand: `bench decode ...`"),
-        (
-            ["nope"],
-            f"invalid choice: 'nope' (choose from {', '.join(map(repr, bench.MODES))})",
-        ),
-        (["--warmup", "-1"], "bench op: error: --warmup must be >= 0, got -1"),
+        (["export", "compile"], "bench export: error: expected key=value, got 'compile'; settings: threads, tokens,"),
+        (["--decode"], "bench op: error: 'decode' is a subcommand, not a setting: `bench decode ...`"),
+        (["xyzzy"], f"bench: error: unknown subcommand 'xyzzy'; choose one of: {', '.join(bench.MODES)}"),
+        (["opp"], "unknown subcommand 'opp' (did you mean 'op'?)"),
+        (["warmup=-1"], "bench op: error: `warmup` must be an integer >= 0, got -1"),
+        (["op", "lenght=4"], "bench op: error: unknown setting 'lenght' (did you mean 'length'?); settings: length,"),
+        (["op", "length=four"], "bench op: error: `length` must be an integer, got 'four'"),
+        (["op", "include_peer=maybe"], "bench op: error: `include_peer` must be true or false, got 'maybe'"),
+        (["op", "statistic=mean"], "bench op: error: `statistic` must be one of min, median, got 'mean'"),
+        (["op", "--length"], "bench op: error: `--length` (now `length=...`) needs a value, got nothing"),
     ],
 )
-def test_bench_refuses_an_option_its_subcommand_does_not_read(arguments, says, capsys):
-    with pytest.raises(SystemExit) as refused:
-        bench.main(arguments)
-    assert refused.value.code == 2
+def test_bench_refuses_a_setting_its_subcommand_does_not_read_in_one_line(arguments, says, capsys):
+    assert bench.main(arguments) == 2
     errors = capsys.readouterr().err.strip().splitlines()
     assert len(errors) == 1 and says in errors[0], errors
 
 
-def _help(*words: str) -> str:
-    parser = bench.build_parser()
-    return " ".join((parser.modes[words[0]] if words else parser).format_help().split())
+def _help(*words: str, capsys) -> str:
+    assert bench.main([*words, "--help"]) == 0
+    return " ".join(capsys.readouterr().out.split())
 
 
-def test_each_subcommands_help_lists_only_its_options_with_its_defaults():
-    assert all(f"{mode} time " in _help() for mode in bench.MODES)
+def test_each_subcommands_help_lists_only_its_settings_with_its_defaults(capsys):
+    assert all(f"{mode} time " in _help(capsys=capsys) for mode in bench.MODES)
     shown = {
-        "op": ["--length LENGTH sequence length L; default 128", "--layers LAYERS", "--no-peer", "--plot FILE"],
-        "compile": ["--length LENGTH sequence length L; default 64", "--batch BATCH batch size B; default 16"],
+        "op": ["length=128 sequence length L", "layers=2", "include_peer=true time the `sru` package too", "plot=''"],
+        "compile": ["length=64 sequence length L", "batch=16 batch size B"],
         "export": [
-            "--threads THREADS intra-op threads (torch.set_num_threads); default 1",
-            "--repeats REPEATS timed rounds; default 7",
-            "--warmup WARMUP untimed rounds before them; default 2",
-            "--tokens TOKENS chained decoding steps per run; default 100",
+            "threads=1 intra-op threads (torch.set_num_threads)",
+            "repeats=7 timed rounds",
+            "warmup=2 untimed rounds before them",
+            "tokens=100 chained decoding steps per run",
         ],
-        "decode": ["--tokens TOKENS tokens generated per run; default 200", "--threads THREADS"],
-        "documents": ["--hidden HIDDEN hidden size D (input size too); default 256"],
+        "decode": ["tokens=200 tokens generated per run", "threads=2"],
+        "documents": ["hidden=256 hidden size D (input size too)"],
     }
+    every = {name for mode in bench.MODES for name in bench.mode_settings(mode)}
     for mode, lines in shown.items():
-        text = _help(mode)
+        text = _help(mode, capsys=capsys)
+        assert text.startswith(f"usage: python -m sru_lightning bench {mode} [key=value ...]"), text
         assert all(line in text for line in lines), (mode, text)
-        for option, (flag, _) in bench.OPTIONS.items():
-            assert (f"{flag} " in text or text.endswith(flag)) is (option in bench.MODE_OPTIONS[mode]), (mode, flag)
+        for name in every:
+            assert (f" {name}=" in text.split("Example:")[0]) is (name in bench.mode_settings(mode)), (mode, name)
+    assert _help("op", capsys=capsys) == " ".join(_help_words(["op", "help=true"], capsys))
+
+
+def _help_words(argv, capsys) -> list[str]:
+    assert bench.main(argv) == 0
+    return capsys.readouterr().out.split()
+
+
+def test_old_flag_spellings_still_run_with_one_notice_naming_the_new_form(monkeypatch, capsys):
+    seen = []
+    monkeypatch.setattr(op_bench, "run_benchmark", lambda config: seen.append(config) or "result")
+    monkeypatch.setattr(op_bench, "format_table", lambda result: "table")
+    assert bench.main(["op", "--length", "8", "--batch=3", "--no-peer", "--levels", "none"]) == 0
+    assert (seen[0].length, seen[0].batch, seen[0].include_peer, seen[0].levels) == (8, 3, False, "none")
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert notice == [
+        "note: `--length 8 --batch=3 --no-peer --levels none` is now `length=8 batch=3 include_peer=false "
+        "levels=none`; the --flag form goes away in the next release"
+    ]
 
 
 @pytest.mark.parametrize(
     "words, module, runner, expected",
     [
-        (["export"], "export_bench", "run_export_benchmark", dict(threads=1, steps=100, length=128, repeats=7)),
-        (["export", "--tokens", "5"], "export_bench", "run_export_benchmark", dict(steps=5, threads=1)),
+        (["export"], "export_bench", "run_export_benchmark", dict(threads=1, tokens=100, length=128, repeats=7)),
+        (["export", "tokens=5"], "export_bench", "run_export_benchmark", dict(tokens=5, threads=1)),
         (["compile"], "compile_bench", "run_compile_benchmark", dict(length=64, batch=16, threads=2)),
-        (["decode", "--tokens", "5"], "decode_bench", "run_decode_benchmark", dict(tokens=5, threads=2)),
+        (["decode", "tokens=5"], "decode_bench", "run_decode_benchmark", dict(tokens=5, threads=2)),
         (["hf"], "hf_bench", "run_hf_benchmark", dict(tokens=200, threads=2, repeats=10)),
         (["op"], "op_bench", "run_benchmark", dict(length=128, batch=32, layers=2, include_peer=True)),
         ([], "op_bench", "run_benchmark", dict(length=128, hidden=256, dtype="fp32")),  # `bench` alone
-        (["--no-peer", "--length", "8"], "op_bench", "run_benchmark", dict(length=8, include_peer=False)),
+        (["include_peer=false", "length=8"], "op_bench", "run_benchmark", dict(length=8, include_peer=False)),
+        (["--no-peer", "--length", "8"], "op_bench", "run_benchmark", dict(length=8, include_peer=False)),  # old form
     ],
 )
 def test_each_subcommand_runs_with_its_own_defaults_and_the_options_given(words, module, runner, expected, monkeypatch):

@@ -16,7 +16,7 @@ def test_the_corpus_is_the_size_asked_for_made_of_python_sources(tmp_path):
 def test_sizes_are_positive_integers():
     assert data_bench.parse_sizes("30, 300,2000") == [30, 300, 2000]
     for bad in ("", "30,x", "0", "-5"):
-        with pytest.raises(ValueError, match="--sizes must be comma-separated positive integers"):
+        with pytest.raises(ValueError, match="`sizes` must be comma-separated positive integers"):
             data_bench.parse_sizes(bad)
 
 

@@ -12,7 +12,7 @@ from sru_lightning.diagnostics import export_bench  # noqa: E402
 @pytest.mark.slow
 def test_export_bench_times_every_model_on_every_backend_with_ratios_to_eager_and_to_the_lstm():
     config = export_bench.ExportBenchConfig(
-        steps=2, length=8, batch=2, repeats=1, warmup=0, backends=("eager", "onnxruntime")
+        tokens=2, length=8, batch=2, repeats=1, warmup=0, backends=("eager", "onnxruntime")
     )
     table = export_bench.format_table(export_bench.run_export_benchmark(config))
     lines = table.splitlines()

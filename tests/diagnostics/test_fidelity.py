@@ -32,7 +32,7 @@ def test_errors_are_at_the_level_of_each_storage_dtype(rows):
 
 
 def test_command_prints_the_table(capsys):
-    assert main(["--length", "16", "--batch", "2", "--hidden", "8", "--bidirectional"]) == 0
+    assert main(["length=16", "batch=2", "hidden=8", "bidirectional=true"]) == 0
     out = capsys.readouterr().out
     assert "L=16 B=2 D=8 bidirectional" in out
     lines = out.splitlines()
@@ -40,10 +40,11 @@ def test_command_prints_the_table(capsys):
     assert [line.split()[0] for line in lines[3:]] == ["float32", "float16", "bfloat16"]
 
 
-def test_command_rejects_bad_sizes_naming_the_option(capsys):
-    with pytest.raises(SystemExit):
-        main(["--length", "0"])
-    assert "`--length` must be a positive int, got 0" in capsys.readouterr().err
+def test_command_rejects_bad_settings_naming_the_setting(capsys):
+    assert main(["length=0"]) == 2
+    assert "fidelity: error: `length` must be an integer >= 1, got 0" in capsys.readouterr().err
+    assert main(["device=gpu"]) == 2
+    assert "fidelity: error: `device` must be cpu, cuda or cuda:N, got 'gpu'" in capsys.readouterr().err
 
 
 @pytest.mark.cuda

@@ -9,7 +9,7 @@ from sru_lightning.diagnostics import bench, hold_bench
 
 
 def test_bench_hold_times_taking_refusing_and_giving_back(capsys):
-    assert bench.main(["hold", "--pairs", "0", "--repeats", "5"]) == 0
+    assert bench.main(["hold", "pairs=0", "repeats=5"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0] == "holding a run folder (median of 5):"
     costs = {line.split("  ")[1].strip(): float(line.split()[-2]) for line in lines[1:4]}
@@ -19,15 +19,13 @@ def test_bench_hold_times_taking_refusing_and_giving_back(capsys):
 
 
 def test_bench_hold_refuses_a_negative_count_of_pairs(capsys):
-    with pytest.raises(SystemExit) as exit_request:
-        bench.main(["hold", "--pairs", "-1"])
-    assert exit_request.value.code == 2
-    assert "--pairs must be >= 0, got -1" in capsys.readouterr().err
+    assert bench.main(["hold", "pairs=-1"]) == 2
+    assert "bench hold: error: `pairs` must be an integer >= 0, got -1" in capsys.readouterr().err
 
 
 def test_a_pair_that_left_two_runs_fails_the_benchmark(capsys, monkeypatch):
     monkeypatch.setattr(hold_bench, "double_start", lambda folder, threads: "exit statuses [0, 0]")
-    assert bench.main(["hold", "--pairs", "2", "--repeats", "2"]) == 1
+    assert bench.main(["hold", "pairs=2", "repeats=2"]) == 1
     out = capsys.readouterr().out
     assert "0 of 2 pairs left one run" in out and "pair 1: exit statuses [0, 0]" in out
 
@@ -35,7 +33,7 @@ def test_a_pair_that_left_two_runs_fails_the_benchmark(capsys, monkeypatch):
 def test_pairs_refused_by_the_hold_or_after_the_first_ended_both_left_one_run(capsys, monkeypatch):
     outcomes = iter(["held", "after", "held"])
     monkeypatch.setattr(hold_bench, "double_start", lambda folder, threads: next(outcomes))
-    assert bench.main(["hold", "--pairs", "3", "--repeats", "2"]) == 0
+    assert bench.main(["hold", "pairs=3", "repeats=2"]) == 0
     out = capsys.readouterr().out
     assert "3 of 3 pairs left one run, the other refused in one line (2 by the first's hold, 1 after" in out
 

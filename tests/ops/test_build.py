@@ -56,18 +56,25 @@ def test_missing_compiler_is_a_clear_error(monkeypatch, tmp_path):
 
 def test_cuda_arch_on_a_cpu_only_torch_is_a_clear_error(monkeypatch, capsys):
     monkeypatch.setattr(torch.version, "cuda", None)
-    with pytest.raises(SystemExit) as exit_info:
-        build_command.main(["--cuda-arch", "8.0;9.0"])
-    assert exit_info.value.code == 2
+    assert build_command.main(["cuda_arch=8.0;9.0"]) == 2
     err = capsys.readouterr().err
-    assert "--cuda-arch: this torch" in err and "has no CUDA" in err
+    assert "build: error: `cuda_arch`: this torch" in err and "has no CUDA" in err
 
 
 def test_bad_cuda_arch_names_the_argument(capsys):
-    with pytest.raises(SystemExit):
-        build_command.main(["--cuda-arch", "ampere-ish"])
-    err = capsys.readouterr().err
-    assert "--cuda-arch" in err and "'ampere-ish'" in err and '"8.0;9.0"' in err
+    assert build_command.main(["cuda_arch=ampere-ish"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "cuda_arch" in err[0] and "'ampere-ish'" in err[0] and '"8.0;9.0"' in err[0]
+
+
+def test_the_old_flag_spelling_of_build_still_works_with_a_notice(capsys):
+    assert build_command.main(["--cuda-arch", "ampere-ish", "--verbose"]) == 2  # translated, then checked
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[0] == (
+        "note: `--cuda-arch ampere-ish --verbose` is now `cuda_arch=ampere-ish verbose=true`; the --flag form goes "
+        "away in the next release"
+    )
+    assert len(err) == 2 and "'ampere-ish'" in err[1]
 
 
 @pytest.fixture
@@ -168,7 +175,7 @@ def test_failed_cuda_build_is_an_error_when_kernels_are_required(cuda_torch_with
 
 
 def test_build_command_reports_cpu_built_and_cuda_failed(cuda_torch_with_mismatched_nvcc, capsys):
-    assert build_command.main(["--cuda-arch", "8.0;9.0"]) == 1
+    assert build_command.main(["cuda_arch=8.0;9.0"]) == 1
     output = capsys.readouterr().out
     assert "CPU  : " in output
     assert "CUDA : NOT built: sru_lightning: torch was built with CUDA 12.8" in output

@@ -136,7 +136,7 @@ def test_arch_lists_parse_in_every_separator():
 
 @pytest.mark.parametrize("bad", ["", "sm_80", "8", "ampere"])
 def test_bad_arch_list_names_the_argument_and_value(bad):
-    with pytest.raises(ValueError, match=f"--cuda-arch: expected compute capabilities .*received {bad!r}"):
+    with pytest.raises(ValueError, match=f"cuda_arch: expected compute capabilities .*received {bad!r}"):
         cuda_toolkit.parse_arch_list(bad)
 
 
@@ -151,7 +151,7 @@ def test_gencode_flags_add_ptx_only_where_asked():
 def test_argument_beats_environment_beats_visible_gpus(monkeypatch):
     monkeypatch.setenv("TORCH_CUDA_ARCH_LIST", "7.5")
     monkeypatch.setattr(cuda_toolkit, "visible_device_archs", lambda: ("9.0",))
-    assert cuda_toolkit.resolve_archs("8.0;9.0") == (("8.0", "9.0"), "--cuda-arch")
+    assert cuda_toolkit.resolve_archs("8.0;9.0") == (("8.0", "9.0"), "cuda_arch")
     assert cuda_toolkit.resolve_archs(None) == (("7.5",), "TORCH_CUDA_ARCH_LIST")
     monkeypatch.delenv("TORCH_CUDA_ARCH_LIST")
     assert cuda_toolkit.resolve_archs(None) == (("9.0",), "the visible GPUs")
