@@ -303,31 +303,54 @@ def test_no_application_module_imports_another_modules_private_name():
     assert not found, found
 
 
+CONTAINER_TYPES = ("dict", "list", "set", "defaultdict", "OrderedDict")
+CONTAINER_CHANGES = ("append", "extend", "insert", "pop", "popitem", "update", "clear", "add", "discard", "remove")
+CONTAINER_CHANGES += ("setdefault",)
+
+
 def state_writes(tree: ast.Module) -> list[tuple[str, str]]:
     """(function, what) for each write of module-level state inside a function of `tree`: an
     assignment to an attribute of an imported name (`directories.command = ...`, `sys.argv =
-    ...`), a `setattr` on one, and a `global` statement (a module's own global rebound at run time)."""
+    ...`), a `setattr` on one, a `global` statement (a module's own global rebound at run time),
+    and a change to a dict, list or set the module made at import (`_held[folder] = hold`)."""
     imported = set()
     for node in ast.walk(tree):
         if isinstance(node, (ast.Import, ast.ImportFrom)):
             imported.update((alias.asname or alias.name).split(".")[0] for alias in node.names)
+    containers = set()
+    for node in tree.body:
+        target = node.targets[0] if isinstance(node, ast.Assign) and len(node.targets) == 1 else None
+        target = node.target if isinstance(node, ast.AnnAssign) else target
+        value = node.value if isinstance(node, (ast.Assign, ast.AnnAssign)) else None
+        made = isinstance(value, (ast.Dict, ast.List, ast.Set)) or (
+            isinstance(value, ast.Call) and getattr(value.func, "id", None) in CONTAINER_TYPES
+        )
+        if isinstance(target, ast.Name) and made:
+            containers.add(target.id)
     found = []
 
     def visit(node: ast.AST, function: str) -> None:
         for child in ast.iter_child_nodes(node):
             name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else function
             targets: list[ast.expr] = []
-            if isinstance(child, ast.Assign):
+            if isinstance(child, (ast.Assign, ast.Delete)):
                 targets = child.targets
             elif isinstance(child, (ast.AugAssign, ast.AnnAssign)):
                 targets = [child.target]
             for target in targets:
+                if isinstance(target, ast.Subscript) and isinstance(target.value, ast.Name) and function:
+                    if target.value.id in containers:
+                        found.append((function, f"{target.value.id}[...] ="))
                 for part in ast.walk(target):
                     if isinstance(part, ast.Attribute) and isinstance(part.ctx, ast.Store):
                         if isinstance(part.value, ast.Name) and part.value.id in imported and function:
                             found.append((function, f"{part.value.id}.{part.attr} ="))
             if isinstance(child, ast.Global) and function:
                 found.append((function, f"global {', '.join(child.names)}"))
+            method = child.func if isinstance(child, ast.Call) and isinstance(child.func, ast.Attribute) else None
+            if method is not None and isinstance(method.value, ast.Name) and method.value.id in containers:
+                if method.attr in CONTAINER_CHANGES and function:
+                    found.append((function, f"{method.value.id}.{method.attr}()"))
             if isinstance(child, ast.Call) and isinstance(child.func, ast.Name) and child.func.id == "setattr":
                 first = child.args[0] if child.args else None
                 if isinstance(first, ast.Name) and first.id in imported and function:
@@ -343,14 +366,18 @@ def test_the_state_writer_sees_every_form():
 import sys
 from pkg import directories
 LIMIT = 1
+_held = {}
 def ok(self):
     self.x = 1
     local = [1]; local[0] = 2
+    return _held.get(1)
 def bad():
     global LIMIT
     directories.command = "fit"
     sys.argv = []
     setattr(directories, "current", None)
+    _held[1] = 2
+    _held.pop(1)
 """
     found = state_writes(ast.parse(source))
     assert [what for _, what in found] == [
@@ -358,6 +385,8 @@ def bad():
         "directories.command =",
         "sys.argv =",
         "setattr(directories, ...)",
+        "_held[...] =",
+        "_held.pop()",
     ]
     assert {function for function, _ in found} == {"bad"}
 

@@ -180,7 +180,7 @@ def _run_tool(command: str, argv: list[str]) -> int:
 
 def _run_trainer_command(command: str, overrides: list[str]) -> int:
     from sru_lightning.app import sweep
-    from sru_lightning.app.hydra_launch import run_hydra
+    from sru_lightning.app.hydra_launch import FlagsConflict, run_hydra
     from sru_lightning.app.runs.context import RunContext, activated
     from sru_lightning.app.search import register_sweeper
 
@@ -204,6 +204,8 @@ def _run_trainer_command(command: str, overrides: list[str]) -> int:
     except KeyboardInterrupt:  # a second Ctrl+C outside the fit; the run has recorded what it could
         sweep.summarise_stopped_sweep(context, continue_with=[command, *overrides])
         return _fail("aborted by Ctrl+C (SIGINT)", 130)
+    except FlagsConflict as error:
+        return _fail(str(error))
     except sweep.JobFailed as error:
         sweep.summarise_stopped_sweep(context)
         return _fail(f"the sweep stopped: {error} (hydra.sweeper.max_failure_rate sets how many may fail)", 1)

@@ -35,6 +35,10 @@ PRIVATE_NAMES = {
 }
 
 
+class FlagsConflict(ValueError):
+    """Hydra's flags given together where only one may be (a usage error; the message names them)."""
+
+
 def run_hydra(
     arguments: Sequence[str],
     task: Callable[[Any], Any],
@@ -85,13 +89,20 @@ def run_hydra(
             sys.exit(0)
         shows_config = args.cfg is not None
         if args.resolve and not shows_config:
-            raise ValueError("The --resolve flag can only be used in conjunction with --cfg or --help")
+            raise FlagsConflict("`--resolve` must come with `--cfg` or `--help`, got neither")
         if args.hydra_help:
             hydra.hydra_help(config_name=config_name, args_parser=parser, args=args)
             sys.exit(0)
-        chosen = args.run + shows_config + args.multirun + args.shell_completion + (args.info is not None)
-        if chosen > 1:
-            raise ValueError("Only one of --run, --multirun, --cfg, --info and --shell_completion can be specified")
+        given = {
+            "--run": args.run,
+            "--multirun": args.multirun,
+            "--cfg": shows_config,
+            "--info": args.info is not None,
+            "--shell-completion": args.shell_completion,
+        }
+        chosen = [flag for flag, on in given.items() if on]
+        if len(chosen) > 1:
+            raise FlagsConflict(f"only one of {', '.join(given)} may be given, got {' and '.join(chosen)}")
         overrides = list(args.overrides)
         if shows_config:
             hydra.show_cfg(

@@ -81,3 +81,22 @@ def test_an_evaluation_knows_the_run_it_was_pointed_at(tmp_path):
     assert context.evaluated_run(tmp_path / "other") is None
     context.found.output_subdir = ".meta"
     assert context.attempt_config_path(tmp_path) == tmp_path / ".meta" / RunFolder.CONFIG_FILE
+
+
+@pytest.mark.parametrize(
+    "flags,message",
+    [
+        (
+            ["--cfg", "job", "--run"],
+            "only one of --run, --multirun, --cfg, --info, --shell-completion may be given, got --run and --cfg",
+        ),
+        (["--resolve"], "`--resolve` must come with `--cfg` or `--help`, got neither"),
+    ],
+)
+def test_hydra_flags_that_conflict_are_a_usage_error_in_one_line(flags, message, capsys, monkeypatch, tmp_path):
+    from sru_lightning.app import cli
+
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["fit", *flags]) == 2
+    err = capsys.readouterr().err
+    assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
