@@ -31,7 +31,7 @@ import numpy as np
 from sru_lightning._atomic import put_in_place
 
 from . import shards
-from .piece_encoding import ProvisionalVocabulary, ordered_map, word_symbols
+from .piece_encoding import ProvisionalVocabulary, ordered_map, read_ahead, word_symbols
 from .sources import CorpusReading, Part
 from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
@@ -230,10 +230,10 @@ class _Preparation:
             for split in SPLITS:
                 start, stop = ranges[split]
                 writer.begin(split)
-                for chunk_start in range(start, stop, _FINAL_CHUNK):
-                    chunk = np.asarray(scratch[chunk_start : min(stop, chunk_start + _FINAL_CHUNK)])
-                    writer.append(chunk if mapping is None else mapping[chunk])
-                    bar.update(chunk.size)
+                # the next chunk's final ids are gathered while this one is hashed and written
+                for ids in read_ahead(_final_ids(scratch, mapping, start, stop)):
+                    writer.append(ids)
+                    bar.update(ids.size)
                 if documents is not None:
                     inside = documents[(documents >= start) & (documents < stop)]
                     writer.set_documents(inside - start, scratch, inside, mapping)
@@ -246,7 +246,7 @@ class _Preparation:
         """(split or None, whether a part (document) starts, piece, the worker's encoding) in order;
         empty documents are left out, as the documents module leaves them out."""
         encode = word_symbols if self.reading.unit == "word" else None  # the others: vectorised here
-        tagged = _tagged_pieces(self.reading.parts())
+        tagged = read_ahead(_tagged_pieces(self.reading.parts()))  # the next piece is read meanwhile
         if encode is None:
             for split, started, piece in tagged:
                 yield split, started, piece, None
@@ -286,6 +286,13 @@ class _Preparation:
             "val": (bounds[n_train], bounds[n_train + n_val]),
             "test": (bounds[n_train + n_val], total),
         }
+
+
+def _final_ids(scratch: np.ndarray, mapping: np.ndarray | None, start: int, stop: int) -> Iterator[np.ndarray]:
+    """The final ids of the provisional ones at [start, stop) of `scratch`, a chunk at a time."""
+    for chunk_start in range(start, stop, _FINAL_CHUNK):
+        chunk = np.asarray(scratch[chunk_start : min(stop, chunk_start + _FINAL_CHUNK)])
+        yield chunk if mapping is None else mapping[chunk]
 
 
 def _tagged_pieces(parts: Iterator[Part]) -> Iterator[tuple[str | None, bool, Any]]:
