@@ -25,9 +25,9 @@ class PrepareSettings:
     out: str = ""  # the folder to write (required)
     format: str = "shards"  # shards (read by memory map: data=shards) or litdata (LitData's: data=litdata)
     overwrite: bool = False  # replace a corpus prepared in `out` before (one holding only its own files)
-    workers: int = 0  # processes that encode; 0: every core
+    workers: int = 0  # processes that split words or encode BPE pieces; 0: every core
     shard_mb: float = 256  # size of a token shard
-    bpe_sample_mb: int = 200  # with data.tokenizer=bpe: the first MB of the training split it learns from
+    bpe_sample_mb: int = 8  # with data.tokenizer=bpe: the first MB of the training split it learns from
     progress: bool = True  # progress bars on stderr (when it is a terminal)
     chunk_tokens: int = 1 << 24  # with format=litdata: tokens per LitData chunk (data.seq_len must divide it)
 
