@@ -158,7 +158,8 @@ timed = clock.ends[warmup + repeats - 1] - clock.ends[warmup - 1]
 tokens = datamodule.batch_size * datamodule.seq_len * repeats
 # VmHWM: this program's own peak (ru_maxrss would start from the launching process's, kept across exec)
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"first_step": clock.starts[0], "imported": imported, "tokens_per_s": tokens / timed, "peak_rss_kb": peak}))
+result = {"first_step": clock.starts[0], "imported": imported, "tokens_per_s": tokens / timed, "peak_rss_kb": peak}
+print(json.dumps(result))
 """
 
 
