@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import threading
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
@@ -64,7 +65,7 @@ def ordered_map(
     saved = {name: os.environ.get(name) for name in child_environment or {}}
     os.environ.update(child_environment or {})
     try:
-        pool = multiprocessing.get_context().Pool(workers, initializer, initargs)
+        pool = multiprocessing.get_context().Pool(workers, _start_worker, (initializer, initargs))
     finally:
         for name, value in saved.items():
             if value is None:
@@ -79,6 +80,14 @@ def ordered_map(
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+
+
+def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
+    # Ctrl+C reaches every process of the terminal's group: this one's parent says it in one line
+    # and ends the workers, which would otherwise each print a traceback
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if initializer is not None:
+        initializer(*initargs)
 
 
 def read_ahead(items: Iterable[Any], depth: int = 2) -> Iterator[Any]:

@@ -4,6 +4,7 @@ thread one step ahead (`read_ahead`)."""
 from __future__ import annotations
 
 import os
+import signal
 import threading
 
 import pytest
@@ -38,6 +39,14 @@ def test_ordered_map_runs_the_initializer_in_each_worker_and_keeps_the_order(wor
     if workers > 1:  # the workers started with the variable; this process has it back as it was
         assert {seen for _, seen in results} == {"set"}
     assert "PREPARE_TEST_VARIABLE" not in os.environ
+
+
+def _interrupt_handler(_: int) -> object:
+    return signal.getsignal(signal.SIGINT)
+
+
+def test_workers_leave_ctrl_c_to_the_preparing_process():
+    assert list(ordered_map(_interrupt_handler, range(4), 2)) == [signal.SIG_IGN] * 4
 
 
 def test_read_ahead_gives_every_item_in_order_from_another_thread():
