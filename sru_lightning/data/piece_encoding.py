@@ -30,6 +30,19 @@ CODE_POINTS = 0x110000
 UNSEEN = 2**16 - 1
 
 
+#: Indices looked up at a time by `look_up`: its index copies stay in the processor's cache.
+_LOOK_UP_CHUNK = 1 << 16
+
+
+def look_up(table: np.ndarray, indices: np.ndarray) -> np.ndarray:
+    """``table[indices]``, about twice as fast on long arrays: numpy makes each index an int64
+    first, and a block at a time keeps that copy in the cache instead of memory."""
+    out = np.empty(indices.size, dtype=table.dtype)
+    for start in range(0, indices.size, _LOOK_UP_CHUNK):
+        np.take(table, indices[start : start + _LOOK_UP_CHUNK], out=out[start : start + _LOOK_UP_CHUNK])
+    return out
+
+
 def word_symbols(piece: str) -> tuple[list[str], np.ndarray, np.ndarray]:
     """(the words the piece holds, in order of appearance; per token the index of its word; per
     word the index of its first token), with the end-of-line token closing each line, as
@@ -153,9 +166,9 @@ class ProvisionalVocabulary:
             code_points = np.frombuffer(encoded, dtype=np.uint16)  # half the bytes to read
         else:
             code_points = np.frombuffer(piece.encode("utf-32-le"), dtype=np.uint32)
-        ids = self.table[code_points]
-        unseen = ids == UNSEEN
-        if unseen.any():
+        ids = look_up(self.table, code_points)
+        if ids.max(initial=0) == UNSEEN:  # UNSEEN is the largest uint16: a maximum is the cheapest test
+            unseen = np.flatnonzero(ids == UNSEEN)
             present = np.zeros(CODE_POINTS, dtype=bool)  # marking beats sorting many new characters
             present[code_points[unseen]] = True
             new = np.flatnonzero(present)

@@ -31,7 +31,7 @@ import numpy as np
 from sru_lightning._atomic import put_in_place
 
 from . import shards
-from .piece_encoding import ProvisionalVocabulary, ordered_map, read_ahead, word_symbols
+from .piece_encoding import ProvisionalVocabulary, look_up, ordered_map, read_ahead, word_symbols
 from .sources import CorpusReading, Part
 from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
@@ -295,7 +295,7 @@ def _final_ids(scratch: np.ndarray, mapping: np.ndarray | None, start: int, stop
     """The final ids of the provisional ones at [start, stop) of `scratch`, a chunk at a time."""
     for chunk_start in range(start, stop, _FINAL_CHUNK):
         chunk = np.asarray(scratch[chunk_start : min(stop, chunk_start + _FINAL_CHUNK)])
-        yield chunk if mapping is None else mapping[chunk]
+        yield chunk if mapping is None else look_up(mapping, chunk)
 
 
 def _tagged_pieces(parts: Iterator[Part]) -> Iterator[tuple[str | None, bool, Any]]:
