@@ -25,9 +25,9 @@ class PrepareSettings:
     out: str = setting("", "the folder to write (required)")
     format: str = setting("shards", "shards (read by memory map: data=shards) or litdata (LitData's: data=litdata)")
     overwrite: bool = setting(False, "replace a corpus prepared in `out` before (one holding only its own files)")
-    workers: int = setting(0, "processes that encode; 0: every core")
+    workers: int = setting(0, "processes that split words or encode BPE pieces; 0: every core")
     shard_mb: float = setting(256.0, "size of a token shard")
-    bpe_sample_mb: int = setting(200, "with data.tokenizer=bpe: the first MB of the training split it learns from")
+    bpe_sample_mb: int = setting(8, "with data.tokenizer=bpe: the first MB of the training split it learns from")
     progress: bool = setting(True, "progress bars on stderr (when it is a terminal)")
     chunk_tokens: int = setting(1 << 24, "with format=litdata: tokens per LitData chunk (data.seq_len must divide it)")
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import codecs
 import itertools
 import time
+from collections import deque
 from collections.abc import Iterator
 from typing import Any
 
@@ -18,6 +19,7 @@ import numpy as np
 
 from . import subwords
 from .bpe_words import WordTable
+from .piece_encoding import ordered_map
 from .sources import CorpusReading
 from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
@@ -46,7 +48,6 @@ def prepare_bpe(preparation) -> tuple[dict[str, Any], int]:
         tokenizer_json = train_bpe(_counted(sample, bar), preparation.bpe_vocab_size)
     preparation.extra.update(bpe_sample_chars=sample.taken, learning_seconds=time.perf_counter() - started)
     codec = TokenCodec("bpe", tokenizer=tokenizer_json)
-    table = WordTable(codec._pairs.tokenizer)
 
     writer = SplitsWriter(preparation, codec)
     order = iter(SPLITS)
@@ -65,21 +66,55 @@ def prepare_bpe(preparation) -> tuple[dict[str, Any], int]:
     read_units = 0
     last_document = None
     started = time.perf_counter()
-    with preparation.bar(f"encoding {reading.owner}", "char", total_chars) as bar:
+    pending: deque = deque()  # (split, document) of the pieces in flight, in order
+
+    def texts_only() -> Iterator[str]:
         for split, document, text in _safe(_routed(reading, total_chars, doc_split)):
+            pending.append((split, document))
+            yield text
+
+    encoded = ordered_map(
+        _encode,
+        texts_only(),
+        preparation.options.worker_count(),
+        initializer=_start_encoding,
+        initargs=(tokenizer_json, writer.dtype),
+        # one process per core: `tokenizers` in each uses one thread (set before the workers start,
+        # it also keeps `tokenizers` from warning that its threads were forked)
+        child_environment={"TOKENIZERS_PARALLELISM": "false"},
+    )
+    with preparation.bar(f"encoding {reading.owner}", "char", total_chars) as bar:
+        for length, ids in encoded:
+            split, document = pending.popleft()
             switch_to(split)
-            ids = table.encode(text)
             if document >= 0 and document != last_document and ids.size:
                 offsets.append(writer.current.tokens)
                 firsts.append(int(ids[0]))
                 last_document = document
             writer.append(ids)
-            read_units += len(text)
-            bar.update(len(text))
+            read_units += length
+            bar.update(length)
         switch_to("test")
         _end(writer, offsets, firsts)
     preparation.extra["encoding_seconds"] = time.perf_counter() - started
     return writer.index(), read_units
+
+
+#: The table of a process that encodes (each worker keeps its own): `_start_encoding` sets it.
+_TABLE: WordTable | None = None
+_IDS_DTYPE = "int32"
+
+
+def _start_encoding(tokenizer_json: str, dtype: str) -> None:
+    global _TABLE, _IDS_DTYPE
+    from tokenizers import Tokenizer
+
+    _TABLE, _IDS_DTYPE = WordTable(Tokenizer.from_str(tokenizer_json)), dtype
+
+
+def _encode(text: str) -> tuple[int, np.ndarray]:
+    """(characters of `text`, its ids in the shards' dtype: what comes back from a worker)."""
+    return len(text), _TABLE.encode(text).astype(_IDS_DTYPE)
 
 
 def _end(writer, offsets: list[int], firsts: list[int]) -> None:

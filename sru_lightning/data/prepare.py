@@ -6,8 +6,8 @@ of its own in worker processes (:mod:`.piece_encoding`), its provisional ids wri
 scratch file; when all is read the vocabulary is known (characters by code point over all the
 text, words of the training split) and one pass over the scratch file writes the final ids,
 split by split. A BPE vocabulary is learned first, from the first `bpe_sample_mb` MB of the
-training split (all of it when it is smaller), then the text is read again and encoded by
-`tokenizers` (its batch encoding runs on every core).
+training split (all of it when it is smaller), then the text is read again and encoded in
+worker processes (:mod:`.bpe_preparation`).
 
 The ids are those the in-memory data module computes from the same text and settings, so a fit
 from the shards sees the same batches.
@@ -31,7 +31,7 @@ import numpy as np
 from sru_lightning._atomic import put_in_place
 
 from . import shards
-from .piece_encoding import ProvisionalVocabulary, ordered_map, word_symbols
+from .piece_encoding import ProvisionalVocabulary, look_up, ordered_map, read_ahead, word_symbols
 from .sources import CorpusReading, Part
 from .split_writer import SplitsWriter, document_split
 from .streams import split_by_fractions
@@ -46,9 +46,12 @@ _FINAL_CHUNK = 1 << 24
 class PrepareOptions:
     """How to prepare (what is prepared comes from the data module)."""
 
-    workers: int = 0  # processes that encode; 0: every core this process may use
+    workers: int = 0  # processes that split words or encode BPE pieces; 0: every core this process may use
     shard_mb: float = 256  # size of a token shard
-    bpe_sample_mb: int = 200  # training text a BPE vocabulary is learned from (its first MB)
+    # training text a BPE vocabulary is learned from (its first MB): learning costs about four
+    # times encoding per MB, and 8 MB of Python sources give a vocabulary of 4000 tokens that
+    # compresses held-out text as well as one learned from 27 MB (docs/corpus.md)
+    bpe_sample_mb: int = 8
     progress: bool = True  # progress bars on stderr (when it is a terminal)
 
     def worker_count(self) -> int:
@@ -230,10 +233,10 @@ class _Preparation:
             for split in SPLITS:
                 start, stop = ranges[split]
                 writer.begin(split)
-                for chunk_start in range(start, stop, _FINAL_CHUNK):
-                    chunk = np.asarray(scratch[chunk_start : min(stop, chunk_start + _FINAL_CHUNK)])
-                    writer.append(chunk if mapping is None else mapping[chunk])
-                    bar.update(chunk.size)
+                # the next chunk's final ids are gathered while this one is hashed and written
+                for ids in read_ahead(_final_ids(scratch, mapping, start, stop)):
+                    writer.append(ids)
+                    bar.update(ids.size)
                 if documents is not None:
                     inside = documents[(documents >= start) & (documents < stop)]
                     writer.set_documents(inside - start, scratch, inside, mapping)
@@ -246,7 +249,7 @@ class _Preparation:
         """(split or None, whether a part (document) starts, piece, the worker's encoding) in order;
         empty documents are left out, as the documents module leaves them out."""
         encode = word_symbols if self.reading.unit == "word" else None  # the others: vectorised here
-        tagged = _tagged_pieces(self.reading.parts())
+        tagged = read_ahead(_tagged_pieces(self.reading.parts()))  # the next piece is read meanwhile
         if encode is None:
             for split, started, piece in tagged:
                 yield split, started, piece, None
@@ -286,6 +289,13 @@ class _Preparation:
             "val": (bounds[n_train], bounds[n_train + n_val]),
             "test": (bounds[n_train + n_val], total),
         }
+
+
+def _final_ids(scratch: np.ndarray, mapping: np.ndarray | None, start: int, stop: int) -> Iterator[np.ndarray]:
+    """The final ids of the provisional ones at [start, stop) of `scratch`, a chunk at a time."""
+    for chunk_start in range(start, stop, _FINAL_CHUNK):
+        chunk = np.asarray(scratch[chunk_start : min(stop, chunk_start + _FINAL_CHUNK)])
+        yield chunk if mapping is None else look_up(mapping, chunk)
 
 
 def _tagged_pieces(parts: Iterator[Part]) -> Iterator[tuple[str | None, bool, Any]]:

@@ -5,6 +5,7 @@ and document offsets the index records (:mod:`.shards`); shared by every token l
 from __future__ import annotations
 
 import math
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -55,6 +56,7 @@ class SplitsWriter:
         self.current: shards.SplitWriter | None = None
         self.split = ""
         self.packs_documents = preparation.reading.layout == "documents"
+        self._counting = ThreadPoolExecutor(max_workers=1, thread_name_prefix="count-ids")
 
     def begin(self, split: str) -> None:
         self.split = split
@@ -63,8 +65,10 @@ class SplitsWriter:
 
     def append(self, ids: np.ndarray) -> None:
         ids = ids.astype(self.dtype, copy=False)
+        # counted on a second core while this one hashes and writes (both release the GIL)
+        counting = self._counting.submit(count_ids, ids, self.codec.vocab_size)
         self.current.append(ids)
-        self.counts[SPLITS.index(self.split)] += count_ids(ids, self.codec.vocab_size)
+        self.counts[SPLITS.index(self.split)] += counting.result()
 
     def set_documents(self, offsets: np.ndarray, scratch=None, positions=None, mapping=None) -> None:
         """The documents' first tokens (offsets within the split): recorded, and left out of the
@@ -86,10 +90,12 @@ class SplitsWriter:
         self.current = None
 
     def abort(self) -> None:
+        self._counting.shutdown()
         if self.current is not None:
             self.current.abort()
 
     def index(self) -> dict[str, Any]:
+        self._counting.shutdown()
         counts = shards.write_array_file(self.folder / shards.COUNTS_NAME, self.counts.reshape(-1), self.corpus_id)
         return {
             "format": shards.FORMAT_NAME,

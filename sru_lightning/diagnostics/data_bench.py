@@ -12,9 +12,10 @@ fits train the same model):
   CPU-second of the preparing processes (what a loaded, shared machine changes least);
 * a fit of the default model (conf/model/sru.yaml, batch 32 x 128) from the shards and, up to
   ``memory_mb`` MB, from the text in memory (`data=text`), each in a process of its own: its
-  peak resident memory, the seconds from the process's start to its first training step, and
-  training tokens per second over ``repeats`` steps after ``warmup`` (two fits of each,
-  interleaved: the highest peak, the shortest start and the best speed).
+  peak resident memory, the seconds from the process's start to its first training step (and
+  apart, from the end of its imports: the part the data could change), and training tokens per
+  second over ``repeats`` steps after ``warmup`` (two fits of each, interleaved: the highest
+  peak, the shortest start and the best speed).
 
 Memory is per process (it cannot be compared inside one): the peak resident memory of the fit's
 own program (VmHWM, Linux). The fits run one after the other on the same machine, so their
@@ -138,6 +139,7 @@ from sru_lightning.app.runs.building import build
 from sru_lightning.diagnostics.lm_bench import _compose
 
 overrides, folder, warmup, repeats = json.loads(sys.argv[1])
+imported = time.time()  # Python, torch, Lightning and the package loaded: what follows is the run's own start
 
 class Clock(Callback):
     first = None
@@ -157,7 +159,8 @@ timed = clock.ends[warmup + repeats - 1] - clock.ends[warmup - 1]
 tokens = datamodule.batch_size * datamodule.seq_len * repeats
 # VmHWM: this program's own peak (ru_maxrss would start from the launching process's, kept across exec)
 peak = next(int(line.split()[1]) for line in open("/proc/self/status") if line.startswith("VmHWM:"))
-print(json.dumps({"first_step": clock.starts[0], "tokens_per_s": tokens / timed, "peak_rss_kb": peak}))
+result = {"first_step": clock.starts[0], "imported": imported, "tokens_per_s": tokens / timed, "peak_rss_kb": peak}
+print(json.dumps(result))
 """
 
 
@@ -186,6 +189,7 @@ def time_fit(data: list[str], folder: Path, warmup: int, repeats: int) -> dict[s
     return {
         "peak_rss_mib": result["peak_rss_kb"] / 1024,
         "first_step_s": result["first_step"] - started,
+        "setup_s": result["first_step"] - result["imported"],
         "tokens_per_s": result["tokens_per_s"],
     }
 
@@ -223,6 +227,7 @@ def run_data_benchmark(config: DataBenchConfig) -> list[dict]:
                 row[path] = {
                     "peak_rss_mib": max(result["peak_rss_mib"] for result in results),
                     "first_step_s": min(result["first_step_s"] for result in results),
+                    "setup_s": min(result["setup_s"] for result in results),
                     "tokens_per_s": max(result["tokens_per_s"] for result in results),
                 }
             rows.append(row)
@@ -265,8 +270,12 @@ def format_table(config: DataBenchConfig, rows: list[dict]) -> str:
     for row in rows[1:]:
         ratio = row["shards"]["peak_rss_mib"] / base["shards"]["peak_rss_mib"]
         start = row["shards"]["first_step_s"] / base["shards"]["first_step_s"]
+        setup = row["shards"]["setup_s"] / base["shards"]["setup_s"]
         sizes = f"{row['size_mb']} MB vs {base['size_mb']} MB"
-        notes.append(f"shards, {sizes}: peak RSS x{ratio:.2f}, time to first step x{start:.2f}")
+        notes.append(
+            f"shards, {sizes}: peak RSS x{ratio:.2f}, time to first step x{start:.2f} (after the imports: "
+            f"{row['shards']['setup_s']:.2f} s vs {base['shards']['setup_s']:.2f} s, x{setup:.2f})"
+        )
     for row in rows:
         if "memory" in row:
             ratio = row["shards"]["tokens_per_s"] / row["memory"]["tokens_per_s"]

@@ -140,10 +140,14 @@ CASES = {
 }
 
 
+#: cases prepared by two worker processes (the others by one)
+PARALLEL_CASES = ("text-char", "text-word", "text-bpe", "documents-jsonl-bpe")
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_shards_give_the_in_memory_batches(tmp_path, case):
     module = CASES[case](tmp_path)
-    prepared = prepare(module, tmp_path / "shards", workers=2 if case in ("text-char", "text-word") else 1)
+    prepared = prepare(module, tmp_path / "shards", workers=2 if case in PARALLEL_CASES else 1)
     shards = ShardDataModule(path=str(prepared.folder), **{k: getattr(module, k) for k in BATCHING})
     assert shards.vocab_size == module.vocab_size
     assert shards.codec.state_dict() == module.codec.state_dict()

@@ -1,0 +1,86 @@
+"""The helpers `prepare` spreads its work with: worker processes in order (`ordered_map`) and a
+thread one step ahead (`read_ahead`)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+
+import pytest
+
+from sru_lightning.data.piece_encoding import ordered_map, read_ahead
+
+_STATE = {}
+
+
+def _remember(offset: int) -> None:
+    _STATE["offset"] = offset
+
+
+def _shifted(item: int) -> tuple[int, str | None]:
+    return item + _STATE["offset"], os.environ.get("PREPARE_TEST_VARIABLE")
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_ordered_map_runs_the_initializer_in_each_worker_and_keeps_the_order(workers, monkeypatch):
+    monkeypatch.delenv("PREPARE_TEST_VARIABLE", raising=False)
+    results = list(
+        ordered_map(
+            _shifted,
+            iter(range(50)),
+            workers,
+            initializer=_remember,
+            initargs=(1000,),
+            child_environment={"PREPARE_TEST_VARIABLE": "set"},
+        )
+    )
+    assert [value for value, _ in results] == list(range(1000, 1050))
+    if workers > 1:  # the workers started with the variable; this process has it back as it was
+        assert {seen for _, seen in results} == {"set"}
+    assert "PREPARE_TEST_VARIABLE" not in os.environ
+
+
+def _interrupt_handler(_: int) -> object:
+    return signal.getsignal(signal.SIGINT)
+
+
+def test_workers_leave_ctrl_c_to_the_preparing_process():
+    assert list(ordered_map(_interrupt_handler, range(4), 2)) == [signal.SIG_IGN] * 4
+
+
+def test_read_ahead_gives_every_item_in_order_from_another_thread():
+    producers = set()
+
+    def items():
+        for item in range(100):
+            producers.add(threading.current_thread().name)
+            yield item
+
+    assert list(read_ahead(items())) == list(range(100))
+    assert producers == {"read-ahead"}
+
+
+def test_read_ahead_raises_the_producers_error_and_stops_when_left():
+    def failing():
+        yield 1
+        raise ValueError("TextDataModule: a binary file")
+
+    ahead = read_ahead(failing())
+    assert next(ahead) == 1
+    with pytest.raises(ValueError, match="a binary file"):
+        next(ahead)
+
+    produced = []
+
+    def endless():
+        while True:
+            produced.append(len(produced))
+            yield produced[-1]
+
+    ahead = read_ahead(endless(), depth=2)
+    assert [next(ahead) for _ in range(3)] == [0, 1, 2]
+    ahead.close()  # the consumer stops early: the thread ends, having made at most a few more
+    count = len(produced)
+    assert count <= 3 + 2 + 2
+    assert not any(thread.name == "read-ahead" and thread.is_alive() for thread in threading.enumerate())
