@@ -306,7 +306,7 @@ def test_the_training_bits_are_logged_only_where_loggers_or_the_final_metrics_re
     assert len(logged_losses) == steps  # the loss is logged at every step (progress bar)
     rows = [(step, metrics) for step, metrics in logger.rows if "train_bpc" in metrics]
     assert [step for step, _ in rows] == [step for step in (2, 5, 8) if step < steps]  # every third step
-    for step, metrics in rows:
+    for _, metrics in rows:
         assert metrics["train_bpc"] == pytest.approx(metrics["train_loss"] / math.log(2), rel=1e-6)
         assert "train_bpb" in metrics
     # the logged rows, and the fit's last step for its final metrics
