@@ -30,6 +30,7 @@ __all__ = [
     "load_skipped_dataloader_states",
     "resolve_all_data_parallel",
     "set_received_sigterm",
+    "loggers_write_this_step",
 ]
 
 TRAINER_CALL_FUNCTION = "_call_and_handle_interrupt"
@@ -41,6 +42,15 @@ def set_received_sigterm(trainer: Any, received: bool) -> None:
     ``_signal_connector`` (a ``_SignalConnector``) and its ``received_sigterm`` attribute, which
     the public property returns and the training loop checks after each batch."""
     trainer._signal_connector.received_sigterm = received
+
+
+def loggers_write_this_step(trainer: Any) -> bool:
+    """Whether the loggers receive the training step's logged values once the step ends: every
+    ``log_every_n_steps``-th step, the step a stop was requested at, or any step of a
+    ``fast_dev_run``. Relies on the Trainer's private ``_logger_connector`` (a
+    ``_LoggerConnector``) and its ``should_update_logs`` property, the test the training loop
+    applies after ``on_train_batch_end``."""
+    return bool(trainer._logger_connector.should_update_logs or trainer.fast_dev_run)
 
 
 def is_trainer_call_frame(code: CodeType) -> bool:

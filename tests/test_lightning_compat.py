@@ -44,6 +44,15 @@ def test_set_received_sigterm_sets_what_the_trainer_reads():
     assert trainer.received_sigterm is False
 
 
+def test_the_loggers_write_the_steps_the_logger_connector_names():
+    trainer = cpu_trainer()
+    connector = require(trainer, "_logger_connector", used_by=compat.loggers_write_this_step)
+    require(type(connector), "should_update_logs", used_by=compat.loggers_write_this_step)
+    assert compat.loggers_write_this_step(trainer) is True  # outside a loop: every call writes
+    trainer.log_every_n_steps = 0
+    assert compat.loggers_write_this_step(trainer) is False
+
+
 def test_the_trainer_call_frame_is_recognised():
     from lightning.pytorch.trainer import call
 

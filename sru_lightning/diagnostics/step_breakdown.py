@@ -4,8 +4,9 @@ Each phase runs alone on inputs of the stack's shapes, the way the layers run it
 projection U = x @ W, the recurrence forward, the recurrence backward, and the projection's two
 gradients (the input's, dU @ W^T, and the weight's, x^T @ dU), summed over the layers. The
 whole step runs interleaved with them round by round; what it takes beyond the sum of its phases
-is autograd's bookkeeping and the passes between phases (the sum of the input's two gradients,
-from the projection and from the skip term). The GEMM floor is the projection's three products.
+is autograd's bookkeeping and any pass between phases (the layers add the skip term's gradient
+inside the input gradient's product, :func:`sru_lightning.ops.projection.input_projection_with_skip`).
+The GEMM floor is the projection's three products.
 """
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import warnings
 import torch
 from torch import Tensor, nn
 
-from sru_lightning.ops.projection import input_projection
+from sru_lightning.ops.projection import input_projection, input_projection_with_skip
 from sru_lightning.ops.storage_dtype import HALF_DTYPES, active_autocast_dtype, resolve_storage_dtype
 
 from .checks import (
@@ -306,8 +306,14 @@ class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
         if self.training and self.dropout > 0:
             mask_c = self.dropout_mask((batch, self.output_size), self.dropout)
 
-        U, weight_c = self.compute_uv(x)
-        skip = residual if self.has_skip_term and self.num_matrices == 3 else None
+        if self._skip_is_projection_input(x, residual):
+            # One backward for the projection and the skip term: the skip's gradient is added
+            # inside the product of the input's, not in a pass of its own over memory.
+            U, skip = input_projection_with_skip(x, self.weight)
+            weight_c = self.weight_c
+        else:
+            U, weight_c = self.compute_uv(x)
+            skip = residual if self.has_skip_term and self.num_matrices == 3 else None
         return self._recurrence(
             U,
             skip,
@@ -319,6 +325,17 @@ class SRUCell(PretrainedLayer, RecurrentCellMixin, nn.Module):
             reset=reset,
             c_starts=c_starts,
             return_states=return_states,
+        )
+
+    def _skip_is_projection_input(self, x: Tensor, residual: Tensor) -> bool:
+        """Whether the skip term reads the very tensor the single projection multiplies (no
+        factorised projection, no `custom_m`, no input-side layer norm or `rnn_dropout` between)."""
+        return (
+            x is residual
+            and self.custom_m is None
+            and self.weight_proj is None
+            and self.has_skip_term
+            and self.num_matrices == 3
         )
 
     def _one_half_copy_of_input(self, x: Tensor) -> Tensor:

@@ -253,3 +253,63 @@ def test_the_fit_summary_counts_the_flops_of_a_forward_of_one_batch(tmp_path):
     assert seen["total_flops"] == expected > decoder_only  # the SRU layers' FLOPs are counted too
     rnn_row = seen["rows"]["Name"].index("net.rnn")
     assert seen["rows"]["FLOPs"][rnn_row] not in ("0", 0)
+
+
+class _RecordingLogger(pl.loggers.Logger):
+    """Keeps every row the trainer writes: (step, {name: value})."""
+
+    def __init__(self):
+        super().__init__()
+        self.rows = []
+
+    name, version = "recording", "0"
+
+    def log_hyperparams(self, params, *args, **kwargs):
+        pass
+
+    def log_metrics(self, metrics, step=None):
+        self.rows.append((step, dict(metrics)))
+
+
+@pytest.mark.parametrize("max_steps", [7, -1])
+def test_the_training_bits_are_logged_only_where_loggers_or_the_final_metrics_read_them(tmp_path, max_steps):
+    """train_bpc and train_bpb reach the loggers at every step they write (and the fit's final
+    metrics at its last step) with the step's own values, from fewer `self.log` calls."""
+    data = PydocDataModule(batch_size=2, seq_len=8)
+    model = language_model(vocab_size=data.vocab_size, embedding_dim=8, hidden_size=12, num_layers=1)
+    logger = _RecordingLogger()
+    logged_losses, logged_bits = [], []
+    original_log = model.log
+
+    def log(name, value, *args, **kwargs):
+        if name == "train_loss":
+            logged_losses.append(float(value))
+        if name == "train_bpc":
+            logged_bits.append(float(value))
+        return original_log(name, value, *args, **kwargs)
+
+    model.log = log
+    trainer = pl.Trainer(
+        logger=logger,
+        max_steps=max_steps,
+        max_epochs=1,
+        limit_train_batches=9,
+        limit_val_batches=0,
+        log_every_n_steps=3,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=tmp_path,
+    )
+    trainer.fit(model, datamodule=data)
+    steps = 7 if max_steps == 7 else 9
+    assert len(logged_losses) == steps  # the loss is logged at every step (progress bar)
+    rows = [(step, metrics) for step, metrics in logger.rows if "train_bpc" in metrics]
+    assert [step for step, _ in rows] == [step for step in (2, 5, 8) if step < steps]  # every third step
+    for _, metrics in rows:
+        assert metrics["train_bpc"] == pytest.approx(metrics["train_loss"] / math.log(2), rel=1e-6)
+        assert "train_bpb" in metrics
+    # the logged rows, and the fit's last step for its final metrics
+    assert len(logged_bits) == len(rows) + (steps - 1 not in [step for step, _ in rows])
+    final = trainer.callback_metrics
+    assert float(final["train_bpc"]) == pytest.approx(logged_losses[-1] / math.log(2), rel=1e-6)

@@ -431,3 +431,43 @@ def test_the_options_are_kept_in_the_types_the_layers_work_with(layer):
         assert type(getattr(built, name)) is bool, name
     assert built.bidirectional and not built.rescale and built.output_size == 8 and built.num_directions == 2
     assert type(built.highway_bias) is float and type(built.weight_c_init) is float
+
+
+@pytest.mark.parametrize(
+    "options",
+    [{}, {"dropout": 0.2}, {"bidirectional": True}, {"layer_norm": True}, {"rnn_dropout": 0.2}, {"projection_size": 8}],
+)
+def test_the_skip_gradient_folded_into_the_projection_changes_no_gradient(monkeypatch, options):
+    """The layers add the skip term's gradient inside the projection's input gradient where the
+    skip reads the projection's input; the gradients are those of the two separate uses."""
+    import warnings
+
+    from sru_lightning.nn import cell
+
+    torch.manual_seed(0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", FutureWarning)
+        stack = SRU(32, 16 if options.get("bidirectional") else 32, num_layers=3, **options).train()
+    x = torch.randn(7, 3, 32, requires_grad=True)
+    grad = torch.randn(7, 3, 32)
+
+    def gradients():
+        stack.zero_grad()
+        x.grad = None
+        torch.manual_seed(1)  # the same dropout masks in both runs
+        h, _ = stack(x)
+        h.backward(grad)
+        return [h.detach(), x.grad, *(p.grad for p in stack.parameters() if p.grad is not None)]
+
+    folds = []
+    with_skip = cell.input_projection_with_skip
+    monkeypatch.setattr(cell, "input_projection_with_skip", lambda *args: folds.append(1) or with_skip(*args))
+    folded = gradients()
+    # The skip reads the projection's input unless a layer norm, rnn_dropout or a factorised
+    # projection sits between them.
+    assert len(folds) == (0 if {"layer_norm", "rnn_dropout", "projection_size"} & set(options) else 3)
+    monkeypatch.setattr(cell.SRUCell, "_skip_is_projection_input", lambda self, x, residual: False)
+    separate = gradients()
+    assert len(folded) == len(separate)
+    for a, b in zip(folded, separate):
+        assert torch.equal(a, b)
