@@ -105,6 +105,19 @@ def casts_own_inputs(layer: nn.Module) -> bool:
     return isinstance(layer, FSDPModule)
 
 
+def wrapped_layer(layer: nn.Module) -> nn.Module:
+    """`layer`, or the layer a wrapper in its place adapts.
+
+    PEFT's LoRA on a parameter (``LoraConfig(target_parameters=[...])``, how an SRU layer's
+    ``weight`` is adapted) puts a ``ParamWrapper`` in the layer's place: calls go through to the
+    layer with the adapted weight, attributes (sizes, policy, ``custom_m``) do not, and it hands
+    out the layer by ``get_base_layer()``. Looked up on the type: no ``__getattr__`` miss per call.
+    """
+    if getattr(type(layer), "get_base_layer", None) is None:
+        return layer
+    return layer.get_base_layer()
+
+
 # ---------------------------------------------------------------------- TorchScript
 def torchscript_unsupported(owner: str, how: str) -> RuntimeError:
     """The error of a TorchScript attempt (``how``: ``torch.jit.script``/``torch.jit.trace``).
@@ -270,14 +283,14 @@ class StackMixin(RefusesTorchScript):
     @property
     def recurrence_policy(self) -> str:
         """The layers' policy ("mixed" if they were set differently one by one)."""
-        policies = {layer.recurrence_policy for layer in self.rnn_lst}
+        policies = {wrapped_layer(layer).recurrence_policy for layer in self.rnn_lst}
         return policies.pop() if len(policies) == 1 else "mixed"
 
     @recurrence_policy.setter
     def recurrence_policy(self, policy: str) -> None:
         policy = checked_policy(type(self).__name__, policy)
         for layer in self.rnn_lst:
-            layer.recurrence_policy = policy
+            wrapped_layer(layer).recurrence_policy = policy
 
     def _layer_initial_states(
         self, owner: str, c0: Tensor | None, batch: int, device: torch.device

@@ -27,6 +27,7 @@ from .common import (
     store_settings,
     unpack_sequence,
     warn_rnn_dropout,
+    wrapped_layer,
     zero_padded_steps,
 )
 from .configs import SRUConfig
@@ -174,7 +175,7 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
 
     def reset_parameters(self) -> None:
         for layer in self.rnn_lst:
-            layer.reset_parameters()
+            wrapped_layer(layer).reset_parameters()
         if self.input_to_hidden is not None:
             self.input_to_hidden.reset_parameters()
 
@@ -188,7 +189,8 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
     ) -> tuple[Tensor | PackedSequence, Tensor]:
         owner = type(self).__name__
         refuse_jit_trace(owner)
-        device = self.rnn_lst[0].bias.device
+        first = wrapped_layer(self.rnn_lst[0])  # a LoRA wrapper's layer: its settings and weights
+        device = first.bias.device
         lengths = None
         if isinstance(input, PackedSequence):
             if reset is not None:
@@ -201,8 +203,8 @@ class SRU(PretrainedLayer, StackMixin, nn.Module):
         else:
             x, one_step = to_time_major(owner, input, self.input_size, self.batch_first, device)
         length, batch = x.shape[0], x.shape[1]
-        first = self.rnn_lst[0]
-        if self.input_to_hidden is None and first.custom_m is None and not casts_own_inputs(first):
+        sharded = casts_own_inputs(self.rnn_lst[0]) or casts_own_inputs(first)  # the wrapper or its layer
+        if self.input_to_hidden is None and first.custom_m is None and not sharded:
             check_input_dtype(owner, x, first.weight.dtype)
         if mask_pad is not None and lengths is None:
             mask_pad = time_major_padding_mask(owner, mask_pad, length, batch, one_step, self.batch_first, device)

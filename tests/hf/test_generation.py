@@ -81,3 +81,50 @@ def test_greedy_generate_equals_the_generate_command(folders):
         AutoTokenizer.from_pretrained(folders["sru"]),
     )
     assert result.stdout.removesuffix("\n") == _greedy(model, tokenizer, [prompt])[0]
+
+
+def test_a_decoding_step_hands_the_model_the_new_token_and_the_cache_alone(folders):
+    """After the prompt, each step's inputs are the newest token, the cache and no attention mask (the
+    padding was read with the prompt); what transformers' general preparation adds (a copy of the ids,
+    position ids) this model does not read, and the greedy text above holds to the package's."""
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(folders["sru"]),
+        AutoTokenizer.from_pretrained(folders["sru"]),
+    )
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    with torch.inference_mode():
+        cache = model(**batch).cache
+    ids = batch["input_ids"]
+    mask = torch.cat([batch["attention_mask"], torch.ones_like(ids[:, :1])], dim=1)
+    step = model.prepare_inputs_for_generation(
+        ids, cache=cache, attention_mask=mask, next_sequence_length=1, use_cache=True, position_ids=mask.cumsum(1)
+    )
+    assert step.keys() == {"input_ids", "cache", "attention_mask", "use_cache"}
+    assert torch.equal(step["input_ids"], ids[:, -1:]) and step["cache"] is cache and step["attention_mask"] is None
+    padded = torch.cat([ids, torch.full_like(ids[:, :1], tokenizer.pad_token_id)], dim=1)  # rows that have ended
+    assert step.keys() == model.prepare_inputs_for_generation(padded, cache=cache, next_sequence_length=1).keys() | {
+        "use_cache"
+    }
+    prompt = model.prepare_inputs_for_generation(ids, attention_mask=batch["attention_mask"], is_first_iteration=True)
+    assert torch.equal(prompt["input_ids"], ids) and torch.equal(prompt["attention_mask"], batch["attention_mask"])
+
+
+def test_a_batch_whose_rows_end_at_different_steps_generates(folders):
+    """With an end token, a row that has drawn it is fed the padding id (past the vocabulary) while
+    the others go on; it is read as any token (its logits are discarded) and the row stays padded."""
+    model, tokenizer = (
+        AutoModelForCausalLM.from_pretrained(folders["sru"]),
+        AutoTokenizer.from_pretrained(folders["sru"]),
+    )
+    batch = tokenizer(PROMPTS, padding=True, return_tensors="pt")
+    torch.manual_seed(0)
+    ended = 0
+    for end in range(4):
+        output = model.generate(
+            **batch, max_new_tokens=LENGTH, do_sample=True, eos_token_id=end, pad_token_id=tokenizer.pad_token_id
+        )
+        for row in output[:, batch["input_ids"].shape[1] :].tolist():
+            if end in row[:-1]:
+                ended += 1
+                assert set(row[row.index(end) + 1 :]) == {tokenizer.pad_token_id}
+    assert ended  # some row ended before the others
