@@ -64,6 +64,7 @@ NOT_RUN = {
     "trainer.max_time=00:00:03:00": "a timed three-minute comparison run",
     "hparams_search=lm_optuna": "a 40-trial Optuna search",
     "hparams_search=speedrun_10min": "a search of 10-minute trials",
+    "hparams_search=speedrun ": "a pruned search of 5-minute trials (tests/app/test_search.py runs it on tiny fits)",
     "hydra/sweeper=optuna": "an Optuna search",
     "hydra/launcher=slurm": "submits to a SLURM cluster",
     "hydra/launcher=joblib": "starts worker processes (tests/app/test_sweepers.py runs the joblib launcher)",
