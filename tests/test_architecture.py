@@ -405,3 +405,15 @@ def test_the_application_writes_no_module_state_at_run_time():
     assert len(argv) <= 1, f"sys.argv is set in more than one place: {sorted(argv)}"
     others = [f"{module}.{function}: {what}" for module, function, what in writes if what != "sys.argv ="]
     assert others == [], others
+
+
+def test_no_function_of_the_application_is_over_80_lines():
+    # A function that long does several jobs; the application's commands are lists of steps.
+    long = []
+    for path in sorted((PACKAGE_DIR / "app").rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                lines = node.end_lineno - node.lineno + 1
+                if lines > 80:
+                    long.append(f"{path.name}:{node.lineno} {node.name} ({lines} lines)")
+    assert long == []

@@ -93,16 +93,7 @@ def run_hydra(
         if args.hydra_help:
             hydra.hydra_help(config_name=config_name, args_parser=parser, args=args)
             sys.exit(0)
-        given = {
-            "--run": args.run,
-            "--multirun": args.multirun,
-            "--cfg": shows_config,
-            "--info": args.info is not None,
-            "--shell-completion": args.shell_completion,
-        }
-        chosen = [flag for flag, on in given.items() if on]
-        if len(chosen) > 1:
-            raise FlagsConflict(f"only one of {', '.join(given)} may be given, got {' and '.join(chosen)}")
+        _check_one_action(args)
         overrides = list(args.overrides)
         if shows_config:
             hydra.show_cfg(
@@ -122,6 +113,20 @@ def run_hydra(
             launch(config_name=config_name, task_function=task, overrides=overrides)
     finally:
         GlobalHydra.instance().clear()
+
+
+def _check_one_action(args) -> None:
+    """Hydra's flags that choose what the command does: at most one of them."""
+    given = {
+        "--run": args.run,
+        "--multirun": args.multirun,
+        "--cfg": args.cfg is not None,
+        "--info": args.info is not None,
+        "--shell-completion": args.shell_completion,
+    }
+    chosen = [flag for flag, on in given.items() if on]
+    if len(chosen) > 1:
+        raise FlagsConflict(f"only one of {', '.join(given)} may be given, got {' and '.join(chosen)}")
 
 
 def _mode(configured, multirun: bool, overrides: list[str]):

@@ -56,39 +56,20 @@ def run_callbacks(
     """
     from lightning.pytorch.callbacks import (
         Checkpoint,
-        LearningRateMonitor,
         ModelCheckpoint,
         ModelSummary,
-        ProgressBar,
         RichModelSummary,
         RichProgressBar,
     )
 
-    from sru_lightning.callbacks import (
-        FolderModelCheckpoint,
-        SRUPrecisionCallback,
-        TrainingThroughput,
-        ValidateBeforeStop,
-    )
-    from sru_lightning.nn.policy import iter_sru_cells
+    from sru_lightning.callbacks import FolderModelCheckpoint, TrainingThroughput, ValidateBeforeStop
 
     configured = [
         instantiate_setting(node, **metric_names_followed(node, model))
         for node in (cfg.get("callbacks") or {}).values()
         if node is not None
     ]
-    dropped: list[type] = []
-    if not any(True for _ in iter_sru_cells(model)):
-        dropped.append(SRUPrecisionCallback)
-    if not has_loggers and any(isinstance(cb, LearningRateMonitor) for cb in configured):
-        log.info("logger=none: the learning-rate monitor has nowhere to log and is left out")
-        dropped.append(LearningRateMonitor)
-    if trainer_settings.get("enable_progress_bar", True) is False:
-        dropped.append(ProgressBar)
-    if trainer_settings.get("enable_model_summary", True) is False:
-        dropped.append(ModelSummary)
-    if trainer_settings.get("enable_checkpointing", True) is False:
-        dropped.append(Checkpoint)
+    dropped = _dropped(configured, model, trainer_settings, has_loggers)
     callbacks = [cb for cb in configured if not isinstance(cb, tuple(dropped))]
     if ModelSummary not in dropped and not any(isinstance(cb, ModelSummary) for cb in callbacks):
         rich = any(isinstance(cb, RichProgressBar) for cb in callbacks)
@@ -108,6 +89,28 @@ def run_callbacks(
     ]
     log.info("callbacks: %s", ", ".join(type(callback).__name__ for callback in callbacks))
     return callbacks
+
+
+def _dropped(configured: list, model, trainer_settings: dict[str, Any], has_loggers: bool) -> list[type]:
+    """The kinds of configured callbacks a run leaves out, by the rules of :func:`run_callbacks`."""
+    from lightning.pytorch.callbacks import Checkpoint, LearningRateMonitor, ModelSummary, ProgressBar
+
+    from sru_lightning.callbacks import SRUPrecisionCallback
+    from sru_lightning.nn.policy import iter_sru_cells
+
+    dropped: list[type] = []
+    if not any(True for _ in iter_sru_cells(model)):
+        dropped.append(SRUPrecisionCallback)
+    if not has_loggers and any(isinstance(cb, LearningRateMonitor) for cb in configured):
+        log.info("logger=none: the learning-rate monitor has nowhere to log and is left out")
+        dropped.append(LearningRateMonitor)
+    if trainer_settings.get("enable_progress_bar", True) is False:
+        dropped.append(ProgressBar)
+    if trainer_settings.get("enable_model_summary", True) is False:
+        dropped.append(ModelSummary)
+    if trainer_settings.get("enable_checkpointing", True) is False:
+        dropped.append(Checkpoint)
+    return dropped
 
 
 def _trial_pruning(cfg, model) -> list:
