@@ -39,6 +39,9 @@ def test_a_run_writes_each_files_seconds_merged_into_the_earlier_ones(tmp_path):
         cwd=tmp_path,
         capture_output=True,
         text=True,
+        # the options of the run around this one (a --write-durations of make test-durations) are
+        # not this small run's: its conftest has no such option
+        env={key: value for key, value in os.environ.items() if key != "PYTEST_ADDOPTS"},
     )
     assert done.returncode == 0, done.stdout + done.stderr
     seconds = json.loads(out.read_text())["seconds"]

@@ -479,6 +479,21 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
             "trainer.precision=32-true",
             f"hydra.sweep.dir={tmp_path / 'run'}",
         ],
+        # one trial of the pruned search, tiny and 4 s long (a swept key given on the command
+        # line is fixed, as in Optuna's sweeper)
+        ("hparams_search", "speedrun"): [
+            "hydra.sweeper.n_trials=1",
+            "model=sru",
+            "model/optimizer=adamw",
+            "model.net.hidden_size=16",
+            "model.net.num_layers=1",
+            "model.net.embedding_dim=8",
+            "data.seq_len=16",
+            "data.batch_size=4",
+            "trainer.max_time=00:00:00:04",
+            "trainer.precision=32-true",
+            f"hydra.sweep.dir={tmp_path / 'run'}",
+        ],
         # one trial of the search, at the tiny sizes, written to the sweep folder's job 0
         ("hparams_search", "lm_optuna"): [
             "hydra.sweeper.n_trials=1",

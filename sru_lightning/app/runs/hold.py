@@ -438,10 +438,16 @@ def _keep(hold: RunHold) -> RunHold:
     return hold
 
 
-def _link_new(path: Path, me: Holder) -> bool:
-    """Create the hold file as `me` if none is there (True); False when one is."""
+def _written_beside(path: Path, me: Holder) -> Path:
+    """`me`'s hold written to a file of its own beside the hold file (then linked or renamed to it)."""
     mine = path.with_name(f"{path.name}.{me.host}.{me.pid}.{me.token[:8]}")
     mine.write_text(me.to_json())
+    return mine
+
+
+def _link_new(path: Path, me: Holder) -> bool:
+    """Create the hold file as `me` if none is there (True); False when one is."""
+    mine = _written_beside(path, me)
     try:
         os.link(mine, path)
         return True
@@ -468,7 +474,14 @@ def _take_over(path: Path, seen: str, me: Holder) -> bool | None:
         _, _, text = _read(path)
         if text != seen:
             return False
-        path.unlink(missing_ok=True)
-        return _link_new(path, me)
+        # one rename: the folder is never without a hold meanwhile, which another process
+        # would take as free (and its hold would carry no word of the takeover)
+        mine = _written_beside(path, me)
+        try:
+            os.replace(mine, path)
+        except OSError:
+            mine.unlink(missing_ok=True)
+            raise
+        return True
     finally:
         lock.rmdir()
