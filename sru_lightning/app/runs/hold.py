@@ -50,6 +50,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+from sru_lightning._atomic import put_in_place
 from sru_lightning.app.usage import PROG
 
 from .folder import RunFolder
@@ -478,7 +479,7 @@ def _take_over(path: Path, seen: str, me: Holder) -> bool | None:
         # would take as free (and its hold would carry no word of the takeover)
         mine = _written_beside(path, me)
         try:
-            os.replace(mine, path)
+            put_in_place(mine, path)
         except OSError:
             mine.unlink(missing_ok=True)
             raise
