@@ -72,8 +72,11 @@ def pytest_configure(config):
 def pytest_runtest_protocol(item, nextitem):
     # The fork server asks which test is running: a `cuda` test's processes are never forked,
     # in its fixtures' setup and teardown too.
-    with preloaded.running(item):
+    preloaded.running_test = item
+    try:
         return (yield)
+    finally:
+        preloaded.running_test = None
 
 
 @pytest.fixture(autouse=True)

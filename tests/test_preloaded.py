@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
-from helpers import preloaded, preloaded_proxy
+from helpers import preloaded
 
 pytestmark = pytest.mark.slow  # starts processes
 needs_server = pytest.mark.skipif(
@@ -67,7 +67,7 @@ def test_a_new_session_gets_the_signals_sent_to_its_group(tmp_path):
         stdout=open(tmp_path / "out", "w"),
         start_new_session=True,
     )
-    assert isinstance(process, preloaded.Popen)
+    assert process.fresh_interpreter_reason is None
     deadline = time.monotonic() + 60
     while not (tmp_path / "out").read_text() and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -80,9 +80,13 @@ def test_a_new_session_gets_the_signals_sent_to_its_group(tmp_path):
 def test_an_environment_that_changes_what_the_imports_read_gets_a_fresh_interpreter():
     env = {**os.environ, "PYTHONHASHSEED": "123"}
     process = preloaded.Popen([sys.executable, "-c", "pass"], env=env)
-    assert isinstance(process, subprocess.Popen) and process.wait(timeout=120) == 0
+    assert process.wait(timeout=120) == 0
+    assert process.fresh_interpreter_reason == "environment read at import differs: ['PYTHONHASHSEED']"
     options = preloaded.Popen([sys.executable, "-I", "-c", "pass"])  # interpreter options: fresh too
-    assert isinstance(options, subprocess.Popen) and options.wait(timeout=120) == 0
+    assert (
+        options.wait(timeout=120) == 0
+        and options.fresh_interpreter_reason == "an interpreter option or no command: ['-I']"
+    )
 
 
 @needs_server
@@ -110,6 +114,28 @@ def test_an_uncaught_keyboard_interrupt_ends_the_process_by_sigint():
         [sys.executable, "-c", "raise KeyboardInterrupt"], capture_output=True, text=True, timeout=120
     )
     assert ended.returncode == -signal.SIGINT and "KeyboardInterrupt" in ended.stderr
+
+
+EXITS = [
+    "import sys; sys.exit('bye')",
+    "import sys; sys.exit()",
+    "import sys; sys.exit(259)",
+    "import sys; sys.exit(-1)",
+    "raise ValueError('no')",
+    "import atexit, threading, time\natexit.register(print, 'at exit')\n"
+    "threading.Thread(target=time.sleep, args=(0.5,)).start()",
+]
+
+
+@needs_server
+def test_a_forked_process_ends_as_a_fresh_interpreter_does():
+    """Its exit status, what it prints, its non-daemon threads waited for and `atexit` run."""
+    for code in EXITS:
+        forked = preloaded.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        fresh = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+        assert forked.fresh_interpreter_reason is None
+        assert (forked.returncode, forked.stdout) == (fresh.returncode, fresh.stdout), code
+        assert forked.stderr.splitlines()[-1:] == fresh.stderr.splitlines()[-1:], code
 
 
 # --- guardrails ---------------------------------------------------------------------------
@@ -146,7 +172,7 @@ def test_a_child_runs_the_blas_threads_its_environment_asks_for():
         assert (forked.returncode, forked.stdout) == (0, fresh.stdout), (extra, forked.stderr[-2000:])
 
 
-REFUSED = "the fork server has 2 threads: a child forked from it could deadlock"
+REFUSED = "the fork server has 2 threads: a fork could deadlock"
 STARTS_A_THREAD = "import threading, time\nthreading.Thread(target=time.sleep, args=(3600,), daemon=True).start()\n"
 
 
@@ -156,12 +182,11 @@ def test_a_server_with_a_second_thread_refuses_to_fork_and_a_real_interpreter_ru
     env = {key: value for key, value in os.environ.items() if key not in preloaded.RUNTIME_ONLY}
     server = preloaded._Server(preload=("starts_a_thread",), env={**env, "PYTHONPATH": str(tmp_path)})
     try:
-        assert len(os.listdir(f"/proc/{server.process.pid}/task")) == 2
         monkeypatch.setattr(preloaded, "_the_server", server)
         command = [sys.executable, "-c", "import sys; print(sys.executable); sys.exit(3)"]
-        process = preloaded.Popen(command, stdout=subprocess.DEVNULL)
-        assert isinstance(process, subprocess.Popen) and process.wait(timeout=120) == 3
-        assert process.fresh_interpreter_reason == REFUSED
+        process = preloaded.Popen(command, stdout=subprocess.DEVNULL)  # answered once the server has imported
+        assert process.wait(timeout=120) == 3 and process.fresh_interpreter_reason == REFUSED
+        assert len(os.listdir(f"/proc/{server.process.pid}/task")) == 2
         ended = preloaded.run(command, capture_output=True, text=True, timeout=120, preload_children=True)
         assert ended.returncode == 3 and ended.stdout.strip() == sys.executable  # not the proxy: no server child
         assert ended.fresh_interpreter_reason == REFUSED
@@ -181,7 +206,7 @@ def test_a_test_marked_cuda_never_forks(request, monkeypatch):
     request.node.add_marker(pytest.mark.cuda)  # after collection: the GPU-less skip is already decided
     assert preloaded.fresh_interpreter_reason(command) == "the test is marked cuda"
     process = preloaded.Popen(command, preload_children=True)
-    assert isinstance(process, subprocess.Popen) and process.wait(timeout=120) == 6
+    assert process.wait(timeout=120) == 6
     assert process.fresh_interpreter_reason == "the test is marked cuda"
     assert preloaded.run(command, timeout=120).fresh_interpreter_reason == "the test is marked cuda"
 
@@ -191,12 +216,12 @@ def test_an_environment_that_makes_a_gpu_visible_never_forks():
     CUDA_VISIBLE_DEVICES, a command that can see a GPU gets a real interpreter."""
     server_env = {"CUDA_VISIBLE_DEVICES": "0"}
     for devices in ("0", "1,0", "GPU-8a3e"):
-        reason = preloaded_proxy.fresh_reason(["-m", "sru_lightning"], {"CUDA_VISIBLE_DEVICES": devices}, server_env)
+        reason = preloaded.fresh_reason(["-m", "sru_lightning"], {"CUDA_VISIBLE_DEVICES": devices}, server_env)
         assert reason == f"the environment asks for CUDA (CUDA_VISIBLE_DEVICES={devices})"
     for hidden in ("", "-1"):
         env = {"CUDA_VISIBLE_DEVICES": hidden}
-        assert preloaded_proxy.fresh_reason(["-m", "sru_lightning"], env, env) is None
-    assert preloaded_proxy.fresh_reason(["-m", "sru_lightning"], {}, {}) is None
+        assert preloaded.fresh_reason(["-m", "sru_lightning"], env, env) is None
+    assert preloaded.fresh_reason(["-m", "sru_lightning"], {}, {}) is None
 
 
 @needs_server
@@ -209,27 +234,26 @@ def test_a_command_that_makes_a_gpu_visible_gets_a_real_interpreter():
     assert ended.fresh_interpreter_reason == reason and ended.stdout.strip() == sys.executable
 
 
-def test_the_proxy_execs_the_real_interpreter_for_a_command_that_can_see_a_gpu(tmp_path):
-    """A proxy for a (missing) server that imported with CUDA_VISIBLE_DEVICES=0: a command with
-    the same setting never asks the server, while one with the GPUs hidden does (and fails)."""
+def test_the_proxy_execs_the_real_interpreter_for_a_command_that_can_see_a_gpu():
+    """A preloaded child's `sys.executable`, run with a GPU visible, is the real interpreter,
+    even where its server imported with the same CUDA_VISIBLE_DEVICES; with the GPUs hidden,
+    it has the server fork the command (whose own `sys.executable` is the proxy again)."""
     command = ["-c", "import sys; print(sys.executable)"]
-    for devices, asks_the_server in (("0", False), ("", True)):
-        folder = tmp_path / f"devices{devices or '-hidden'}"
-        folder.mkdir()
+    for devices, forked in (("0", False), ("", True)):
         env = {**os.environ, "CUDA_VISIBLE_DEVICES": devices}
-        proxy = preloaded.install_proxy(str(folder), str(folder / "no-server"), env)
-        ended = subprocess.run([proxy, *command], env=env, capture_output=True, text=True, timeout=120)
-        if asks_the_server:
-            assert ended.returncode == 1 and "FileNotFoundError" in ended.stderr, ended.stderr[-2000:]
-        else:
-            assert ended.returncode == 0 and ended.stdout.strip() == sys.executable, ended.stderr[-2000:]
+        server = preloaded._Server(preload=(), env={k: v for k, v in env.items() if k not in preloaded.RUNTIME_ONLY})
+        try:
+            ended = subprocess.run([server.proxy, *command], env=env, capture_output=True, text=True, timeout=120)
+            assert ended.returncode == 0, ended.stderr[-2000:]
+            assert ended.stdout.strip() == (server.proxy if forked else sys.executable)
+        finally:
+            server.close()
 
 
 def test_with_fresh_interpreters_switched_on_no_process_is_forked(monkeypatch):
     monkeypatch.setenv(preloaded.FRESH, "1")
     process = preloaded.Popen([sys.executable, "-c", "pass"])
-    assert isinstance(process, subprocess.Popen) and process.wait(timeout=120) == 0
-    assert process.fresh_interpreter_reason == f"{preloaded.FRESH}=1"
+    assert process.wait(timeout=120) == 0 and process.fresh_interpreter_reason == f"{preloaded.FRESH}=1"
 
 
 # --- the same result forked and in a fresh interpreter ------------------------------------
