@@ -444,6 +444,15 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         words = ["prepare", "data=text", f"data.path={text}", f"out={prepared}", f"format={option}", "progress=false"]
         assert cli.main(words) == 0
         return [f"data={option}", f"data.path={prepared}"]
+    # a search's trial at the tiny sizes, 4 s long
+    tiny_trial = [
+        "model.net.hidden_size=16",
+        "model.net.num_layers=1",
+        "model.net.embedding_dim=8",
+        "data.seq_len=16",
+        "data.batch_size=4",
+        "trainer.max_time=00:00:00:04",
+    ]
     extra = {
         ("data", "stdlib"): ["data.max_chars=200000"],
         ("data", "enwik8"): enwik8_data,
@@ -459,23 +468,13 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
         # one trial of the time-budgeted search, tiny and 4 s long
         ("hparams_search", "speedrun_10min"): [
             "hydra.sweeper.n_trials=1",
-            "model.net.hidden_size=16",
-            "model.net.num_layers=1",
-            "model.net.embedding_dim=8",
-            "data.seq_len=16",
-            "data.batch_size=4",
-            "trainer.max_time=00:00:00:04",
+            *tiny_trial,
             f"hydra.sweep.dir={tmp_path / 'run'}",
         ],
         # the grid cut to one tiny 4 s trial (a swept key given on the command line is not swept)
         ("hparams_search", "speedrun_10min_grid"): [
-            "model.net.hidden_size=16",
             "model.net.dropout=0.0",
-            "model.net.num_layers=1",
-            "model.net.embedding_dim=8",
-            "data.seq_len=16",
-            "data.batch_size=4",
-            "trainer.max_time=00:00:00:04",
+            *tiny_trial,
             "trainer.precision=32-true",
             f"hydra.sweep.dir={tmp_path / 'run'}",
         ],
@@ -485,12 +484,7 @@ def _option_overrides(group: str, option: str, tmp_path: Path) -> list[str]:
             "hydra.sweeper.n_trials=1",
             "model=sru",
             "model/optimizer=adamw",
-            "model.net.hidden_size=16",
-            "model.net.num_layers=1",
-            "model.net.embedding_dim=8",
-            "data.seq_len=16",
-            "data.batch_size=4",
-            "trainer.max_time=00:00:00:04",
+            *tiny_trial,
             "trainer.precision=32-true",
             f"hydra.sweep.dir={tmp_path / 'run'}",
         ],
