@@ -50,7 +50,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
-from sru_lightning._atomic import put_in_place
+from sru_lightning._atomic import written_beside
 from sru_lightning.app.usage import PROG
 
 from .folder import RunFolder
@@ -439,16 +439,15 @@ def _keep(hold: RunHold) -> RunHold:
     return hold
 
 
-def _written_beside(path: Path, me: Holder) -> Path:
-    """`me`'s hold written to a file of its own beside the hold file (then linked or renamed to it)."""
-    mine = path.with_name(f"{path.name}.{me.host}.{me.pid}.{me.token[:8]}")
-    mine.write_text(me.to_json())
-    return mine
+def _own_suffix(me: Holder) -> str:
+    """The suffix of the file `me` writes its hold to beside the hold file (no other process's)."""
+    return f".{me.host}.{me.pid}.{me.token[:8]}"
 
 
 def _link_new(path: Path, me: Holder) -> bool:
     """Create the hold file as `me` if none is there (True); False when one is."""
-    mine = _written_beside(path, me)
+    mine = path.with_name(path.name + _own_suffix(me))
+    mine.write_text(me.to_json())
     try:
         os.link(mine, path)
         return True
@@ -477,12 +476,8 @@ def _take_over(path: Path, seen: str, me: Holder) -> bool | None:
             return False
         # one rename: the folder is never without a hold meanwhile, which another process
         # would take as free (and its hold would carry no word of the takeover)
-        mine = _written_beside(path, me)
-        try:
-            put_in_place(mine, path)
-        except OSError:
-            mine.unlink(missing_ok=True)
-            raise
+        with written_beside(path, suffix=_own_suffix(me)) as mine:
+            mine.write_text(me.to_json())
         return True
     finally:
         lock.rmdir()
