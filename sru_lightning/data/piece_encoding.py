@@ -85,7 +85,7 @@ def ordered_map(
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    with pool:
+    with pool:  # on an error or an abandoned iterator: terminate (SIGTERM to each worker)
         pending: deque = deque()
         for item in items:
             pending.append(pool.apply_async(function, (item,)))
@@ -93,12 +93,17 @@ def ordered_map(
                 yield pending.popleft().get()
         while pending:
             yield pending.popleft().get()
+        pool.close()  # done: the workers end once their queue is empty
+        pool.join()
 
 
 def _start_worker(initializer: Callable[..., None] | None, initargs: tuple) -> None:
     # Ctrl+C reaches every process of the terminal's group: this one's parent says it in one line
     # and ends the workers, which would otherwise each print a traceback
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    # A forked worker inherits its parent's handlers; one that only notes a SIGTERM (a fit's
+    # signal handling, a job's preemption hook) would keep the pool's terminate waiting forever.
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
     if initializer is not None:
         initializer(*initargs)
 

@@ -5,10 +5,13 @@
 timed step by step in steady state against the same network's forward, loss, backward, gradient
 clipping and optimizer step on one fixed batch in a plain loop (the optimizer and schedule of
 :func:`sru_lightning.models.optimization.configure_optimizers`). One plain step runs after every
-step of the fit, in the same process, so the ratio holds on a busy machine. Lightning's
-``SimpleProfiler`` (the :class:`StepProfiler` below also keeps each action's own time, less the
-actions inside it) says where the difference goes: data loading, logging, our callbacks,
-Lightning's, the LightningModule's hooks and the loop itself.
+step of the fit, in the same process, so the ratio holds on a busy machine. Every other step of
+the fit is profiled with Lightning's ``SimpleProfiler`` (the :class:`StepProfiler` below also
+keeps each action's own time, less the actions inside it), which says where the difference
+goes: data loading, logging, our callbacks, Lightning's, the LightningModule's hooks and the loop
+itself. The steps in between run as a user's fit does, with the profiler off, and the ratio
+comes from them: the profiler's own work (a few microseconds for each of the ~70 actions of a
+step) is printed beside it, not counted in it.
 
 ``bench lm curve=true`` (validation bits per character against wall-clock seconds) is
 :mod:`sru_lightning.diagnostics.lm_curve`.
@@ -46,7 +49,7 @@ from sru_lightning.diagnostics.tables import (
 class LMBenchConfig:
     model: str = setting("sru", "the model config (conf/model/) of the timed fit")
     extra: str = setting("", "Hydra overrides of every fit, in one quoted string")
-    repeats: int = repeats_setting(30, "timed training steps")
+    repeats: int = repeats_setting(30, "timed training steps of each kind (profiled and not)")
     warmup: int = warmup_setting(5, "training steps before them")
     statistic: str = statistic_setting("median")
     curve: bool = setting(False, "run the curve: one fit per run of `budget` seconds each")
@@ -67,19 +70,27 @@ class LMBenchConfig:
 # -- the loop's cost ----------------------------------------------------------------------------
 class StepProfiler(SimpleProfiler):
     """Lightning's SimpleProfiler that, while `recording`, also adds up each action's own seconds:
-    its duration less that of the actions that ran inside it (the actions nest)."""
+    its duration less that of the actions that ran inside it (the actions nest).
+
+    While not `active` it starts nothing, as Lightning's PassThroughProfiler (a fit's default);
+    an action started while active is still stopped after it turns off."""
 
     def __init__(self, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.recording = False
+        self.active = True
         self.own_seconds: dict[str, float] = defaultdict(float)
         self._open: list[list] = []  # [action, seconds of the actions inside it]
 
     def start(self, action_name: str) -> None:
+        if not self.active:
+            return
         super().start(action_name)
         self._open.append([action_name, 0.0])
 
     def stop(self, action_name: str) -> None:
+        if action_name not in self.current_actions:  # started while off
+            return
         super().stop(action_name)
         duration = self.recorded_durations[action_name][-1]
         index = max((i for i, (name, _) in enumerate(self._open) if name == action_name), default=None)
@@ -145,37 +156,46 @@ class _PlainStep:
 
 class LoopClock(Callback):
     """Times each step of the fit (from the end of one to the end of the next, the plain step
-    left out), runs one plain step after each, and has the profiler record the timed steps."""
+    left out) and runs one plain step after each. After `warmup` steps, `repeats` steps with the
+    profiler off (as a user's fit runs) alternate with `repeats` profiled ones."""
 
     def __init__(self, profiler: StepProfiler, warmup: int, repeats: int) -> None:
         self.profiler, self.warmup, self.repeats = profiler, warmup, repeats
-        self.fit_seconds: list[float] = []
+        self.fit_seconds: list[float] = []  # the steps with the profiler off
+        self.profiled_seconds: list[float] = []
         self.plain_seconds: dict[str, list[float]] = defaultdict(list)
         self.steps, self._last_end, self._plain = 0, None, None
 
+    @property
+    def total_steps(self) -> int:
+        return self.warmup + 2 * self.repeats
+
+    def _profiles(self, step: int) -> bool:
+        """Whether the fit's `step` (counted from 1) is one of the profiled ones."""
+        timed = step - self.warmup
+        return 1 <= timed <= 2 * self.repeats and timed % 2 == 0
+
     def on_train_start(self, trainer, pl_module) -> None:
-        needed = self.warmup + self.repeats
-        if trainer.num_training_batches < needed:
+        if trainer.num_training_batches < self.total_steps:
             raise ValueError(
-                f"warmup + repeats: the fit's epoch has {trainer.num_training_batches} training batches, "
-                f"fewer than the {needed} steps to time; lower them or use more data"
+                f"warmup + 2 x repeats: the fit's epoch has {trainer.num_training_batches} training batches, "
+                f"fewer than the {self.total_steps} steps to time; lower them or use more data"
             )
+        self.profiler.active = self.profiler.recording = self._profiles(1)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         now = time.perf_counter()
         self.steps += 1
-        timed = self.warmup < self.steps <= self.warmup + self.repeats
+        timed = self.warmup < self.steps <= self.total_steps
         if timed:
-            self.fit_seconds.append(now - self._last_end)
-        if self.steps == self.warmup + self.repeats:
-            self.profiler.recording = False
+            (self.profiled_seconds if self._profiles(self.steps) else self.fit_seconds).append(now - self._last_end)
+        self.profiler.active = self.profiler.recording = False
         if self._plain is None:
             self._plain = _PlainStep(trainer, pl_module, batch)
         for phase, seconds in self._plain().items():
             if timed:
                 self.plain_seconds[phase].append(seconds)
-        if self.steps == self.warmup:
-            self.profiler.recording = True
+        self.profiler.active = self.profiler.recording = self._profiles(self.steps + 1)
         self._last_end = time.perf_counter()
 
 
@@ -231,10 +251,12 @@ def classify(action: str, callbacks: dict[str, Callback]) -> tuple[str, str] | N
 class OverheadResult:
     config: LMBenchConfig
     description: str
-    fit_ms: float  # per step, by the statistic
+    fit_ms: float  # per step, by the statistic, the profiler off
     plain_ms: float
     groups: dict[str, tuple[float, float]] = field(default_factory=dict)  # group -> (fit, plain) mean ms/step
     items: list[tuple[str, str, float]] = field(default_factory=list)  # (group, item, mean ms/step)
+    profiled_ms: float = 0.0  # mean per profiled step
+    unprofiled_ms: float = 0.0  # mean per step with the profiler off
 
     @property
     def ratio(self) -> float:
@@ -270,7 +292,7 @@ def measure_overhead(config: LMBenchConfig) -> OverheadResult:
     """Fit `config.warmup + config.repeats` steps as `fit` builds the run, a plain step after each."""
     from sru_lightning.app.runs.building import build
 
-    steps = config.warmup + config.repeats
+    steps = config.warmup + 2 * config.repeats
     overrides = [
         f"model={config.model}",
         "data=pydoc",
@@ -300,6 +322,8 @@ def measure_overhead(config: LMBenchConfig) -> OverheadResult:
         + f" layers), batch {datamodule.batch_size} x {datamodule.seq_len}"
     )
     result = OverheadResult(config, description, pick(clock.fit_seconds) * 1e3, pick(plain_steps) * 1e3)
+    result.profiled_ms = sum(clock.profiled_seconds) * 1e3 / len(clock.profiled_seconds)
+    result.unprofiled_ms = sum(clock.fit_seconds) * 1e3 / len(clock.fit_seconds)
     callbacks = {callback.state_key: callback for callback in trainer.callbacks}
     per_step = 1e3 / config.repeats
     totals: dict[str, float] = defaultdict(float)
@@ -309,9 +333,10 @@ def measure_overhead(config: LMBenchConfig) -> OverheadResult:
             continue
         totals[place[0]] += seconds * per_step
         result.items.append((place[0], place[1], seconds * per_step))
-    totals["Lightning loop (unprofiled)"] += sum(clock.fit_seconds) * 1e3 / config.repeats - sum(totals.values())
+    # What the profiled actions leave of a step with the profiler off is the loop's own work.
+    totals["Lightning loop (unprofiled)"] += result.unprofiled_ms - sum(totals.values())
     for group, phase in GROUPS.items():
-        plain = sum(clock.plain_seconds[phase]) * 1e3 / config.repeats if phase else 0.0
+        plain = sum(clock.plain_seconds[phase]) * 1e3 / len(clock.plain_seconds[phase]) if phase else 0.0
         result.groups[group] = (totals.get(group, 0.0), plain)
     result.items.sort(key=lambda item: -item[2])
     return result
@@ -332,10 +357,13 @@ def format_overhead(result: OverheadResult, goal: float = 0.10) -> str:
     loop_items = [item for item in result.items if item[0] not in compute][:6]
     overhead = result.ratio - 1
     lines = [
-        f"Training loop benchmark: {result.description}; {cfg.repeats} steps after {cfg.warmup}",
+        f"Training loop benchmark: {result.description}; {cfg.repeats} steps and {cfg.repeats} profiled ones "
+        f"after {cfg.warmup}",
         f"fit step {result.fit_ms:.2f} ms, plain step {result.plain_ms:.2f} ms ({STATISTIC_NAMES[cfg.statistic]}): "
         f"fit/plain {result.ratio:.3f}, the loop adds {overhead:.1%} (goal: at most {goal:.0%})",
         *fixed_width_lines(OVERHEAD_COLUMNS, rows),
+        f"the profiler's own work, left out above: {result.profiled_ms - result.unprofiled_ms:+.2f} ms a step "
+        f"(profiled steps {result.profiled_ms:.2f} ms, the others {result.unprofiled_ms:.2f} ms, means)",
         "largest items outside the model's step (ms per step):",
         *(f"  {ms:7.3f}  {item}  [{group}]" for group, item, ms in loop_items),
     ]

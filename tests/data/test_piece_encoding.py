@@ -49,6 +49,28 @@ def test_workers_leave_ctrl_c_to_the_preparing_process():
     assert list(ordered_map(_interrupt_handler, range(4), 2)) == [signal.SIG_IGN] * 4
 
 
+def _slow_identity(item: int) -> int:
+    return item
+
+
+def test_workers_end_on_sigterm_whatever_handler_the_parent_has(monkeypatch):
+    # A parent whose SIGTERM handler only takes note (as a fit's does): its pool's terminate, on
+    # an iterator dropped half way, must still end the workers instead of waiting for them.
+    noted = []
+    previous = signal.signal(signal.SIGTERM, lambda number, frame: noted.append(number))
+    try:
+        results = ordered_map(_slow_identity, iter(range(100)), 2)
+        assert [next(results) for _ in range(3)] == [0, 1, 2]
+        finished = threading.Event()
+        closer = threading.Thread(target=lambda: (results.close(), finished.set()), daemon=True)
+        closer.start()
+        assert finished.wait(timeout=60), "the pool's workers did not end on SIGTERM"
+        assert list(ordered_map(_slow_identity, range(10), 2)) == list(range(10))  # run to its end
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert noted == []  # the parent itself received nothing
+
+
 def test_read_ahead_gives_every_item_in_order_from_another_thread():
     producers = set()
 

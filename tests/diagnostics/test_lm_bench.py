@@ -119,6 +119,27 @@ def test_the_profiler_keeps_each_actions_own_time_while_recording():
     assert profiler.own_seconds["outer"] == pytest.approx(sum(profiler.recorded_durations["outer"]) - inner)
 
 
+def test_the_profiler_off_records_nothing_and_still_closes_what_it_opened():
+    profiler = lm_bench.StepProfiler()
+    profiler.recording = True
+    with profiler.profile("outer"):
+        profiler.active = False
+        with profiler.profile("inner"):  # started while off: neither started nor stopped
+            pass
+    assert set(profiler.recorded_durations) == {"outer"} and not profiler.current_actions
+    profiler.active = True
+    with profiler.profile("inner"):
+        pass
+    assert len(profiler.recorded_durations["inner"]) == 1
+
+
+def test_the_clock_alternates_plain_fit_steps_with_profiled_ones():
+    clock = lm_bench.LoopClock(lm_bench.StepProfiler(), warmup=2, repeats=3)
+    assert clock.total_steps == 8
+    profiled = [step for step in range(1, 12) if clock._profiles(step)]
+    assert profiled == [4, 6, 8]  # after the 2 warmup steps, every other one of the next 6
+
+
 def test_overhead_table_names_the_biggest_item_over_the_goal():
     config = lm_bench.LMBenchConfig(repeats=10, warmup=2)
     groups = {group: (1.0, 1.0 if phase else 0.0) for group, phase in lm_bench.GROUPS.items()}
@@ -239,6 +260,7 @@ def test_bench_lm_times_the_fit_against_the_plain_step(capsys):
     assert "Training loop benchmark: model=sru debug=tiny" in output and "fit/plain " in output
     assert "model step: backward" in output and "callbacks: ours" in output
     assert "TrainingThroughput.on_train_batch" in output or "SeedEveryBatch" in output
+    assert "4 steps and 4 profiled ones after 2" in output and "the profiler's own work, left out above:" in output
 
 
 @pytest.mark.slow  # four fits, each in its own process
