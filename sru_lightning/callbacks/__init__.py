@@ -6,7 +6,8 @@ supervisor protocol of :mod:`.stop_signals`) and its checkpoint (:mod:`.interrup
 Lightning's ``ModelCheckpoint`` with a record that follows a moved run folder (:mod:`.folder_checkpoint`),
 an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a stop on a non-finite
 loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` fit
-(:mod:`.validate_before_stop`), a `max_time` budget that the learning-rate schedule and a final
+(:mod:`.validate_before_stop`), Lightning's Rich progress bar updated as often as it is drawn
+(:mod:`.paced_progress_bar`), a `max_time` budget that the learning-rate schedule and a final
 validation fit in (:mod:`.time_budget`), training throughput (:mod:`.throughput`) and a search
 trial's reports and pruning (:mod:`.trial_pruning`)."""
 
@@ -14,6 +15,7 @@ from .folder_checkpoint import FolderModelCheckpoint
 from .graceful_interrupt import GracefulInterrupt
 from .interruption_checkpoint import InterruptionCheckpoint
 from .nonfinite_loss import StopOnNonFiniteLoss
+from .paced_progress_bar import PacedRichProgressBar
 from .precision import SRUFabricPrecision, SRUPrecisionCallback, apply_precision
 from .restore_data_position import RestoreDataPosition
 from .seed_every_batch import SeedEveryBatch
@@ -27,6 +29,7 @@ __all__ = [
     "FolderModelCheckpoint",
     "GracefulInterrupt",
     "InterruptionCheckpoint",
+    "PacedRichProgressBar",
     "RestoreDataPosition",
     "SRUFabricPrecision",
     "SRUPrecisionCallback",

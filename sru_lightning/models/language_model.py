@@ -289,28 +289,22 @@ class SRULanguageModel(pl.LightningModule):
         # Every value is the mean over the processes (sync_dist), so a curve does not depend on
         # how many processes share the global batch: each process sees as many tokens, and the
         # mean of their losses is the loss whose gradient DDP averages. The training values are
-        # per step (the epoch's mean is `train_bpc_epoch`, from the metric above).
-        self.log(
-            f"{stage}_loss",
-            loss,
-            on_step=on_step,
-            on_epoch=not on_step,
-            prog_bar=on_step,
-            batch_size=batch_size,
-            sync_dist=True,
-        )
+        # per step (the epoch's mean is `train_bpc_epoch`, from the metric above), logged in
+        # on_train_batch_end, only at the steps whose values are read (see there).
         if on_step:
-            # Logged in on_train_batch_end, only at the steps whose values are read (see there).
-            self._unlogged_step_values = {self.bits_name("train"): loss / math.log(2)}
+            self._unlogged_step_values = {"train_loss": loss, self.bits_name("train"): loss / math.log(2)}
             if bits_per_byte is not None:
                 self._unlogged_step_values["train_bpb"] = bits_per_byte
+        else:
+            self.log(f"{stage}_loss", loss, on_step=False, on_epoch=True, batch_size=batch_size, sync_dist=True)
 
     def on_train_batch_end(self, outputs: Any, batch: Any, batch_idx: int) -> None:
-        """Log the step's bits per token (and per byte) where something reads them: at the steps
-        the loggers write, at a stop, and at the steps a fit may end on (the epoch's last batch,
-        `max_steps`), so the loggers and the fit's final metrics get the same values as from
-        logging every step. Each `self.log` costs Lightning a fraction of a millisecond (and a
-        collective under DDP); between those steps the progress bar shows the last logged value.
+        """Log the step's loss and bits per token (and per byte) where something reads them: at
+        the steps the loggers write, at a stop, and at the steps a fit may end on (the epoch's
+        last batch, `max_steps`), so the loggers and the fit's final metrics get the same values
+        as from logging every step. Each `self.log` costs Lightning a fraction of a millisecond
+        (and a collective under DDP); between those steps the progress bar shows the last logged
+        values.
         """
         values, self._unlogged_step_values = self._unlogged_step_values, {}
         trainer = self.trainer

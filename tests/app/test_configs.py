@@ -124,7 +124,7 @@ def test_default_config_instantiates_data_model_callbacks_logger_and_trainer(tmp
         "SRUPrecisionCallback",
         "FolderModelCheckpoint",
         "LearningRateMonitor",
-        "RichProgressBar",
+        "PacedRichProgressBar",
         # fault tolerance: an interrupted fit leaves a checkpoint and resumes exactly
         "InterruptionCheckpoint",
         "GracefulInterrupt",
