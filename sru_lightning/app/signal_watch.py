@@ -88,6 +88,10 @@ class SignalWatch:
         if self._thread is None:
             return
         self._closed.set()
+        try:  # wakes the thread from its select at once (0 is no signal's number) instead of at its next poll
+            os.write(self._write_fd, b"\0")
+        except OSError:  # the pipe is full of signal numbers: the thread is awake already
+            pass
         signal.set_wakeup_fd(self._previous_wakeup_fd)
         for signum, handler in self._previous_handlers.items():
             if signal.getsignal(signum) is _ignore_until_watched:

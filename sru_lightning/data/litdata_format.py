@@ -71,8 +71,20 @@ def _index_text(text: str) -> str:
 
 
 def _optimize(litdata, fn, inputs: list, output_dir: Path, **options) -> None:
-    # One worker: the items keep the order of `inputs` (the ids are already computed; the work is copying).
-    litdata.optimize(fn=fn, inputs=inputs, output_dir=str(output_dir), num_workers=1, verbose=False, **options)
+    # One worker: the items keep the order of `inputs` (the ids are already computed; the work is copying
+    # numpy arrays). Forked where the system can (a spawned worker imports the package again, seconds).
+    # `optimize` sets the process-wide start method to the one it uses; the process gets its own back,
+    # so that what it starts afterwards (dataloader workers, a fit) starts as it would have.
+    import multiprocessing
+
+    start_method = multiprocessing.get_start_method(allow_none=True)
+    fork = "fork" if "fork" in multiprocessing.get_all_start_methods() else None
+    try:
+        litdata.optimize(
+            fn=fn, inputs=inputs, output_dir=str(output_dir), num_workers=1, verbose=False, start_method=fork, **options
+        )
+    finally:
+        multiprocessing.set_start_method(start_method, force=True)
 
 
 def write_litdata(prepared: shards.PreparedCorpus, out, *, chunk_tokens: int, overwrite: bool = False) -> dict:

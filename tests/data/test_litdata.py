@@ -5,6 +5,8 @@ the saved one stopped, and what the format cannot hold is refused in one line.""
 
 from __future__ import annotations
 
+import multiprocessing
+
 import numpy as np
 import pytest
 import torch
@@ -42,7 +44,10 @@ def corpus(tmp_path_factory):
     shards = PreparedCorpus(
         prepare_corpus(reading_of(module), module.token_level, folder / "shards", options=options).folder
     )
+    before = multiprocessing.get_start_method(allow_none=True)
     write_litdata(shards, folder / "lit", chunk_tokens=CHUNK_TOKENS)
+    # LitData's optimize sets the process-wide start method; the writer puts the process's own back
+    assert multiprocessing.get_start_method(allow_none=True) == before
     return shards, folder / "lit"
 
 

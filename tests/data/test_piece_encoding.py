@@ -3,8 +3,10 @@ thread one step ahead (`read_ahead`)."""
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import signal
+import sys
 import threading
 
 import pytest
@@ -69,6 +71,25 @@ def test_workers_end_on_sigterm_whatever_handler_the_parent_has(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert noted == []  # the parent itself received nothing
+
+
+_STARTED_BY = "the module as imported"
+
+
+def _started_by(_: int) -> str:
+    return _STARTED_BY
+
+
+def test_workers_are_forked_whatever_start_method_the_process_has(monkeypatch):
+    # LitData's optimize sets the process-wide start method to spawn: the workers are still forked,
+    # so they have this module's globals as the parent set them (a spawned one imports it afresh)
+    previous = multiprocessing.get_start_method(allow_none=True)
+    multiprocessing.set_start_method("spawn", force=True)
+    try:
+        monkeypatch.setattr(sys.modules[__name__], "_STARTED_BY", "set in the parent")
+        assert list(ordered_map(_started_by, range(4), 2)) == ["set in the parent"] * 4
+    finally:
+        multiprocessing.set_start_method(previous, force=True)
 
 
 def test_read_ahead_gives_every_item_in_order_from_another_thread():

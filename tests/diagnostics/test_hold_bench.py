@@ -23,7 +23,13 @@ def test_bench_hold_refuses_a_negative_count_of_pairs(capsys):
     assert "bench hold: error: `pairs` must be an integer >= 0, got -1" in capsys.readouterr().err
 
 
+def _no_hold_timing(monkeypatch):
+    # the pairs' report is what these tests read: the timing's holder process is left out
+    monkeypatch.setattr(hold_bench, "time_hold", lambda repeats: hold_bench.HoldTimes(1.0, 2.0, 3.0))
+
+
 def test_a_pair_that_left_two_runs_fails_the_benchmark(capsys, monkeypatch):
+    _no_hold_timing(monkeypatch)
     monkeypatch.setattr(hold_bench, "double_start", lambda folder, threads: "exit statuses [0, 0]")
     assert bench.main(["hold", "pairs=2", "repeats=2"]) == 1
     out = capsys.readouterr().out
@@ -31,6 +37,7 @@ def test_a_pair_that_left_two_runs_fails_the_benchmark(capsys, monkeypatch):
 
 
 def test_pairs_refused_by_the_hold_or_after_the_first_ended_both_left_one_run(capsys, monkeypatch):
+    _no_hold_timing(monkeypatch)
     outcomes = iter(["held", "after", "held"])
     monkeypatch.setattr(hold_bench, "double_start", lambda folder, threads: next(outcomes))
     assert bench.main(["hold", "pairs=3", "repeats=2"]) == 0
