@@ -262,6 +262,7 @@ NOT_FOR_LAYER_USERS = (
 )
 
 
+@pytest.mark.slow  # imports in a fresh interpreter
 @pytest.mark.parametrize(
     "statement", ["import sru_lightning", "import sru_lightning.nn", "from sru_lightning.nn import SRU, SRUCell, SRUpp"]
 )

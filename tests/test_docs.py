@@ -33,6 +33,7 @@ def missing_docs_packages() -> list[str]:
     return missing
 
 
+@pytest.mark.slow  # runs mkdocs in a process
 def test_the_docs_site_builds_strictly(tmp_path):
     missing = missing_docs_packages()
     if missing:

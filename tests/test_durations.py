@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from helpers.durations import DURATIONS_FILE, TESTS, longest_first, read_durations
 
 
@@ -22,6 +23,7 @@ def test_the_committed_durations_name_test_files_that_exist():
     assert gone == [], f"{DURATIONS_FILE} names files that are gone ({gone}): make test-durations"
 
 
+@pytest.mark.slow  # runs pytest in a process
 def test_a_run_writes_each_files_seconds_merged_into_the_earlier_ones(tmp_path):
     (tmp_path / "conftest.py").write_text(
         f"import sys; sys.path.insert(0, {str(TESTS)!r})\n"

@@ -40,6 +40,8 @@ _POLL_S = 0.2
 # in place on a terminal, else a new line every PROGRESS_EVERY_S.
 PROGRESS_AFTER_S = 5.0
 PROGRESS_EVERY_S = 15.0
+# How often the progress line looks at the files (twice as often on a terminal).
+PROGRESS_LOOK_S = 1.0
 
 
 def cache_root() -> Path:
@@ -164,7 +166,7 @@ def _progress(folder: Path, units: int, say: Callable[[str], None]) -> Iterator[
 
     def watch() -> None:
         next_line = PROGRESS_AFTER_S
-        while not stop.wait(0.5 if terminal else 1.0):
+        while not stop.wait(PROGRESS_LOOK_S / 2 if terminal else PROGRESS_LOOK_S):
             elapsed = time.monotonic() - started
             if elapsed < next_line:
                 continue

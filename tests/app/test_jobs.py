@@ -170,6 +170,7 @@ def test_srun_with_ntasks_instead_of_ntasks_per_node_is_one_line_naming_the_fix(
     assert len(err.splitlines()) == 1 and "--ntasks-per-node" in err and "Traceback" not in err
 
 
+@pytest.mark.slow  # starts the command in a process of its own
 def test_a_scheduler_warning_before_the_run_watches_signals_does_not_kill_the_command():
     import subprocess
     import sys

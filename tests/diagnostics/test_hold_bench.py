@@ -8,6 +8,7 @@ import pytest
 from sru_lightning.diagnostics import bench, hold_bench
 
 
+@pytest.mark.slow  # starts a process that holds a folder
 def test_bench_hold_times_taking_refusing_and_giving_back(capsys):
     assert bench.main(["hold", "pairs=0", "repeats=5"]) == 0
     lines = capsys.readouterr().out.splitlines()

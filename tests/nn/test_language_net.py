@@ -52,6 +52,7 @@ def test_bad_arguments_are_refused_in_one_line_naming_them(arguments, message):
         LanguageNet(vocab_size=11, **arguments)
 
 
+@pytest.mark.slow  # imports in a fresh interpreter
 def test_the_network_imports_neither_lightning_nor_hydra():
     import subprocess
     import sys

@@ -54,10 +54,11 @@ def test_compiles_once_then_reads_the_cache(tmp_path):
 def test_a_long_build_says_how_far_it_is(tmp_path, monkeypatch):
     monkeypatch.setattr(build_cache, "PROGRESS_AFTER_S", 0.0)
     monkeypatch.setattr(build_cache, "PROGRESS_EVERY_S", 0.0)
+    monkeypatch.setattr(build_cache, "PROGRESS_LOOK_S", 0.05)
 
     def compile_two_files(folder: Path, name: str) -> None:
         (folder / "first.o").write_bytes(b"")
-        time.sleep(2.5)  # the progress line looks once a second
+        time.sleep(0.3)  # the progress line looks every 0.05 s here
         build_cache.library_file(folder, name).write_bytes(b"\x7fELF fake")
 
     messages = []
@@ -110,6 +111,7 @@ time.sleep(float(sys.argv[2]))
 
 
 @pytest.mark.skipif(build_cache.fcntl is None, reason="flock needs a POSIX system")
+@pytest.mark.slow  # a process holds the build lock for 3 s
 def test_waiting_on_another_build_says_so_at_once_naming_the_folder(tmp_path):
     lock = tmp_path / f"{spec().name}.lock"
     holder = subprocess.Popen([sys.executable, "-c", _HOLD_LOCK, str(lock), "3"], stdout=subprocess.PIPE, text=True)

@@ -228,7 +228,9 @@ def test_gradcheck_of_document_start_states_and_per_step_states():
         return h, c_last, c_all
 
     assert torch.autograd.gradcheck(run, [*tensors, c_starts.requires_grad_()])
-    assert torch.autograd.gradgradcheck(run, [*tensors, c_starts])
+    assert torch.autograd.gradgradcheck(
+        run, [*tensors, c_starts], fast_mode=True
+    )  # random projections of the Jacobians
 
 
 @pytest.mark.parametrize(
