@@ -111,6 +111,7 @@ def test_export_folder_generates_the_checkpoints_greedy_text(kind, fmt, checkpoi
     assert f"backend={backend}" in stderr and re.search(r"200 tokens in [0-9.]+ s \([0-9]+ tokens/s", stderr)
 
 
+@pytest.mark.slow  # three exports through the command, over 3 s
 def test_existing_export_is_kept_unless_overwrite_and_a_failed_export_leaves_nothing(
     checkpoints, tmp_path, capsys, monkeypatch
 ):

@@ -215,6 +215,7 @@ def _race(folder: str, start: float, results) -> None:
         results.put(("refused", os.getpid(), str(held)))
 
 
+@pytest.mark.slow  # starts processes
 @pytest.mark.parametrize("left_behind", [False, True], ids=["free folder", "dead holder's hold"])
 def test_of_processes_starting_at_one_moment_exactly_one_holds(tmp_path, left_behind):
     if left_behind:

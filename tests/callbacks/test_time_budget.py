@@ -98,6 +98,7 @@ def assert_decays_to_the_floor_and_validates_last_in_budget(trace: BudgetTrace, 
     assert last_step_end <= last_validation_end <= budget, "and ended within the budget"
 
 
+@pytest.mark.slow  # trains against the wall clock for its whole budget
 def test_a_time_budgeted_fit_decays_its_rate_and_validates_last_within_the_budget(tmp_path, caplog):
     trace = BudgetTrace()
     with caplog.at_level("INFO"):
@@ -132,6 +133,7 @@ class _LearningRates(pl.Callback):
         self.lrs.append((trainer.global_step, trainer.optimizers[0].param_groups[0]["lr"]))
 
 
+@pytest.mark.slow  # trains against the wall clock for its whole budget
 def test_wsd_holds_the_peak_and_decays_at_the_end_of_the_budget(tmp_path):
     trace = BudgetTrace()
     fit(
