@@ -5,17 +5,15 @@ from __future__ import annotations
 
 import math
 
-import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.tiny_regression import Regression
 from helpers.tiny_trainer import tiny_trainer
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from sru_lightning.callbacks.nonfinite_loss import NonFiniteLossError, StopOnNonFiniteLoss
 
 
-class LossWithAnOffset(pl.LightningModule):
+class LossWithAnOffset(Regression):
     """A tiny regression whose loss gets `offset` added at batch `bad_batch` of the first epoch.
 
     A constant offset has no gradient, so the weights stay finite and later losses are finite
@@ -23,18 +21,12 @@ class LossWithAnOffset(pl.LightningModule):
     """
 
     def __init__(self, bad_batch: int | None = None, offset: float = math.nan):
-        super().__init__()
-        self.net = nn.Linear(2, 1)
+        super().__init__(samples=16, batch_size=4)
         self.bad_batch, self.offset = bad_batch, offset
         self.batches_run = 0
 
-    def train_dataloader(self):
-        inputs = torch.randn(16, 2, generator=torch.Generator().manual_seed(0))
-        return DataLoader(TensorDataset(inputs, inputs.sum(1, keepdim=True)), batch_size=4)
-
     def training_step(self, batch, batch_idx):
-        inputs, targets = batch
-        loss = nn.functional.mse_loss(self.net(inputs), targets)
+        loss = super().training_step(batch, batch_idx)
         self.batches_run += 1
         if batch_idx == self.bad_batch and self.current_epoch == 0:
             loss = loss + self.offset

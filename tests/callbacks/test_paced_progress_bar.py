@@ -3,36 +3,26 @@ the same final count as Lightning's bar: at an epoch's end, at a `max_steps` sto
 
 from __future__ import annotations
 
-import lightning.pytorch as pl
 import pytest
-import torch
+from helpers.tiny_regression import Regression
 from helpers.tiny_trainer import tiny_trainer
 from lightning.pytorch.callbacks import Callback, RichProgressBar
-from torch import nn
-from torch.utils.data import DataLoader, TensorDataset
 
 from sru_lightning.callbacks import PacedRichProgressBar
 
 pytest.importorskip("rich", reason="the Rich progress bar needs the rich package (a Lightning extra)")
 
 
-class Regression(pl.LightningModule):
-    def __init__(self) -> None:
-        super().__init__()
-        self.net = nn.Linear(2, 1)
+class LoggedRegression(Regression):
+    """64 samples in batches of 2, the loss on the progress bar."""
 
-    def train_dataloader(self):
-        inputs = torch.randn(64, 2, generator=torch.Generator().manual_seed(0))
-        return DataLoader(TensorDataset(inputs, inputs.sum(1, keepdim=True)), batch_size=2)
+    def __init__(self) -> None:
+        super().__init__(samples=64, batch_size=2)
 
     def training_step(self, batch, batch_idx):
-        inputs, targets = batch
-        loss = nn.functional.mse_loss(self.net(inputs), targets)
+        loss = super().training_step(batch, batch_idx)
         self.log("loss", loss, prog_bar=True)
         return loss
-
-    def configure_optimizers(self):
-        return torch.optim.SGD(self.parameters(), lr=0.01)
 
 
 class ShownCount(Callback):
@@ -62,7 +52,7 @@ def _fit(bar: RichProgressBar, tmp_path, monkeypatch, **settings) -> tuple[list[
     monkeypatch.setattr(RichProgressBar, "on_train_batch_end", counted)
     shown = ShownCount(bar)
     trainer = tiny_trainer(default_root_dir=tmp_path, enable_progress_bar=True, callbacks=[bar, shown], **settings)
-    trainer.fit(Regression())
+    trainer.fit(LoggedRegression())
     return shown.counts, len(updates)
 
 
