@@ -273,7 +273,7 @@ def _check_lm(config) -> None:
             raise UsageError(
                 f"`{option}` must be overrides as a shell would split them, got {value!r} ({error})"
             ) from None
-    for option in ("plot", "runs", "seeds"):
+    for option in ("plot", "runs", "seeds", "target"):
         default = type(config).__dataclass_fields__[option].default
         if getattr(config, option) != default and not config.curve:
             raise UsageError(f"`{option}` is a setting of the curve: add curve=true")

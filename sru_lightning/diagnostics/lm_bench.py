@@ -64,6 +64,12 @@ class LMBenchConfig:
     seeds: str = setting(
         "", "comma-separated seeds: one fit per run and seed (mean and spread); empty: the config's seed"
     )
+    target: float = setting(
+        0.0,
+        "the val_bpc the curve's `reach s` column times (the seconds by which every seed of a run was at or"
+        " below it); 0: the default run's (sru's) mean final value",
+        at_least=0.0,
+    )
     out: str = setting("outputs/bench_lm", "folder of the curve's run folders")
     plot: str = setting("", "with curve=true: draw validation bits per character against seconds into this image file")
 

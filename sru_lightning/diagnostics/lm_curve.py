@@ -185,16 +185,21 @@ def summarize(curves: list[dict[str, Any]], target: float) -> dict[str, Any]:
     }
 
 
-def format_curve(curves: dict[str, list[dict[str, Any]]], runs: dict[str, list[str]], budget: int) -> str:
+def format_curve(
+    curves: dict[str, list[dict[str, Any]]], runs: dict[str, list[str]], budget: int, target: float | None = None
+) -> str:
     """The table: a row per run over its seeds; `reach s` is the seconds by which every seed of
-    the run was at or below the default run's (sru's) mean final value."""
+    the run was at or below `target`, or, without one, the default run's (sru's) mean final value."""
     reference = curves.get(REFERENCE_RUN)
-    target = summarize(reference, math.nan)["final"] if reference else math.nan
+    given = target is not None
+    if not given:
+        target = summarize(reference, math.nan)["final"] if reference else math.nan
     rows = []
     for name, run in curves.items():
         row = summarize(run, target)
         reach = row["reach"]
-        reach = "-" if name == REFERENCE_RUN or math.isnan(reach) else "never" if math.isinf(reach) else f"{reach:.0f}"
+        measured = given or name != REFERENCE_RUN
+        reach = "-" if not measured or math.isnan(reach) else "never" if math.isinf(reach) else f"{reach:.0f}"
         steps = "-" if math.isnan(row["steps"]) else f"{row['steps']:.0f}"
         rows.append((
             name, row["status"], str(row["fits"]), steps, f"{row['final']:.4f}", f"{row['spread']:.4f}",
@@ -202,10 +207,13 @@ def format_curve(curves: dict[str, list[dict[str, Any]]], runs: dict[str, list[s
         ))  # fmt: skip
     monitor = next((run[0]["monitor"] for run in curves.values() if run), "val_bpc")
     title = f"Curve: {budget} s fits, final and best {monitor} (means over each run's fits)"
+    if not math.isnan(target):
+        whose = "given" if given else f"{REFERENCE_RUN}'s mean final value"
+        title += f"; reach s: seconds to {monitor} <= {target:.4f} ({whose})"
     return "\n".join([title, *fixed_width_lines(CURVE_COLUMNS, rows)])
 
 
-def plot_curve(curves: dict[str, list[dict[str, Any]]], path: str, budget: int) -> None:
+def plot_curve(curves: dict[str, list[dict[str, Any]]], path: str, budget: int, target: float | None = None) -> None:
     try:
         import matplotlib
     except ImportError as missing:
@@ -225,6 +233,8 @@ def plot_curve(curves: dict[str, list[dict[str, Any]]], path: str, budget: int) 
     if finals:  # the first validations sit far above where the runs end: keep the ends apart
         lowest = min(bits for run in curves.values() for curve in run for _, bits in curve["points"])
         axis.set_ylim(lowest - 0.05, max(finals) * 1.5)
+    if target is not None:
+        axis.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:g}")
     axis.set_xlabel("wall-clock seconds since training started")
     axis.set_ylabel(f"{monitor} (validation bits per character)")
     axis.set_title(f"{budget} s fits on data=pydoc")
@@ -238,7 +248,8 @@ def plot_curve(curves: dict[str, list[dict[str, Any]]], path: str, budget: int) 
 def main_curve(config: LMBenchConfig) -> None:
     folders = run_curve(config)
     curves = {name: [read_curve(folder) for folder in run] for name, run in folders.items()}
-    print(format_curve(curves, curve_runs(config), config.budget))
+    target = config.target or None
+    print(format_curve(curves, curve_runs(config), config.budget, target))
     if config.plot:
-        plot_curve(curves, config.plot, config.budget)
+        plot_curve(curves, config.plot, config.budget, target)
         print(f"chart written to {config.plot}")

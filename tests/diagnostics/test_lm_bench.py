@@ -23,7 +23,7 @@ def test_bench_lm_hands_its_settings_to_the_overhead_or_the_curve(monkeypatch, t
     assert "overhead table" in capsys.readouterr().out
     chart = tmp_path / "curve.png"
     argv = ["lm", "curve=true", "budget=7", "recipe=model=srupp x=1", f"out={tmp_path}"]
-    argv += [f"plot={chart}"]
+    argv += [f"plot={chart}", "target=1.804"]
     assert bench.main(argv) == 0
     assert bench.main(["lm", "curve=true", "runs=recipe,sru", "seeds=3,4", "extra=y=2"]) == 0
     overhead, curve, seeded = seen
@@ -34,12 +34,13 @@ def test_bench_lm_hands_its_settings_to_the_overhead_or_the_curve(monkeypatch, t
         5,
         False,
     )
-    assert (curve.curve, curve.budget, curve.recipe, curve.out, curve.plot) == (
+    assert (curve.curve, curve.budget, curve.recipe, curve.out, curve.plot, curve.target) == (
         True,
         7,
         "model=srupp x=1",
         str(tmp_path),
         str(chart),
+        1.804,
     )
     assert lm_curve.curve_runs(curve) == {
         "sru": ["model=sru"],
@@ -61,6 +62,8 @@ def test_bench_lm_hands_its_settings_to_the_overhead_or_the_curve(monkeypatch, t
         (["budget=0"], "bench lm: error: `budget` must be an integer >= 1, got 0"),
         (["plot=x.png"], "bench lm: error: `plot` is a setting of the curve: add curve=true"),
         (["seeds=1,2"], "bench lm: error: `seeds` is a setting of the curve: add curve=true"),
+        (["target=1.8"], "bench lm: error: `target` is a setting of the curve: add curve=true"),
+        (["curve=true", "target=-1"], "bench lm: error: `target` must be a number >= 0, got -1.0"),
         (["curve=true", "runs=sru,gru"], "`runs` must name each of sru, srupp, lstm, recipe at most once"),
         (["curve=true", "runs=sru,sru"], "`runs` must name each of sru, srupp, lstm, recipe at most once"),
         (["curve=true", "seeds=1,x"], "error: `seeds` must be non-negative integers, comma-separated, got '1,x'"),
@@ -204,7 +207,10 @@ def test_curve_table_and_chart_from_run_folders(tmp_path):
     curves["srupp"] = [lm_curve.read_curve(tmp_path / "missing")]  # a run that left nothing
     config = lm_bench.LMBenchConfig(out=str(tmp_path), budget=20, recipe="model/optimizer=muon")
     lines = lm_curve.format_curve(curves, lm_curve.curve_runs(config), 20).splitlines()
-    assert lines[0] == "Curve: 20 s fits, final and best val_bpc (means over each run's fits)"
+    assert lines[0] == (
+        "Curve: 20 s fits, final and best val_bpc (means over each run's fits);"
+        " reach s: seconds to val_bpc <= 3.6000 (sru's mean final value)"
+    )
     header = ["run", "status", "fits", "steps", "final", "spread", "best", "tok/s", "reach", "s", "overrides"]
     assert lines[1].split() == header
     rows = {line.split()[0]: line.split() for line in lines[2:]}
@@ -216,6 +222,14 @@ def test_curve_table_and_chart_from_run_folders(tmp_path):
     chart = tmp_path / "curve.png"
     lm_curve.plot_curve(curves, str(chart), 20)
     assert chart.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and chart.stat().st_size > 5000
+    # a given target: every run is timed against it, the default one too
+    lines = lm_curve.format_curve(curves, lm_curve.curve_runs(config), 20, target=4.0).splitlines()
+    assert lines[0].endswith("; reach s: seconds to val_bpc <= 4.0000 (given)")
+    rows = {line.split()[0]: line.split() for line in lines[2:]}
+    assert rows["sru"][8] == "4" and rows["recipe"][8] == "2" and rows["lstm"][8] == "never"
+    targeted = tmp_path / "targeted.png"
+    lm_curve.plot_curve(curves, str(targeted), 20, target=4.0)
+    assert targeted.read_bytes() != chart.read_bytes()
 
 
 def test_curve_reads_a_completed_fit_with_the_same_overrides_instead_of_running_it(tmp_path, monkeypatch, capsys):
