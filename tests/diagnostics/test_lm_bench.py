@@ -285,7 +285,9 @@ def test_bench_lm_curve_end_to_end(tmp_path, capsys):
     argv = ["lm", "curve=true", "budget=4", f"extra={extra}", f"out={tmp_path / 'runs'}", f"plot={chart}"]
     assert bench.main(argv) == 0
     lines = capsys.readouterr().out.splitlines()
-    table = lines[lines.index("Curve: 4 s fits, final and best val_bpc (means over each run's fits)") + 2 :][:4]
+    title = next(line for line in lines if line.startswith("Curve: 4 s fits, final and best val_bpc"))
+    assert title.endswith("(sru's mean final value)")
+    table = lines[lines.index(title) + 2 :][:4]
     assert [row.split()[:2] for row in table] == [[name, "completed"] for name in ("sru", "srupp", "lstm", "recipe")]
     for name in ("sru", "srupp", "lstm", "recipe"):
         assert lm_curve.read_curve(tmp_path / "runs" / name)["points"], name
