@@ -12,6 +12,7 @@ stays flat.
 from __future__ import annotations
 
 import multiprocessing
+import multiprocessing.pool
 import os
 import signal
 import threading
@@ -85,7 +86,7 @@ def ordered_map(
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
-    with pool:  # on an error or an abandoned iterator: terminate (SIGTERM to each worker)
+    try:
         pending: deque = deque()
         for item in items:
             pending.append(pool.apply_async(function, (item,)))
@@ -95,6 +96,33 @@ def ordered_map(
             yield pending.popleft().get()
         pool.close()  # done: the workers end once their queue is empty
         pool.join()
+    except BaseException:  # an error, Ctrl+C or an abandoned iterator (GeneratorExit)
+        _end_pool(pool)
+        raise
+
+
+#: Seconds a terminated pool's workers get to end on SIGTERM before they are killed.
+TERMINATE_GRACE_S = 10.0
+
+
+def _end_pool(pool: multiprocessing.pool.Pool) -> None:
+    """`pool.terminate()` (SIGTERM to each worker), killing the workers still alive after
+    TERMINATE_GRACE_S: a worker forked while another thread of this process held a lock can hang
+    before `_start_worker` resets its SIGTERM handler, and with a parent's handler that only takes
+    note, SIGTERM would never end it and terminate would wait for it forever."""
+    ended = threading.Event()
+
+    def kill_the_rest() -> None:
+        if not ended.wait(TERMINATE_GRACE_S):
+            for worker in list(pool._pool):  # the pool's worker processes (multiprocessing's own list)
+                if worker.is_alive():
+                    worker.kill()
+
+    threading.Thread(target=kill_the_rest, name="pool-terminate-grace", daemon=True).start()
+    try:
+        pool.terminate()
+    finally:
+        ended.set()
 
 
 def _pool_context() -> multiprocessing.context.BaseContext:

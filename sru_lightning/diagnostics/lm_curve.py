@@ -1,4 +1,4 @@
-"""`python -m sru_lightning bench lm curve=true budget=S [runs=...] [seeds=...] [plot=FILE]`:
+"""`python -m sru_lightning bench lm curve=true budget=S [runs=...] [seeds=...] [target=X] [plot=FILE]`:
 validation bits per character against wall-clock seconds.
 
 Fits of S seconds each (``trainer.max_time``, ``data=pydoc``) of ``model=sru`` (today's default),
@@ -7,7 +7,7 @@ Fits of S seconds each (``trainer.max_time``, ``data=pydoc``) of ``model=sru`` (
 through the command line into its own run folder under ``out``; :class:`WallClock` logs the
 seconds since training started beside every validation's metrics, from which the table and the
 plot are read. The table gives each run's mean over its seeds and their spread, and the seconds
-by which every seed of a run was as low as the default's mean final value.
+by which every seed of a run was as low as the default's mean final value, or as `target`.
 """
 
 from __future__ import annotations

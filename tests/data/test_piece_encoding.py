@@ -11,6 +11,7 @@ import threading
 
 import pytest
 
+from sru_lightning.data import piece_encoding
 from sru_lightning.data.piece_encoding import ordered_map, read_ahead
 
 _STATE = {}
@@ -71,6 +72,29 @@ def test_workers_end_on_sigterm_whatever_handler_the_parent_has(monkeypatch):
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert noted == []  # the parent itself received nothing
+
+
+def _one_worker_hangs_deaf_to_sigterm(marker: str) -> None:
+    # As a worker forked while another thread held a lock: stuck before it could take SIGTERM's
+    # default action, the parent's noting handler still its own (only the first worker to start).
+    try:
+        os.close(os.open(marker, os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return
+    signal.signal(signal.SIGTERM, lambda number, frame: None)
+    threading.Event().wait()
+
+
+def test_an_abandoned_map_kills_a_worker_that_sigterm_does_not_end(monkeypatch, tmp_path):
+    monkeypatch.setattr(piece_encoding, "TERMINATE_GRACE_S", 1.0)
+    marker = tmp_path / "hung"
+    results = ordered_map(_slow_identity, iter(range(100)), 2, _one_worker_hangs_deaf_to_sigterm, (str(marker),))
+    assert [next(results) for _ in range(3)] == [0, 1, 2]  # the other worker does them
+    assert marker.exists()
+    finished = threading.Event()
+    closer = threading.Thread(target=lambda: (results.close(), finished.set()), daemon=True)
+    closer.start()
+    assert finished.wait(timeout=60), "terminate waited for a worker that SIGTERM does not end"
 
 
 _STARTED_BY = "the module as imported"
