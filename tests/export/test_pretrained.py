@@ -186,6 +186,8 @@ def test_from_pretrained_loads_without_lightning_or_hydra_and_the_codec_class_is
 
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "pretrained_v1"
+# float32 outputs recomputed on another CPU: a few units in the last place of each value
+SAVED_OUTPUT_TOLERANCE = dict(rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", ["hf-sru-tied", "hf-srupp", "hf-lstm"])
@@ -196,8 +198,10 @@ def test_a_folder_of_format_version_1_loads_to_the_logits_it_was_saved_with(name
     net, codec = from_pretrained(FIXTURES / name)
     tokens = expected["network_tokens"]
     with torch.no_grad():
-        assert torch.equal(net(tokens)[0], expected[f"{name}.logits"])
-        assert torch.equal(net.step(tokens)[0], expected[f"{name}.step_logits"])
+        # Within float32 rounding, not bit for bit: the matrix products' kernels, and so the
+        # last bits of their sums, differ from one CPU's vector instructions to another's.
+        torch.testing.assert_close(net(tokens)[0], expected[f"{name}.logits"], **SAVED_OUTPUT_TOLERANCE)
+        torch.testing.assert_close(net.step(tokens)[0], expected[f"{name}.step_logits"], **SAVED_OUTPUT_TOLERANCE)
     if name == "hf-lstm":
         assert codec is None
     else:

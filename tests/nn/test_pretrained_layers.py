@@ -159,7 +159,10 @@ def test_a_layer_folder_of_format_version_1_loads_to_the_outputs_it_was_saved_wi
     layer = LAYER_FIXTURES[name].from_pretrained(FIXTURES / name).eval()
     with torch.no_grad():
         h, c = layer(expected["layer_input"])[:2]
-    assert torch.equal(h, expected[f"{name}.h"]) and torch.equal(c, expected[f"{name}.c"])
+    # Within float32 rounding, not bit for bit: the matrix products' kernels, and so the last
+    # bits of their sums, differ from one CPU's vector instructions to another's.
+    torch.testing.assert_close(h, expected[f"{name}.h"], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(c, expected[f"{name}.c"], rtol=1e-5, atol=1e-6)
 
 
 def test_keys_a_writer_adds_to_config_json_are_kept_and_read_back(tmp_path):
