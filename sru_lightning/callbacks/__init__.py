@@ -8,7 +8,8 @@ an exact resume (:mod:`.restore_data_position`, :mod:`.seed_every_batch`), a sto
 loss (:mod:`.nonfinite_loss`), validation of the final weights of a `max_steps` fit
 (:mod:`.validate_before_stop`), Lightning's Rich progress bar updated as often as it is drawn
 (:mod:`.paced_progress_bar`), a `max_time` budget that the learning-rate schedule and a final
-validation fit in (:mod:`.time_budget`), training throughput (:mod:`.throughput`) and a search
+validation fit in (:mod:`.time_budget`), an exponential moving average of the weights
+(:mod:`.weight_average`), training throughput (:mod:`.throughput`) and a search
 trial's reports and pruning (:mod:`.trial_pruning`)."""
 
 from .folder_checkpoint import FolderModelCheckpoint
@@ -24,8 +25,10 @@ from .throughput import TrainingThroughput
 from .time_budget import TimeBudget
 from .trial_pruning import TrialPruning
 from .validate_before_stop import ValidateBeforeStop
+from .weight_average import ExponentialWeightAverage
 
 __all__ = [
+    "ExponentialWeightAverage",
     "FolderModelCheckpoint",
     "GracefulInterrupt",
     "InterruptionCheckpoint",
