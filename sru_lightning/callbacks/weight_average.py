@@ -27,6 +27,8 @@ from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.optim.swa_utils import AveragedModel, get_ema_avg_fn
 
+from sru_lightning.nn.checks import check_non_negative_int, check_positive_int, check_probability
+
 
 class ExponentialWeightAverage(EMAWeightAveraging):
     """Validate and keep an exponential moving average of the weights.
@@ -47,30 +49,19 @@ class ExponentialWeightAverage(EMAWeightAveraging):
         update_starting_at_step: int | None = None,
         device: Any = None,
     ) -> None:
-        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0.0 <= decay < 1.0:
-            raise ValueError(f"ExponentialWeightAverage: decay must be a number in [0, 1), got {decay!r}")
-        steps = update_every_n_steps
-        if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
-            raise ValueError(
-                f"ExponentialWeightAverage: update_every_n_steps must be an integer >= 1, got {update_every_n_steps!r}"
-            )
-        if update_starting_at_step is not None and (
-            isinstance(update_starting_at_step, bool)
-            or not isinstance(update_starting_at_step, int)
-            or update_starting_at_step < 0
-        ):
-            raise ValueError(
-                "ExponentialWeightAverage: update_starting_at_step must be None or an integer >= 0, "
-                f"got {update_starting_at_step!r}"
-            )
+        owner = "ExponentialWeightAverage"
+        decay = check_probability(owner, "decay", decay)
+        update_every_n_steps = check_positive_int(owner, "update_every_n_steps", update_every_n_steps)
+        if update_starting_at_step is not None:
+            update_starting_at_step = check_non_negative_int(owner, "update_starting_at_step", update_starting_at_step)
         super().__init__(
             device=device,
             use_buffers=False,
-            decay=float(decay),
+            decay=decay,
             update_every_n_steps=update_every_n_steps,
             update_starting_at_step=update_starting_at_step,
         )
-        self.decay = float(decay)
+        self.decay = decay
         self.average_device = device
         # The average read from a checkpoint before the copy exists (AveragedModel's state_dict).
         self._restored_average: dict[str, Any] | None = None
