@@ -333,6 +333,30 @@ def test_a_changed_setting_on_resume_is_applied_and_recorded_or_refused_in_one_l
     assert cli.main(wider) == 2
 
 
+@pytest.mark.slow
+def test_a_weight_averaged_run_resumed_without_its_callback_keeps_the_average_and_trains_on(tmp_path):
+    """The checkpoints of a weight-averaged run hold the average as the model and the trained
+    weights beside it: a resume whose command line leaves the callback out keeps it from the run
+    and ends where the uninterrupted fit ends (without it, the fit would train on from the average)."""
+    averaged = ["callbacks=[default,weight_average]", "callbacks.weight_average.decay=0.5"]
+    whole, parts = tmp_path / "whole", tmp_path / "parts"
+    assert fit(whole, 4, *averaged) == 0
+    assert fit(parts, 2, *averaged) == 0
+    assert resume(parts, 4) == 0
+    assert "callbacks.weight_average: kept from the run" in (parts / "sru_lightning.log").read_text()
+    assert not [key for key in result_of(parts).get("changes", {}) if key.startswith("callbacks.")]
+    ends = [torch.load(named_checkpoint(str(run)), weights_only=True) for run in (whole, parts)]
+    for part in ("state_dict", "current_model_state"):
+        assert ends[0][part].keys() == ends[1][part].keys()
+        for name, value in ends[0][part].items():
+            torch.testing.assert_close(ends[1][part][name], value, rtol=0, atol=0, msg=f"{part}[{name!r}]")
+    assert any(not torch.equal(ends[0]["state_dict"][n], v) for n, v in ends[0]["current_model_state"].items())
+    # a changed setting of the average is applied and recorded like any other
+    assert resume(parts, 6, *averaged[:1], "callbacks.weight_average.decay=0.9") == 0
+    change = result_of(parts)["changes"]["callbacks.weight_average.decay"]
+    assert change == {"from": 0.5, "to": 0.9, "action": "apply"}
+
+
 def test_validate_without_weights_is_refused_in_one_line(tmp_path, capsys):
     assert cli.main(["validate", *STEPS, f"hydra.run.dir={tmp_path / 'v'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

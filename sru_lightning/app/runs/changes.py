@@ -13,7 +13,9 @@ is looked up in :data:`RULES`, in order, first match wins:
 
 The callbacks, the loggers and the thread count are the attempt's own (:data:`PER_ATTEMPT`):
 they watch and record an attempt rather than define the run, so each attempt takes them from
-its command line as composed.
+its command line as composed. A resumed `fit` keeps the run's callbacks that hold part of its
+state in the checkpoint (:data:`RUN_CALLBACKS`, the weight average) when its command line
+leaves them out, and changes to their settings are judged like any other setting.
 
 `fit` applies what Lightning rebuilds from the config anyway (Trainer arguments, callbacks,
 loggers, dropout) and, through :class:`ApplyResumeChanges`, what a restored optimizer state
@@ -76,6 +78,8 @@ RULES: tuple[Rule, ...] = (
     Rule("data.eval_batch_size", APPLY, APPLY),
     Rule("data*", REFUSE, APPLY, "a resumed fit continues the run's token stream at its saved position"),
     Rule("trainer*", APPLY, APPLY),
+    # The average's settings: how later steps are averaged; the checkpoint's average goes on.
+    Rule("callbacks.weight_average*", APPLY, UNUSED),
     Rule("seed", APPLY, APPLY),
 )
 _UNLISTED = Rule("*", REFUSE, REFUSE, "the package has no rule for changing it")
@@ -167,10 +171,17 @@ def explicit_keys(overrides: list[str]) -> tuple[set[str], set[str]]:
 #: watch and record an attempt, and its process settings. They are applied as composed.
 PER_ATTEMPT = ("callbacks", "logger", "threads", "ckpt_path", "resume_dir", "optimized_metric")
 
+#: Callbacks (their keys under `callbacks:`) whose state is part of the run: its checkpoints hold
+#: the weight average as the model and the trained weights for the callback to put back, so a
+#: resumed fit without it would train on from the average. A resumed fit keeps them.
+RUN_CALLBACKS = ("weight_average",)
 
-def merged_config(saved, cfg, overrides: list[str]):
+
+def merged_config(saved, cfg, overrides: list[str], keep_run_callbacks: bool = False):
     """The run's saved config with the settings the command line names taken from `cfg`
-    (and the per-attempt sections, :data:`PER_ATTEMPT`, taken from `cfg` whole)."""
+    (and the per-attempt sections, :data:`PER_ATTEMPT`, taken from `cfg` whole). With
+    `keep_run_callbacks` (a resumed fit), the run's :data:`RUN_CALLBACKS` that `cfg` leaves out
+    are kept as the run had them."""
     from omegaconf import OmegaConf, open_dict
 
     touched, deleted = explicit_keys(overrides)
@@ -185,6 +196,8 @@ def merged_config(saved, cfg, overrides: list[str]):
                 )
             elif key in merged:
                 del merged[key]
+    if keep_run_callbacks:
+        _keep_run_callbacks(saved, merged)
     for key in sorted(touched):
         if key.split(".")[0] in PER_ATTEMPT:
             continue
@@ -204,6 +217,31 @@ def merged_config(saved, cfg, overrides: list[str]):
     return merged
 
 
+def _keep_run_callbacks(saved, merged) -> None:
+    from omegaconf import OmegaConf, open_dict
+
+    for name in RUN_CALLBACKS:
+        node = OmegaConf.select(saved, f"callbacks.{name}", default=None)
+        if node is None or OmegaConf.select(merged, f"callbacks.{name}", default=None) is not None:
+            continue
+        with open_dict(merged):
+            if not OmegaConf.is_dict(merged.get("callbacks")):
+                merged.callbacks = {}
+            merged.callbacks[name] = OmegaConf.to_container(node, resolve=False)
+
+
+def kept_run_callbacks(cfg, merged) -> list[str]:
+    """The :data:`RUN_CALLBACKS` that `merged` keeps from the run and the command line's `cfg` left out."""
+    from omegaconf import OmegaConf
+
+    return [
+        name
+        for name in RUN_CALLBACKS
+        if OmegaConf.select(merged, f"callbacks.{name}", default=None) is not None
+        and OmegaConf.select(cfg, f"callbacks.{name}", default=None) is None
+    ]
+
+
 def _leaves(container: Any, prefix: str = "") -> dict[str, Any]:
     if isinstance(container, dict):
         found: dict[str, Any] = {}
@@ -215,15 +253,17 @@ def _leaves(container: Any, prefix: str = "") -> dict[str, Any]:
     return {prefix: container}
 
 
-def differences(saved, merged) -> list[tuple[str, Any, Any]]:
-    """(key, saved value, new value) for every leaf setting that differs (unresolved values)."""
+def differences(saved, merged, run_callbacks: bool = False) -> list[tuple[str, Any, Any]]:
+    """(key, saved value, new value) for every leaf setting that differs (unresolved values);
+    with `run_callbacks`, the settings of :data:`RUN_CALLBACKS` too."""
     from omegaconf import OmegaConf
 
     before = _leaves(OmegaConf.to_container(saved, resolve=False))
     after = _leaves(OmegaConf.to_container(merged, resolve=False))
+    kept = tuple(f"callbacks.{name}." for name in RUN_CALLBACKS) if run_callbacks else ()
     found = []
     for key in sorted(set(before) | set(after)):
-        if key.split(".")[0] in (*PER_ATTEMPT, "hydra"):
+        if key.split(".")[0] in (*PER_ATTEMPT, "hydra") and not key.startswith(kept):
             continue
         old, new = before.get(key, _MISSING), after.get(key, _MISSING)
         if old != new:
@@ -238,7 +278,7 @@ def judge(saved, merged, command: str, checkpoint: str, checkpoint_step: int) ->
     """
     evaluating = command != "fit"
     changes = []
-    for key, before, after in differences(saved, merged):
+    for key, before, after in differences(saved, merged, run_callbacks=not evaluating):
         rule = rule_for(key)
         action = rule.on_evaluate if evaluating else rule.on_fit
         change = Change(key, before, after, action)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .changes import Change, judge, merged_config, refuse_unfollowable, resume_callback
+from .changes import Change, judge, kept_run_callbacks, merged_config, refuse_unfollowable, resume_callback
 from .checkpoints import LoadedCheckpoint, check_engine_reads, load_checkpoint
 from .ckpt_path import resolve_checkpoint
 from .folder import RunFolder, checkpoint_candidates, checkpoint_run_config
@@ -100,7 +100,7 @@ def starting_point(
     if saved is None:
         saved = _config_around_model(cfg, loaded.contents)
         source = ConfigSource.COMMAND_LINE_AROUND_CHECKPOINT
-    merged = merged_config(saved, cfg, overrides)
+    merged = merged_config(saved, cfg, overrides, keep_run_callbacks=command == "fit")
     changes = judge(saved, merged, command, str(checkpoint), step)
     if command == "fit":
         refuse_unfollowable(changes, merged, str(checkpoint))
@@ -122,6 +122,10 @@ def start_attempt(
         return start
     verb = "resuming" if command == "fit" else "evaluating"
     log.info("%s %s (step %d) with %s", verb, start.checkpoint, start.step, start.config_source.value)
+    for name in kept_run_callbacks(cfg, start.cfg) if command == "fit" else ():
+        log.info(
+            "callbacks.%s: kept from the run, which its checkpoints carry on (the command line leaves it out)", name
+        )
     for change in start.changes:
         log.info(
             "changed setting: %s (%s)", change, "not used by evaluation" if change.action == "unused" else "applied"
