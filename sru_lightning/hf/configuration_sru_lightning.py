@@ -46,6 +46,7 @@ class SRULightningConfig(PreTrainedConfig):
     tie_weights: bool = False
     sru_options: dict | None = None
     memory_length: int = 0
+    time_shared_dropout: bool = False
     use_cache: bool = True
     tokenizer: dict | None = None
     source: dict | None = None

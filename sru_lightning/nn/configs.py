@@ -161,6 +161,7 @@ class LanguageNetConfig(ArchitectureConfig):
     tie_weights: bool = False
     sru_options: dict[str, Any] | None = None
     memory_length: int = 0
+    time_shared_dropout: bool = False
 
 
 #: The config of each architecture a folder can hold, by class name.

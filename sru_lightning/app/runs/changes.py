@@ -71,6 +71,7 @@ RULES: tuple[Rule, ...] = (
     ),
     Rule("model.net.dropout", APPLY, UNUSED),
     Rule("model.net.rnn_dropout", APPLY, UNUSED),
+    Rule("model.net.time_shared_dropout", APPLY, UNUSED),
     Rule("model.net.sru_options.attn_dropout", APPLY, UNUSED),
     # How the model runs, not what it computes: the same weights train and evaluate either way.
     Rule("model.compile", APPLY, APPLY),
