@@ -75,9 +75,9 @@ class LanguageNet(nn.Module):
             memory across calls (0: none).
         time_shared_dropout: the dropout on the embeddings and before the output layer draws one
             mask per sequence and feature, shared over time (as the SRU layers' dropout between
-            layers does), instead of one per element: as strong a regulariser for a recurrent
-            model, and 1/L of the random numbers (per-element masks cost about a tenth of a
-            training step on the CPU).
+            layers does), instead of one per element: 1/L of the random numbers (per-element
+            masks cost about a tenth of a training step on the CPU; docs/benchmarks.md measures
+            both on the 5-minute recipe).
 
     ``forward(tokens (B, L), state=None, reset=None) -> (logits (B, L, vocab), state)``; feeding
     the state back continues the sequence. ``step`` reads on from a state and returns the logits
